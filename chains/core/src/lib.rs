@@ -1,0 +1,10 @@
+//! Chain-neutral vocabulary shared by the payrecon engine and every chain crate.
+//!
+//! Parse at the edge, carry types inside: a [`Method`] is never a loose string and an
+//! [`Amount`] is never a float. Chain crates depend on this crate and on nothing of the engine.
+
+mod amount;
+mod method;
+
+pub use amount::{Amount, ParseAmountError, ParseAmountErrorKind};
+pub use method::{Asset, Method, Network, ParseMethodError, ParseNetworkError};

@@ -1,0 +1,336 @@
+//! The `payrecon` command line: the engine's API for people and scripts.
+//!
+//! Every command prints a readable summary, or with `--json` one JSON document on stdout.
+//! Failures print one line on stderr and exit non-zero; nothing is half-written.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use serde::Serialize;
+
+use crate::config::Config;
+use crate::engine::Engine;
+use crate::money::Usd;
+use crate::order::{AccountId, Order, OrderKind, OrderRef, OrderStatus, RentalOrderRequest, TopupRequest};
+
+/// payrecon: blockchain payment reconciliation for the GPU shop.
+#[derive(Debug, Parser)]
+#[command(name = "payrecon", version, about)]
+pub struct Cli {
+    /// Configuration file (TOML). Default: ./payrecon.toml if present.
+    #[arg(long, global = true, env = "PAYRECON_CONFIG")]
+    config: Option<PathBuf>,
+    /// Database URL, overriding the configuration: sqlite://file.db or postgres://…
+    #[arg(long, global = true)]
+    database_url: Option<String>,
+    /// Print one JSON document instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Create the database if needed and bring its schema up to date.
+    Init,
+    /// Rental orders.
+    #[command(subcommand)]
+    Order(OrderCommand),
+    /// Balance top-ups.
+    #[command(subcommand)]
+    Topup(TopupCommand),
+    /// A customer's available USD balance.
+    Balance {
+        /// The shop's account id.
+        account: String,
+    },
+    /// The journal.
+    #[command(subcommand)]
+    Ledger(LedgerCommand),
+    /// Throughput benchmarks of the hot paths; prints figures, changes nothing else.
+    #[command(subcommand)]
+    Bench(crate::bench::BenchCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum OrderCommand {
+    /// Record a rental order (idempotent per reference).
+    Create(CreateOrderArgs),
+    /// An order or top-up with every ledger entry that names it.
+    Show {
+        /// Order or top-up reference.
+        reference: String,
+    },
+    /// Settle a rental order from the customer's balance, if it covers the whole total.
+    PayFromBalance {
+        /// Order reference.
+        reference: String,
+    },
+}
+
+#[derive(Debug, Args)]
+struct CreateOrderArgs {
+    /// The shop's unique order reference.
+    #[arg(long)]
+    reference: String,
+    /// The shop's account id of the customer.
+    #[arg(long)]
+    account: String,
+    /// GPU model, e.g. H100 or B200.
+    #[arg(long)]
+    gpu: String,
+    /// Rental duration: 3, 7 or 30.
+    #[arg(long)]
+    days: u32,
+    /// Lots: 1 to 10 (a B200 lot is two GPUs).
+    #[arg(long)]
+    lots: u32,
+    /// Total in USD, as the shop computed it (e.g. 420.00).
+    #[arg(long)]
+    total_usd: String,
+}
+
+#[derive(Debug, Subcommand)]
+enum TopupCommand {
+    /// Record a top-up of 100, 500, 2000 or 10000 USD.
+    Create {
+        /// The shop's account id of the customer.
+        #[arg(long)]
+        account: String,
+        /// 100, 500, 2000 or 10000.
+        #[arg(long)]
+        amount_usd: String,
+        /// The shop's unique reference; a fresh one is made if omitted.
+        #[arg(long)]
+        reference: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum LedgerCommand {
+    /// Every account's balance re-derived from the journal, and the invariant checks.
+    TrialBalance,
+}
+
+/// Runs the command line and maps failures to a one-line message and exit code 1.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("PAYRECON_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {}", one_line(&error));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The error and its causes on one line.
+fn one_line(error: &anyhow::Error) -> String {
+    error
+        .chain()
+        .map(|cause| cause.to_string().replace('\n', " "))
+        .collect::<Vec<_>>()
+        .join(": ")
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let mut config = Config::load(cli.config.as_deref())?;
+    if let Some(url) = cli.database_url {
+        config.database_url = url;
+    }
+    let json = cli.json;
+    if let Command::Bench(command) = cli.command {
+        return crate::bench::run(command, &config, json).await;
+    }
+    let engine = Engine::open(&config.database_url)
+        .await
+        .with_context(|| format!("opening {}", redact(&config.database_url)))?;
+    match cli.command {
+        Command::Init => {
+            let backend = format!("{:?}", engine.store().backend()).to_lowercase();
+            emit(
+                json,
+                &serde_json::json!({ "database": redact(&config.database_url), "backend": backend, "migrated": true }),
+                || format!("database ready: {} ({backend})", redact(&config.database_url)),
+            )
+        }
+        Command::Order(OrderCommand::Create(args)) => {
+            let request = RentalOrderRequest {
+                reference: args.reference,
+                account_id: args.account,
+                gpu_model: args.gpu,
+                duration_days: args.days,
+                lots: args.lots,
+                total_usd: args.total_usd.parse::<Usd>()?,
+            };
+            let created = engine.create_rental_order(&request).await?;
+            emit(json, &created, || {
+                let verb = if created.created { "created" } else { "already exists" };
+                format!("order {verb}\n{}", describe_order(&created.value))
+            })
+        }
+        Command::Order(OrderCommand::Show { reference }) => {
+            let reference = OrderRef::new(reference)?;
+            let order = engine.order(&reference).await?;
+            let entries = engine.entries_for(reference.as_str()).await?;
+            #[derive(Serialize)]
+            struct Shown<'a> {
+                #[serde(flatten)]
+                order: &'a Order,
+                ledger_entries: &'a [crate::ledger::PostedEntry],
+            }
+            emit(json, &Shown { order: &order, ledger_entries: &entries }, || {
+                let mut text = describe_order(&order);
+                for posted in &entries {
+                    text.push_str(&format!(
+                        "\nentry {} ({}) at {}",
+                        posted.entry.idempotency_key,
+                        posted.entry.kind.as_str(),
+                        posted.posted_at.to_rfc3339()
+                    ));
+                    for leg in &posted.entry.postings {
+                        text.push_str(&format!(
+                            "\n  {:<32} {:>24} {}",
+                            leg.account.to_string(),
+                            leg.currency.format(leg.amount_minor),
+                            leg.currency
+                        ));
+                    }
+                }
+                text
+            })
+        }
+        Command::Order(OrderCommand::PayFromBalance { reference }) => {
+            let reference = OrderRef::new(reference)?;
+            let payment = engine.pay_order_from_balance(&reference).await?;
+            emit(json, &payment, || {
+                let verb = if payment.debited_now { "paid from balance" } else { "was already paid from balance" };
+                format!(
+                    "order {reference} {verb}; balance now {} USD",
+                    payment.balance_after
+                )
+            })
+        }
+        Command::Topup(TopupCommand::Create { account, amount_usd, reference }) => {
+            let request = TopupRequest {
+                reference: reference.unwrap_or_else(|| format!("topup-{}", uuid::Uuid::new_v4())),
+                account_id: account,
+                amount_usd: amount_usd.parse::<Usd>()?,
+            };
+            let created = engine.create_topup(&request).await?;
+            emit(json, &created, || {
+                let verb = if created.created { "created" } else { "already exists" };
+                format!("top-up {verb}\n{}", describe_order(&created.value))
+            })
+        }
+        Command::Balance { account } => {
+            let account = AccountId::new(account)?;
+            let available = engine.available_balance(&account).await?;
+            emit(
+                json,
+                &serde_json::json!({ "account_id": account, "available_usd": available }),
+                || format!("account {account}: {available} USD available"),
+            )
+        }
+        Command::Ledger(LedgerCommand::TrialBalance) => {
+            let trial = engine.trial_balance().await?;
+            let sound = trial.is_sound();
+            emit(json, &serde_json::json!({ "sound": sound, "trial_balance": trial }), || {
+                let mut text = String::new();
+                for line in &trial.accounts {
+                    text.push_str(&format!("{:<32} {:>28} {}\n", line.account, line.balance, line.currency));
+                }
+                for total in &trial.totals {
+                    text.push_str(&format!("{:<32} {:>28} {}\n", "TOTAL (must be 0)", total.balance, total.currency));
+                }
+                text.push_str(&format!(
+                    "{} entries, {} postings: {}",
+                    trial.entries,
+                    trial.postings,
+                    if sound { "sound" } else { "INVARIANTS BROKEN" }
+                ));
+                text
+            })?;
+            anyhow::ensure!(sound, "the ledger's invariants do not hold");
+            Ok(())
+        }
+        Command::Bench(_) => unreachable!("handled before opening the engine"),
+    }
+}
+
+fn describe_order(order: &Order) -> String {
+    let what = match &order.kind {
+        OrderKind::Rental(r) => format!(
+            "rental {} x{} lots ({} GPUs) for {} days",
+            r.gpu_model, r.lots, r.gpu_count, r.duration_days
+        ),
+        OrderKind::Topup => "top-up".to_owned(),
+    };
+    let status = match &order.status {
+        OrderStatus::Open => "open".to_owned(),
+        OrderStatus::Settled { via, entry_key, at } => {
+            format!("settled via {} at {} (entry {entry_key})", via.as_str(), at.to_rfc3339())
+        }
+    };
+    format!(
+        "reference: {}\naccount:   {}\nwhat:      {what}\ntotal:     {} USD\nstatus:    {status}",
+        order.reference, order.account_id, order.total_usd
+    )
+}
+
+/// Prints `value` as JSON, or the text `describe` makes.
+pub(crate) fn emit<T: Serialize>(
+    json: bool,
+    value: &T,
+    describe: impl FnOnce() -> String,
+) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(value)?);
+    } else {
+        println!("{}", describe());
+    }
+    Ok(())
+}
+
+/// A database URL without its password, for messages.
+pub(crate) fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            let credentials = &url[scheme_end + 3..at];
+            match credentials.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme_end + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_reach_messages() {
+        assert_eq!(redact("postgres://u:secret@h/db"), "postgres://u:***@h/db");
+        assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact("sqlite://x.db"), "sqlite://x.db");
+    }
+}

@@ -1,0 +1,365 @@
+//! The library API the shop backend embeds. Each call is one database transaction: it
+//! either happens whole or not at all.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::clock::{Clock, SystemClock};
+use crate::error::Error;
+use crate::ledger::{
+    Account, Currency, EntryKind, LedgerError, NewEntry, PostOutcome, PostedEntry, Posting,
+};
+use crate::money::Usd;
+use crate::order::{
+    AccountId, Order, OrderKind, OrderRef, OrderStatus, RentalOrderRequest, SettledVia,
+    TopupRequest, ValidOrder,
+};
+use crate::store::{self, Store, StoreError};
+
+/// payrecon's engine: orders, top-ups, balances and the ledger over one database.
+#[derive(Clone, Debug)]
+pub struct Engine {
+    store: Store,
+    clock: Arc<dyn Clock>,
+}
+
+/// The result of a create call: the order, and whether this call created it or found the
+/// same order already there (a retry).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Created<T> {
+    /// What is stored now.
+    #[serde(flatten)]
+    pub value: T,
+    /// False when an identical earlier call had created it.
+    pub created: bool,
+}
+
+/// The outcome of paying an order from the balance.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct BalancePayment {
+    /// The order, now settled.
+    pub order: Order,
+    /// The customer's balance after the debit.
+    pub balance_after: Usd,
+    /// False when the order had already been paid from the balance by an earlier call.
+    pub debited_now: bool,
+}
+
+/// One line of the trial balance.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct AccountBalance {
+    /// Account name.
+    pub account: String,
+    /// Currency.
+    pub currency: Currency,
+    /// Signed, debit positive, as an exact decimal.
+    pub balance: String,
+    /// The same in minor units (cents or base units).
+    #[serde(with = "crate::ledger::i128_as_string")]
+    pub balance_minor: i128,
+}
+
+/// Every account's balance and each currency's total, which must be zero.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TrialBalance {
+    /// Per account and currency.
+    pub accounts: Vec<AccountBalance>,
+    /// Per currency: the sum over all accounts.
+    pub totals: Vec<AccountBalance>,
+    /// Entries in the journal.
+    pub entries: u64,
+    /// Postings in the journal.
+    pub postings: u64,
+    /// Entries that do not balance (always empty unless the store was tampered with).
+    pub unbalanced_entries: Vec<String>,
+    /// Customers whose balance is negative (always empty unless tampered with).
+    pub negative_balances: Vec<String>,
+}
+
+impl TrialBalance {
+    /// Whether every invariant holds: each entry and each currency sums to zero, no customer
+    /// balance is negative.
+    pub fn is_sound(&self) -> bool {
+        self.unbalanced_entries.is_empty()
+            && self.negative_balances.is_empty()
+            && self.totals.iter().all(|t| t.balance_minor == 0)
+    }
+}
+
+impl Engine {
+    /// Opens the database at `url`, bringing its schema up to date.
+    pub async fn open(url: &str) -> Result<Engine, Error> {
+        let store = Store::connect(url).await?;
+        store.migrate().await?;
+        Ok(Engine::with_store(store))
+    }
+
+    /// An engine over an already migrated store, on the system clock.
+    pub fn with_store(store: Store) -> Engine {
+        Engine {
+            store,
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    /// Replaces the clock (tests and simulations).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Engine {
+        self.clock = clock;
+        self
+    }
+
+    /// The store underneath.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Records a rental order. Sending the same order again returns it unchanged; the same
+    /// reference with other content is [`Error::OrderConflict`].
+    pub async fn create_rental_order(
+        &self,
+        request: &RentalOrderRequest,
+    ) -> Result<Created<Order>, Error> {
+        self.create_order(request.validate()?).await
+    }
+
+    /// Records a balance top-up (100, 500, 2000 or 10000 USD). Idempotent like orders.
+    pub async fn create_topup(&self, request: &TopupRequest) -> Result<Created<Order>, Error> {
+        self.create_order(request.validate()?).await
+    }
+
+    async fn create_order(&self, order: ValidOrder) -> Result<Created<Order>, Error> {
+        let content_hash = order_fingerprint(&order);
+        let now = self.clock.now();
+        let mut tx = self.store.begin_write().await?;
+        store::orders::ensure_customer(tx.conn(), &order.account_id, now).await?;
+        let created = store::orders::insert_order(tx.conn(), &order, &content_hash, now).await?;
+        let stored = store::orders::get_order(tx.conn(), &order.reference)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt(format!("order {} vanished", order.reference)))?;
+        if !created && stored.content_hash != content_hash {
+            return Err(Error::OrderConflict(order.reference));
+        }
+        tx.commit().await?;
+        Ok(Created {
+            value: stored.order,
+            created,
+        })
+    }
+
+    /// An order or top-up by reference.
+    pub async fn order(&self, reference: &OrderRef) -> Result<Order, Error> {
+        let mut conn = self.store.pool().acquire().await?;
+        store::orders::get_order(&mut conn, reference)
+            .await?
+            .map(|stored| stored.order)
+            .ok_or_else(|| Error::OrderNotFound(reference.clone()))
+    }
+
+    /// The USD the customer can spend now: confirmed credits minus debits. Money still
+    /// waiting for confirmation is not in it.
+    pub async fn available_balance(&self, account_id: &AccountId) -> Result<Usd, Error> {
+        let mut conn = self.store.pool().acquire().await?;
+        let account = Account::CustomerBalance(account_id.clone());
+        let sum = store::ledger::account_sum(&mut conn, &account, Currency::Usd).await?;
+        customer_balance(account_id, sum)
+    }
+
+    /// Settles a rental order by debiting the customer's balance, if it covers the whole
+    /// total. Refused otherwise, with nothing written. Calling it again for an order it
+    /// already paid returns that payment (a safe retry), never a second debit.
+    pub async fn pay_order_from_balance(
+        &self,
+        reference: &OrderRef,
+    ) -> Result<BalancePayment, Error> {
+        let now = self.clock.now();
+        let mut tx = self.store.begin_write().await?;
+        let order = store::orders::lock_order(&mut tx, reference)
+            .await?
+            .ok_or_else(|| Error::OrderNotFound(reference.clone()))?
+            .order;
+        if order.kind == OrderKind::Topup {
+            return Err(Error::NotARental(reference.clone()));
+        }
+        let customer = Account::CustomerBalance(order.account_id.clone());
+        if let OrderStatus::Settled { via, .. } = order.status {
+            if via != SettledVia::Balance {
+                return Err(Error::AlreadySettled(reference.clone()));
+            }
+            let sum = store::ledger::account_sum(tx.conn(), &customer, Currency::Usd).await?;
+            return Ok(BalancePayment {
+                balance_after: customer_balance(&order.account_id, sum)?,
+                order,
+                debited_now: false,
+            });
+        }
+        let cents = i128::from(order.total_usd.cents());
+        let entry = NewEntry {
+            idempotency_key: format!("balance-payment:{reference}"),
+            kind: EntryKind::BalancePayment,
+            reference: Some(reference.to_string()),
+            memo: format!("order {reference} paid from balance"),
+            postings: vec![
+                Posting::debit(customer.clone(), Currency::Usd, cents),
+                Posting::credit(Account::RevenueRentals, Currency::Usd, cents),
+            ],
+        };
+        entry.validate()?;
+        match store::ledger::post(&mut tx, &entry, now).await? {
+            Ok(_) => {}
+            Err(LedgerError::Overdraft { .. }) => {
+                let sum = store::ledger::account_sum(tx.conn(), &customer, Currency::Usd).await?;
+                return Err(Error::InsufficientBalance {
+                    order: reference.clone(),
+                    available: customer_balance(&order.account_id, sum)?,
+                    required: order.total_usd,
+                });
+            }
+            Err(other) => return Err(other.into()),
+        }
+        store::orders::mark_settled(
+            tx.conn(),
+            reference,
+            SettledVia::Balance,
+            &entry.idempotency_key,
+            now,
+        )
+        .await?;
+        let sum = store::ledger::account_sum(tx.conn(), &customer, Currency::Usd).await?;
+        let balance_after = customer_balance(&order.account_id, sum)?;
+        let order = store::orders::get_order(tx.conn(), reference)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt(format!("order {reference} vanished")))?
+            .order;
+        tx.commit().await?;
+        Ok(BalancePayment {
+            order,
+            balance_after,
+            debited_now: true,
+        })
+    }
+
+    /// Posts a journal entry once per idempotency key; refuses entries that do not balance or
+    /// would take a customer balance below zero.
+    pub async fn post_entry(&self, entry: &NewEntry) -> Result<PostOutcome, Error> {
+        entry.validate()?;
+        let mut tx = self.store.begin_write().await?;
+        let outcome = store::ledger::post(&mut tx, entry, self.clock.now()).await??;
+        tx.commit().await?;
+        Ok(outcome)
+    }
+
+    /// Posts many entries in one transaction: all or none. Each keeps its own idempotency.
+    pub async fn post_entries(&self, entries: &[NewEntry]) -> Result<Vec<PostOutcome>, Error> {
+        for entry in entries {
+            entry.validate()?;
+        }
+        let now = self.clock.now();
+        let mut tx = self.store.begin_write().await?;
+        let mut outcomes = Vec::with_capacity(entries.len());
+        for entry in entries {
+            outcomes.push(store::ledger::post(&mut tx, entry, now).await??);
+        }
+        tx.commit().await?;
+        Ok(outcomes)
+    }
+
+    /// Corrects an entry the only way an append-only journal allows: by posting its exact
+    /// opposite under `reverse:<key>`.
+    pub async fn reverse_entry(&self, key: &str, memo: &str) -> Result<PostOutcome, Error> {
+        let original = self
+            .entry(key)
+            .await?
+            .ok_or_else(|| LedgerError::EntryNotFound(key.to_owned()))?;
+        self.post_entry(&NewEntry::reversal_of(&original, memo))
+            .await
+    }
+
+    /// A journal entry by its idempotency key.
+    pub async fn entry(&self, key: &str) -> Result<Option<PostedEntry>, Error> {
+        let mut conn = self.store.pool().acquire().await?;
+        Ok(store::ledger::get_entry(&mut conn, key).await?)
+    }
+
+    /// Every journal entry that names `reference` (an order, top-up or intent), oldest first.
+    pub async fn entries_for(&self, reference: &str) -> Result<Vec<PostedEntry>, Error> {
+        let mut conn = self.store.pool().acquire().await?;
+        let keys = store::ledger::entry_keys_for_reference(&mut conn, reference).await?;
+        let mut entries = Vec::with_capacity(keys.len());
+        for key in keys {
+            if let Some(entry) = store::ledger::get_entry(&mut conn, &key).await? {
+                entries.push(entry);
+            }
+        }
+        Ok(entries)
+    }
+
+    /// The balance of any account in one currency, as a signed sum of its postings.
+    pub async fn account_balance(
+        &self,
+        account: &Account,
+        currency: Currency,
+    ) -> Result<i128, Error> {
+        let mut conn = self.store.pool().acquire().await?;
+        Ok(store::ledger::account_sum(&mut conn, account, currency).await?)
+    }
+
+    /// Re-derives every balance from the journal in one streaming pass and checks the
+    /// invariants: each entry and each currency sums to zero, no customer balance below zero.
+    pub async fn trial_balance(&self) -> Result<TrialBalance, Error> {
+        let mut conn = self.store.pool().acquire().await?;
+        let totals = store::ledger::fold_postings(&mut conn).await?;
+        let negative_balances = totals
+            .by_account
+            .iter()
+            .filter(|((account, _), sum)| account.starts_with("customer:") && **sum > 0)
+            .map(|((account, _), _)| account.clone())
+            .collect();
+        let line = |account: String, currency: Currency, sum: i128| AccountBalance {
+            account,
+            currency,
+            balance: currency.format(sum),
+            balance_minor: sum,
+        };
+        Ok(TrialBalance {
+            accounts: totals
+                .by_account
+                .iter()
+                .map(|((account, currency), sum)| line(account.clone(), *currency, *sum))
+                .collect(),
+            totals: totals
+                .by_currency
+                .iter()
+                .map(|(currency, sum)| line("total".into(), *currency, *sum))
+                .collect(),
+            entries: totals.entries,
+            postings: totals.postings,
+            unbalanced_entries: totals.unbalanced_entries,
+            negative_balances,
+        })
+    }
+}
+
+/// A customer's available balance from the sum of their postings (credits are negative).
+fn customer_balance(account_id: &AccountId, sum: i128) -> Result<Usd, Error> {
+    let cents = i64::try_from(-sum).ok().and_then(|c| Usd::from_cents(c).ok());
+    cents.ok_or_else(|| {
+        LedgerError::Corrupt(format!(
+            "customer {account_id} balance sums to {}",
+            Currency::Usd.format(-sum)
+        ))
+        .into()
+    })
+}
+
+/// What makes two create calls the same order: everything the shop sent.
+fn order_fingerprint(order: &ValidOrder) -> String {
+    let canonical = serde_json::json!({
+        "reference": order.reference,
+        "account_id": order.account_id,
+        "kind": order.kind,
+        "total_usd": order.total_usd,
+    });
+    hex::encode(Sha256::digest(canonical.to_string()))
+}

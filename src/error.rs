@@ -1,0 +1,48 @@
+//! The engine's error: every refusal names the rule, and nothing was written when one occurs.
+
+use crate::ledger::LedgerError;
+use crate::money::Usd;
+use crate::order::{OrderRef, OrderRuleError};
+use crate::store::StoreError;
+
+/// Why an engine call did not do what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The order or top-up broke a shop rule.
+    #[error(transparent)]
+    OrderRule(#[from] OrderRuleError),
+    /// The journal entry broke a ledger rule.
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    /// The reference exists with other content.
+    #[error("order {0} already exists with different content")]
+    OrderConflict(OrderRef),
+    /// No such order or top-up.
+    #[error("unknown order {0}")]
+    OrderNotFound(OrderRef),
+    /// The order was already paid another way.
+    #[error("order {0} is already settled")]
+    AlreadySettled(OrderRef),
+    /// Only rental orders can be paid from the balance.
+    #[error("{0} is a top-up; a top-up cannot be paid from the balance it feeds")]
+    NotARental(OrderRef),
+    /// The available balance does not cover the whole total.
+    #[error("insufficient balance: {available} USD available, order {order} needs {required} USD")]
+    InsufficientBalance {
+        /// The order.
+        order: OrderRef,
+        /// What the customer has.
+        available: Usd,
+        /// What the order costs.
+        required: Usd,
+    },
+    /// The database failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<sqlx::Error> for Error {
+    fn from(error: sqlx::Error) -> Error {
+        Error::Store(StoreError::Database(error))
+    }
+}

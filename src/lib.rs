@@ -1,0 +1,21 @@
+//! payrecon: a blockchain payment reconciliation engine.
+//!
+//! The shop embeds [`Engine`]: it records rental orders and balance top-ups, keeps each
+//! customer's USD balance in a double-entry [`ledger`], and settles orders from that balance.
+//! Later stages add payment instructions, chain watchers and the matcher; money always flows
+//! one way: watcher -> chain event -> matcher -> ledger -> reports.
+
+pub mod bench;
+pub mod cli;
+pub mod clock;
+pub mod config;
+pub mod engine;
+pub mod error;
+pub mod ledger;
+pub mod money;
+pub mod order;
+pub mod store;
+
+pub use engine::{BalancePayment, Created, Engine, TrialBalance};
+pub use error::Error;
+pub use payrecon_chain_core as chain;

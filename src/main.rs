@@ -1,0 +1,5 @@
+//! The `payrecon` command.
+
+fn main() -> std::process::ExitCode {
+    payrecon::cli::main()
+}

@@ -1,0 +1,198 @@
+//! SQL for customers and orders.
+
+use chrono::{DateTime, Utc};
+use sqlx::{AnyConnection, Row};
+
+use super::{StoreError, WriteTx};
+use crate::order::{
+    AccountId, Order, OrderKind, OrderRef, OrderStatus, RentalDetails, SettledVia, ValidOrder,
+};
+
+/// The order query; `$suffix` adds the row lock on PostgreSQL.
+macro_rules! select_order {
+    ($suffix:literal) => {
+        concat!(
+            "SELECT reference, kind, account_id, gpu_model, duration_days, lots, gpu_count, ",
+            "total_usd_cents, content_hash, status, settled_via, settlement_entry, ",
+            "created_at_ms, settled_at_ms FROM orders WHERE reference = $1",
+            $suffix
+        )
+    };
+}
+
+/// An order with the fingerprint of what the shop sent, to tell a retry from a conflict.
+pub(crate) struct StoredOrder {
+    pub order: Order,
+    pub content_hash: String,
+}
+
+/// Records the customer if new. Idempotent.
+pub(crate) async fn ensure_customer(
+    conn: &mut AnyConnection,
+    account_id: &AccountId,
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO customers (account_id, created_at_ms) VALUES ($1, $2) ON CONFLICT (account_id) DO NOTHING",
+    )
+    .bind(account_id.as_str())
+    .bind(now.timestamp_millis())
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Locks the customer's row until the transaction ends, so debits of one customer run one at a
+/// time. Returns whether the customer exists.
+pub(crate) async fn lock_customer(
+    tx: &mut WriteTx,
+    account_id: &AccountId,
+) -> Result<bool, StoreError> {
+    let sql = tx.backend().pick(
+        "SELECT account_id FROM customers WHERE account_id = $1",
+        "SELECT account_id FROM customers WHERE account_id = $1 FOR UPDATE",
+    );
+    let row = sqlx::query(sql)
+        .bind(account_id.as_str())
+        .fetch_optional(tx.conn())
+        .await?;
+    Ok(row.is_some())
+}
+
+/// Inserts the order unless its reference exists. Returns whether it was inserted.
+pub(crate) async fn insert_order(
+    conn: &mut AnyConnection,
+    order: &ValidOrder,
+    content_hash: &str,
+    now: DateTime<Utc>,
+) -> Result<bool, StoreError> {
+    let rental = match &order.kind {
+        OrderKind::Rental(details) => Some(details),
+        OrderKind::Topup => None,
+    };
+    let result = sqlx::query(
+        "INSERT INTO orders (reference, kind, account_id, gpu_model, duration_days, lots, gpu_count, total_usd_cents, content_hash, status, created_at_ms) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'open', $10) ON CONFLICT (reference) DO NOTHING",
+    )
+    .bind(order.reference.as_str())
+    .bind(order.kind.as_str())
+    .bind(order.account_id.as_str())
+    .bind(rental.map(|r| r.gpu_model.clone()))
+    .bind(rental.map(|r| i64::from(r.duration_days)))
+    .bind(rental.map(|r| i64::from(r.lots)))
+    .bind(rental.map(|r| i64::from(r.gpu_count)))
+    .bind(order.total_usd.cents())
+    .bind(content_hash)
+    .bind(now.timestamp_millis())
+    .execute(conn)
+    .await?;
+    Ok(result.rows_affected() == 1)
+}
+
+/// Reads an order.
+pub(crate) async fn get_order(
+    conn: &mut AnyConnection,
+    reference: &OrderRef,
+) -> Result<Option<StoredOrder>, StoreError> {
+    let row = sqlx::query(select_order!(""))
+        .bind(reference.as_str())
+        .fetch_optional(conn)
+        .await?;
+    row.map(|row| decode_order(&row)).transpose()
+}
+
+/// Reads an order and, on PostgreSQL, locks it until the transaction ends, so two settlements
+/// of one order cannot both see it open.
+pub(crate) async fn lock_order(
+    tx: &mut WriteTx,
+    reference: &OrderRef,
+) -> Result<Option<StoredOrder>, StoreError> {
+    let sql = tx
+        .backend()
+        .pick(select_order!(""), select_order!(" FOR UPDATE"));
+    let row = sqlx::query(sql)
+        .bind(reference.as_str())
+        .fetch_optional(tx.conn())
+        .await?;
+    row.map(|row| decode_order(&row)).transpose()
+}
+
+/// Marks an open order settled. Fails if it was not open: a settlement is written once.
+pub(crate) async fn mark_settled(
+    conn: &mut AnyConnection,
+    reference: &OrderRef,
+    via: SettledVia,
+    entry_key: &str,
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    let result = sqlx::query(
+        "UPDATE orders SET status = 'settled', settled_via = $2, settlement_entry = $3, settled_at_ms = $4 \
+         WHERE reference = $1 AND status = 'open'",
+    )
+    .bind(reference.as_str())
+    .bind(via.as_str())
+    .bind(entry_key)
+    .bind(now.timestamp_millis())
+    .execute(conn)
+    .await?;
+    if result.rows_affected() != 1 {
+        return Err(StoreError::Corrupt(format!(
+            "order {reference} was not open when settling it"
+        )));
+    }
+    Ok(())
+}
+
+fn decode_order(row: &sqlx::any::AnyRow) -> Result<StoredOrder, StoreError> {
+    let corrupt = |what: &str| StoreError::Corrupt(format!("order row: {what}"));
+    let reference = OrderRef::new(row.try_get::<String, _>("reference")?)
+        .map_err(|e| corrupt(&e.to_string()))?;
+    let account_id = AccountId::new(row.try_get::<String, _>("account_id")?)
+        .map_err(|e| corrupt(&e.to_string()))?;
+    let small = |column: &str| -> Result<u32, StoreError> {
+        let value: i64 = row.try_get(column)?;
+        u32::try_from(value).map_err(|_| corrupt(column))
+    };
+    let kind = match row.try_get::<String, _>("kind")?.as_str() {
+        "rental" => OrderKind::Rental(RentalDetails {
+            gpu_model: row.try_get("gpu_model")?,
+            duration_days: small("duration_days")?,
+            lots: small("lots")?,
+            gpu_count: small("gpu_count")?,
+        }),
+        "topup" => OrderKind::Topup,
+        other => return Err(corrupt(&format!("kind {other:?}"))),
+    };
+    let total_usd = crate::money::Usd::from_cents(row.try_get("total_usd_cents")?)
+        .map_err(|e| corrupt(&e.to_string()))?;
+    let status = match row.try_get::<String, _>("status")?.as_str() {
+        "open" => OrderStatus::Open,
+        "settled" => OrderStatus::Settled {
+            via: match row.try_get::<String, _>("settled_via")?.as_str() {
+                "balance" => SettledVia::Balance,
+                "payment" => SettledVia::Payment,
+                other => return Err(corrupt(&format!("settled_via {other:?}"))),
+            },
+            entry_key: row.try_get("settlement_entry")?,
+            at: millis(row.try_get("settled_at_ms")?)?,
+        },
+        other => return Err(corrupt(&format!("status {other:?}"))),
+    };
+    Ok(StoredOrder {
+        order: Order {
+            reference,
+            account_id,
+            kind,
+            total_usd,
+            status,
+            created_at: millis(row.try_get("created_at_ms")?)?,
+        },
+        content_hash: row.try_get("content_hash")?,
+    })
+}
+
+/// A stored millisecond timestamp.
+pub(crate) fn millis(value: i64) -> Result<DateTime<Utc>, StoreError> {
+    DateTime::from_timestamp_millis(value)
+        .ok_or_else(|| StoreError::Corrupt(format!("timestamp {value} out of range")))
+}
