@@ -62,34 +62,55 @@ pub async fn run(command: BenchCommand, _config: &Config, json: bool) -> anyhow:
             batch_size,
             scratch_database,
         } => {
-            anyhow::ensure!(entries > 0 && batch_size > 0, "--entries and --batch-size must be positive");
+            anyhow::ensure!(
+                entries > 0 && batch_size > 0,
+                "--entries and --batch-size must be positive"
+            );
             let scratch_dir = tempfile::tempdir().context("creating a scratch directory")?;
             let url = scratch_database.unwrap_or_else(|| {
                 format!("sqlite://{}", scratch_dir.path().join("bench.db").display())
             });
-            let engine = Engine::open(&url).await.context("opening the scratch database")?;
+            let engine = Engine::open(&url)
+                .await
+                .context("opening the scratch database")?;
             let lines = ledger(&engine, entries, batch_size).await?;
             let backend = format!("{:?}", engine.store().backend()).to_lowercase();
-            crate::cli::emit(json, &serde_json::json!({ "backend": backend, "results": lines }), || {
-                let mut text = format!("ledger posting on {backend} ({})\n", crate::cli::redact(&url));
-                for line in &lines {
-                    text.push_str(&format!(
-                        "{:<44} {:>8} entries {:>8} ms {:>9} entries/s\n",
-                        line.workload, line.entries, line.elapsed_ms, line.entries_per_second
-                    ));
-                }
-                text
-            })
+            crate::cli::emit(
+                json,
+                &serde_json::json!({ "backend": backend, "results": lines }),
+                || {
+                    let mut text = format!(
+                        "ledger posting on {backend} ({})\n",
+                        crate::cli::redact(&url)
+                    );
+                    for line in &lines {
+                        text.push_str(&format!(
+                            "{:<44} {:>8} entries {:>8} ms {:>9} entries/s\n",
+                            line.workload, line.entries, line.elapsed_ms, line.entries_per_second
+                        ));
+                    }
+                    text
+                },
+            )
         }
     }
 }
 
-async fn ledger(engine: &Engine, entries: usize, batch_size: usize) -> anyhow::Result<Vec<BenchLine>> {
+async fn ledger(
+    engine: &Engine,
+    entries: usize,
+    batch_size: usize,
+) -> anyhow::Result<Vec<BenchLine>> {
     let run_id = uuid::Uuid::new_v4().simple().to_string();
     let customers: Vec<AccountId> = (0..BENCH_CUSTOMERS)
         .map(|i| AccountId::new(format!("bench-{}-{i}", &run_id[..8])))
         .collect::<Result<_, _>>()?;
-    let credit = |i: usize, tag: &str| topup_credit(&format!("{run_id}:{tag}:{i}"), &customers[i % BENCH_CUSTOMERS]);
+    let credit = |i: usize, tag: &str| {
+        topup_credit(
+            &format!("{run_id}:{tag}:{i}"),
+            &customers[i % BENCH_CUSTOMERS],
+        )
+    };
     let mut lines = Vec::new();
 
     let progress = progress_bar(entries as u64, "single");
@@ -99,7 +120,11 @@ async fn ledger(engine: &Engine, entries: usize, batch_size: usize) -> anyhow::R
         progress.inc(1);
     }
     progress.finish_and_clear();
-    lines.push(line("credit, one entry per transaction", entries, started.elapsed()));
+    lines.push(line(
+        "credit, one entry per transaction",
+        entries,
+        started.elapsed(),
+    ));
 
     let progress = progress_bar(entries as u64, "batch");
     let started = Instant::now();
@@ -109,26 +134,47 @@ async fn ledger(engine: &Engine, entries: usize, batch_size: usize) -> anyhow::R
         progress.inc(chunk.len() as u64);
     }
     progress.finish_and_clear();
-    lines.push(line(&format!("credit, {batch_size} entries per transaction"), entries, started.elapsed()));
+    lines.push(line(
+        &format!("credit, {batch_size} entries per transaction"),
+        entries,
+        started.elapsed(),
+    ));
 
     let progress = progress_bar(entries as u64, "debit");
     let started = Instant::now();
     for i in 0..entries {
-        engine.post_entry(&debit(&format!("{run_id}:debit:{i}"), &customers[i % BENCH_CUSTOMERS])).await?;
+        engine
+            .post_entry(&debit(
+                &format!("{run_id}:debit:{i}"),
+                &customers[i % BENCH_CUSTOMERS],
+            ))
+            .await?;
         progress.inc(1);
     }
     progress.finish_and_clear();
-    lines.push(line("balance-checked debit, one per transaction", entries, started.elapsed()));
+    lines.push(line(
+        "balance-checked debit, one per transaction",
+        entries,
+        started.elapsed(),
+    ));
 
     let progress = progress_bar(entries as u64, "concurrent");
     let started = Instant::now();
     let customers = Arc::new(customers);
     let mut tasks = Vec::new();
     for task in 0..BENCH_CONCURRENCY {
-        let (engine, customers, run_id, progress) = (engine.clone(), customers.clone(), run_id.clone(), progress.clone());
+        let (engine, customers, run_id, progress) = (
+            engine.clone(),
+            customers.clone(),
+            run_id.clone(),
+            progress.clone(),
+        );
         tasks.push(tokio::spawn(async move {
             for i in (task..entries).step_by(BENCH_CONCURRENCY) {
-                let entry = debit(&format!("{run_id}:concurrent:{i}"), &customers[i % BENCH_CUSTOMERS]);
+                let entry = debit(
+                    &format!("{run_id}:concurrent:{i}"),
+                    &customers[i % BENCH_CUSTOMERS],
+                );
                 engine.post_entry(&entry).await?;
                 progress.inc(1);
             }
@@ -139,7 +185,11 @@ async fn ledger(engine: &Engine, entries: usize, batch_size: usize) -> anyhow::R
         task.await??;
     }
     progress.finish_and_clear();
-    lines.push(line(&format!("balance-checked debit, {BENCH_CONCURRENCY} concurrent tasks"), entries, started.elapsed()));
+    lines.push(line(
+        &format!("balance-checked debit, {BENCH_CONCURRENCY} concurrent tasks"),
+        entries,
+        started.elapsed(),
+    ));
 
     let trial = engine.trial_balance().await?;
     anyhow::ensure!(trial.is_sound(), "the benchmark left the ledger unsound");
@@ -158,7 +208,11 @@ fn topup_credit(key: &str, customer: &AccountId) -> NewEntry {
             Posting::debit(Account::Custody(Method::Btc), btc, 625_000),
             Posting::credit(Account::Fx(Method::Btc), btc, 625_000),
             Posting::debit(Account::Fx(Method::Btc), Currency::Usd, 50_000),
-            Posting::credit(Account::CustomerBalance(customer.clone()), Currency::Usd, 50_000),
+            Posting::credit(
+                Account::CustomerBalance(customer.clone()),
+                Currency::Usd,
+                50_000,
+            ),
         ],
     }
 }
@@ -171,7 +225,11 @@ fn debit(key: &str, customer: &AccountId) -> NewEntry {
         reference: None,
         memo: String::new(),
         postings: vec![
-            Posting::debit(Account::CustomerBalance(customer.clone()), Currency::Usd, 100),
+            Posting::debit(
+                Account::CustomerBalance(customer.clone()),
+                Currency::Usd,
+                100,
+            ),
             Posting::credit(Account::RevenueRentals, Currency::Usd, 100),
         ],
     }

@@ -13,7 +13,9 @@ use serde::Serialize;
 use crate::config::Config;
 use crate::engine::Engine;
 use crate::money::Usd;
-use crate::order::{AccountId, Order, OrderKind, OrderRef, OrderStatus, RentalOrderRequest, TopupRequest};
+use crate::order::{
+    AccountId, Order, OrderKind, OrderRef, OrderStatus, RentalOrderRequest, TopupRequest,
+};
 
 /// payrecon: blockchain payment reconciliation for the GPU shop.
 #[derive(Debug, Parser)]
@@ -168,7 +170,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             emit(
                 json,
                 &serde_json::json!({ "database": redact(&config.database_url), "backend": backend, "migrated": true }),
-                || format!("database ready: {} ({backend})", redact(&config.database_url)),
+                || {
+                    format!(
+                        "database ready: {} ({backend})",
+                        redact(&config.database_url)
+                    )
+                },
             )
         }
         Command::Order(OrderCommand::Create(args)) => {
@@ -182,7 +189,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             };
             let created = engine.create_rental_order(&request).await?;
             emit(json, &created, || {
-                let verb = if created.created { "created" } else { "already exists" };
+                let verb = if created.created {
+                    "created"
+                } else {
+                    "already exists"
+                };
                 format!("order {verb}\n{}", describe_order(&created.value))
             })
         }
@@ -196,39 +207,54 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 order: &'a Order,
                 ledger_entries: &'a [crate::ledger::PostedEntry],
             }
-            emit(json, &Shown { order: &order, ledger_entries: &entries }, || {
-                let mut text = describe_order(&order);
-                for posted in &entries {
-                    text.push_str(&format!(
-                        "\nentry {} ({}) at {}",
-                        posted.entry.idempotency_key,
-                        posted.entry.kind.as_str(),
-                        posted.posted_at.to_rfc3339()
-                    ));
-                    for leg in &posted.entry.postings {
+            emit(
+                json,
+                &Shown {
+                    order: &order,
+                    ledger_entries: &entries,
+                },
+                || {
+                    let mut text = describe_order(&order);
+                    for posted in &entries {
                         text.push_str(&format!(
-                            "\n  {:<32} {:>24} {}",
-                            leg.account.to_string(),
-                            leg.currency.format(leg.amount_minor),
-                            leg.currency
+                            "\nentry {} ({}) at {}",
+                            posted.entry.idempotency_key,
+                            posted.entry.kind.as_str(),
+                            posted.posted_at.to_rfc3339()
                         ));
+                        for leg in &posted.entry.postings {
+                            text.push_str(&format!(
+                                "\n  {:<32} {:>24} {}",
+                                leg.account.to_string(),
+                                leg.currency.format(leg.amount_minor),
+                                leg.currency
+                            ));
+                        }
                     }
-                }
-                text
-            })
+                    text
+                },
+            )
         }
         Command::Order(OrderCommand::PayFromBalance { reference }) => {
             let reference = OrderRef::new(reference)?;
             let payment = engine.pay_order_from_balance(&reference).await?;
             emit(json, &payment, || {
-                let verb = if payment.debited_now { "paid from balance" } else { "was already paid from balance" };
+                let verb = if payment.debited_now {
+                    "paid from balance"
+                } else {
+                    "was already paid from balance"
+                };
                 format!(
                     "order {reference} {verb}; balance now {} USD",
                     payment.balance_after
                 )
             })
         }
-        Command::Topup(TopupCommand::Create { account, amount_usd, reference }) => {
+        Command::Topup(TopupCommand::Create {
+            account,
+            amount_usd,
+            reference,
+        }) => {
             let request = TopupRequest {
                 reference: reference.unwrap_or_else(|| format!("topup-{}", uuid::Uuid::new_v4())),
                 account_id: account,
@@ -236,7 +262,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             };
             let created = engine.create_topup(&request).await?;
             emit(json, &created, || {
-                let verb = if created.created { "created" } else { "already exists" };
+                let verb = if created.created {
+                    "created"
+                } else {
+                    "already exists"
+                };
                 format!("top-up {verb}\n{}", describe_order(&created.value))
             })
         }
@@ -252,22 +282,32 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Ledger(LedgerCommand::TrialBalance) => {
             let trial = engine.trial_balance().await?;
             let sound = trial.is_sound();
-            emit(json, &serde_json::json!({ "sound": sound, "trial_balance": trial }), || {
-                let mut text = String::new();
-                for line in &trial.accounts {
-                    text.push_str(&format!("{:<32} {:>28} {}\n", line.account, line.balance, line.currency));
-                }
-                for total in &trial.totals {
-                    text.push_str(&format!("{:<32} {:>28} {}\n", "TOTAL (must be 0)", total.balance, total.currency));
-                }
-                text.push_str(&format!(
-                    "{} entries, {} postings: {}",
-                    trial.entries,
-                    trial.postings,
-                    if sound { "sound" } else { "INVARIANTS BROKEN" }
-                ));
-                text
-            })?;
+            emit(
+                json,
+                &serde_json::json!({ "sound": sound, "trial_balance": trial }),
+                || {
+                    let mut text = String::new();
+                    for line in &trial.accounts {
+                        text.push_str(&format!(
+                            "{:<32} {:>28} {}\n",
+                            line.account, line.balance, line.currency
+                        ));
+                    }
+                    for total in &trial.totals {
+                        text.push_str(&format!(
+                            "{:<32} {:>28} {}\n",
+                            "TOTAL (must be 0)", total.balance, total.currency
+                        ));
+                    }
+                    text.push_str(&format!(
+                        "{} entries, {} postings: {}",
+                        trial.entries,
+                        trial.postings,
+                        if sound { "sound" } else { "INVARIANTS BROKEN" }
+                    ));
+                    text
+                },
+            )?;
             anyhow::ensure!(sound, "the ledger's invariants do not hold");
             Ok(())
         }
@@ -286,7 +326,11 @@ fn describe_order(order: &Order) -> String {
     let status = match &order.status {
         OrderStatus::Open => "open".to_owned(),
         OrderStatus::Settled { via, entry_key, at } => {
-            format!("settled via {} at {} (entry {entry_key})", via.as_str(), at.to_rfc3339())
+            format!(
+                "settled via {} at {} (entry {entry_key})",
+                via.as_str(),
+                at.to_rfc3339()
+            )
         }
     };
     format!(

@@ -13,6 +13,10 @@ pub const DEFAULT_CONFIG_FILE: &str = "payrecon.toml";
 /// The database used when none is configured: a SQLite file beside the working directory.
 pub const DEFAULT_DATABASE_URL: &str = "sqlite://payrecon.db";
 
+/// The configuration keys that `PAYRECON_<KEY>` environment variables may set. Other
+/// `PAYRECON_*` variables (`PAYRECON_LOG`, `PAYRECON_CONFIG`) belong to the command line.
+const ENV_KEYS: [&str; 1] = ["database_url"];
+
 /// Everything payrecon reads at start.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -41,7 +45,7 @@ impl Config {
         };
         Figment::from(Serialized::defaults(Config::default()))
             .merge(Toml::file(file))
-            .merge(Env::prefixed("PAYRECON_"))
+            .merge(Env::prefixed("PAYRECON_").only(&ENV_KEYS))
             .extract()
             .map_err(|e| ConfigError::Invalid(e.to_string()))
     }

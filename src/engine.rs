@@ -206,7 +206,7 @@ impl Engine {
             ],
         };
         entry.validate()?;
-        match store::ledger::post(&mut tx, &entry, now).await? {
+        match store::ledger::post_batch(&mut tx, std::slice::from_ref(&entry), now).await? {
             Ok(_) => {}
             Err(LedgerError::Overdraft { .. }) => {
                 let sum = store::ledger::account_sum(tx.conn(), &customer, Currency::Usd).await?;
@@ -244,10 +244,7 @@ impl Engine {
     /// would take a customer balance below zero.
     pub async fn post_entry(&self, entry: &NewEntry) -> Result<PostOutcome, Error> {
         entry.validate()?;
-        let mut tx = self.store.begin_write().await?;
-        let outcome = store::ledger::post(&mut tx, entry, self.clock.now()).await??;
-        tx.commit().await?;
-        Ok(outcome)
+        Ok(self.post_entries(std::slice::from_ref(entry)).await?[0])
     }
 
     /// Posts many entries in one transaction: all or none. Each keeps its own idempotency.
@@ -257,10 +254,7 @@ impl Engine {
         }
         let now = self.clock.now();
         let mut tx = self.store.begin_write().await?;
-        let mut outcomes = Vec::with_capacity(entries.len());
-        for entry in entries {
-            outcomes.push(store::ledger::post(&mut tx, entry, now).await??);
-        }
+        let outcomes = store::ledger::post_batch(&mut tx, entries, now).await??;
         tx.commit().await?;
         Ok(outcomes)
     }
@@ -343,7 +337,9 @@ impl Engine {
 
 /// A customer's available balance from the sum of their postings (credits are negative).
 fn customer_balance(account_id: &AccountId, sum: i128) -> Result<Usd, Error> {
-    let cents = i64::try_from(-sum).ok().and_then(|c| Usd::from_cents(c).ok());
+    let cents = i64::try_from(-sum)
+        .ok()
+        .and_then(|c| Usd::from_cents(c).ok());
     cents.ok_or_else(|| {
         LedgerError::Corrupt(format!(
             "customer {account_id} balance sums to {}",

@@ -49,7 +49,11 @@ impl Currency {
         let magnitude = payrecon_chain_core::Amount::from_base_units(minor_units.unsigned_abs());
         let sign = if minor_units < 0 { "-" } else { "" };
         match self {
-            Currency::Usd => format!("{sign}{}.{:02}", minor_units.unsigned_abs() / 100, minor_units.unsigned_abs() % 100),
+            Currency::Usd => format!(
+                "{sign}{}.{:02}",
+                minor_units.unsigned_abs() / 100,
+                minor_units.unsigned_abs() % 100
+            ),
             Currency::Crypto(method) => format!("{sign}{}", method.format_amount(magnitude)),
         }
     }
@@ -483,7 +487,9 @@ pub enum LedgerError {
     #[error("idempotency key {0:?} was already posted with different content")]
     IdempotencyConflict(String),
     /// The entry would take a customer's balance below zero.
-    #[error("insufficient balance: account {account} has {available} USD available, the entry debits {debit} USD")]
+    #[error(
+        "insufficient balance: account {account} has {available} USD available, the entry debits {debit} USD"
+    )]
     Overdraft {
         /// The customer.
         account: AccountId,

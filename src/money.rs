@@ -7,8 +7,9 @@ use rust_decimal::Decimal;
 use rust_decimal::prelude::ToPrimitive;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// The largest USD amount payrecon accepts anywhere: far beyond any order, far inside `i64` cents.
-pub const MAX_USD_CENTS: i64 = 1_000_000_000_000_00;
+/// The largest USD amount payrecon accepts anywhere (one trillion dollars, in cents): far
+/// beyond any order, far inside `i64`.
+pub const MAX_USD_CENTS: i64 = 100_000_000_000_000;
 
 /// A non-negative USD amount in whole cents.
 ///
@@ -165,7 +166,10 @@ mod tests {
     fn refuses_what_is_not_a_usd_amount() {
         assert_eq!("0.001".parse::<Usd>(), Err(UsdError::FinerThanCents));
         assert_eq!("-5".parse::<Usd>(), Err(UsdError::Negative));
-        assert!(matches!("1e3".parse::<Usd>(), Err(UsdError::NotADecimal(_))));
+        assert!(matches!(
+            "1e3".parse::<Usd>(),
+            Err(UsdError::NotADecimal(_))
+        ));
         assert!(matches!("".parse::<Usd>(), Err(UsdError::NotADecimal(_))));
         assert!(matches!("1.".parse::<Usd>(), Err(UsdError::NotADecimal(_))));
         assert_eq!(
@@ -181,6 +185,9 @@ mod tests {
         assert_eq!(serde_json::to_string(&usd).unwrap(), "\"420.00\"");
         let whole: Usd = serde_json::from_str("500").unwrap();
         assert_eq!(whole.cents(), 50_000);
-        assert!(serde_json::from_str::<Usd>("500.5").is_err(), "floats are refused");
+        assert!(
+            serde_json::from_str::<Usd>("500.5").is_err(),
+            "floats are refused"
+        );
     }
 }

@@ -395,10 +395,7 @@ mod tests {
             rental(5, 1, "H100").validate().unwrap_err().to_string(),
             "rental duration must be 3, 7 or 30 days, got 5"
         );
-        assert_eq!(
-            rental(7, 1, "").validate(),
-            Err(OrderRuleError::GpuModel)
-        );
+        assert_eq!(rental(7, 1, "").validate(), Err(OrderRuleError::GpuModel));
         let mut free = rental(7, 1, "H100");
         free.total_usd = Usd::ZERO;
         assert_eq!(free.validate(), Err(OrderRuleError::TotalNotPositive));
@@ -433,7 +430,9 @@ mod tests {
         );
         assert_eq!(
             OrderRef::new("R1'; DROP TABLE orders;--"),
-            Err(OrderRuleError::Reference(IdentifierProblem::Character('\'')))
+            Err(OrderRuleError::Reference(IdentifierProblem::Character(
+                '\''
+            )))
         );
         assert_eq!(
             OrderRef::new("x".repeat(65)),

@@ -1,90 +1,238 @@
 //! SQL for the journal: entries, postings and the sums balances are derived from.
 
-use std::collections::BTreeMap;
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 use futures_util::TryStreamExt;
 use sqlx::{AnyConnection, Row};
 
-use super::orders::{ensure_customer, lock_customer, millis};
-use super::{StoreError, WriteTx, values_placeholders};
-use crate::ledger::{
-    Account, Currency, LedgerError, NewEntry, PostOutcome, PostedEntry, Posting,
-};
+use super::orders::millis;
+use super::{StoreError, WriteTx, list_placeholders, values_placeholders};
+use crate::ledger::{Account, Currency, LedgerError, NewEntry, PostOutcome, PostedEntry, Posting};
+use crate::order::AccountId;
 
-/// Posts a validated entry inside `tx`, once per idempotency key.
+/// Rows per multi-row insert: keeps every statement under SQLite's and PostgreSQL's limits on
+/// bound parameters (32,766 and 65,535) whatever the batch size.
+const ROWS_PER_INSERT: usize = 1_000;
+
+/// Posts validated entries inside `tx`, each once per idempotency key, in a fixed number of
+/// statements per batch: round-trips, not rows, bound the throughput of an embedded store.
 ///
 /// A replay with the same content is a no-op that says so; a replay with other content is
-/// refused. A customer's balance may never turn negative: their row is locked and their
-/// postings re-summed before a debit lands.
-pub(crate) async fn post(
+/// refused, and so is an entry that would take a customer's balance below zero. A refusal
+/// leaves the caller's transaction to roll back: a batch posts whole or not at all.
+pub(crate) async fn post_batch(
     tx: &mut WriteTx,
-    entry: &NewEntry,
+    entries: &[NewEntry],
     now: DateTime<Utc>,
-) -> Result<Result<PostOutcome, LedgerError>, StoreError> {
-    let content_hash = entry.content_hash();
-    let inserted = sqlx::query(
-        "INSERT INTO journal_entries (idempotency_key, kind, reference, memo, content_hash, posted_at_ms) \
-         VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (idempotency_key) DO NOTHING RETURNING seq",
-    )
-    .bind(entry.idempotency_key.as_str())
-    .bind(entry.kind.as_str())
-    .bind(entry.reference.as_deref())
-    .bind(entry.memo.as_str())
-    .bind(content_hash.as_str())
-    .bind(now.timestamp_millis())
-    .fetch_optional(tx.conn())
-    .await?;
-    if inserted.is_none() {
-        let existing: String =
-            sqlx::query_scalar("SELECT content_hash FROM journal_entries WHERE idempotency_key = $1")
-                .bind(entry.idempotency_key.as_str())
-                .fetch_one(tx.conn())
-                .await?;
-        return Ok(if existing == content_hash {
-            Ok(PostOutcome::AlreadyPosted)
-        } else {
-            Err(LedgerError::IdempotencyConflict(entry.idempotency_key.clone()))
-        });
-    }
-    for (customer, net) in entry.customer_nets() {
-        if net > 0 {
-            let exists = lock_customer(tx, &customer).await?;
-            let account = Account::CustomerBalance(customer.clone());
-            let current = if exists {
-                account_sum(tx.conn(), &account, Currency::Usd).await?
-            } else {
-                0
-            };
-            if current + net > 0 {
-                return Ok(Err(LedgerError::Overdraft {
-                    account: customer,
-                    available: Currency::Usd.format(-current),
-                    debit: Currency::Usd.format(net),
-                }));
+) -> Result<Result<Vec<PostOutcome>, LedgerError>, StoreError> {
+    let hashes: Vec<String> = entries.iter().map(NewEntry::content_hash).collect();
+    let mut first_of_key: HashMap<&str, usize> = HashMap::new();
+    let mut outcomes = vec![PostOutcome::AlreadyPosted; entries.len()];
+    let mut fresh = Vec::new();
+    for (index, entry) in entries.iter().enumerate() {
+        match first_of_key.entry(&entry.idempotency_key) {
+            Entry::Vacant(slot) => {
+                slot.insert(index);
+                fresh.push(index);
             }
-        } else {
-            ensure_customer(tx.conn(), &customer, now).await?;
+            Entry::Occupied(first) if hashes[*first.get()] == hashes[index] => {}
+            Entry::Occupied(_) => {
+                return Ok(Err(LedgerError::IdempotencyConflict(
+                    entry.idempotency_key.clone(),
+                )));
+            }
         }
     }
-    insert_postings(tx.conn(), &entry.idempotency_key, &entry.postings).await?;
-    Ok(Ok(PostOutcome::Posted))
+
+    let mut inserted: HashSet<String> = HashSet::new();
+    for chunk in fresh.chunks(ROWS_PER_INSERT) {
+        let sql = format!(
+            "INSERT INTO journal_entries (idempotency_key, kind, reference, memo, content_hash, posted_at_ms) \
+             VALUES {} ON CONFLICT (idempotency_key) DO NOTHING RETURNING idempotency_key",
+            values_placeholders(6, chunk.len())
+        );
+        let mut query = sqlx::query_scalar(sqlx::AssertSqlSafe(sql));
+        for &index in chunk {
+            let entry = &entries[index];
+            query = query
+                .bind(entry.idempotency_key.as_str())
+                .bind(entry.kind.as_str())
+                .bind(entry.reference.as_deref())
+                .bind(entry.memo.as_str())
+                .bind(hashes[index].as_str())
+                .bind(now.timestamp_millis());
+        }
+        inserted.extend(query.fetch_all(tx.conn()).await?);
+    }
+
+    let replayed: Vec<usize> = fresh
+        .iter()
+        .copied()
+        .filter(|index| !inserted.contains(&entries[*index].idempotency_key))
+        .collect();
+    for chunk in replayed.chunks(ROWS_PER_INSERT) {
+        let sql = format!(
+            "SELECT idempotency_key, content_hash FROM journal_entries WHERE idempotency_key IN ({})",
+            list_placeholders(chunk.len())
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for &index in chunk {
+            query = query.bind(entries[index].idempotency_key.as_str());
+        }
+        let stored: HashMap<String, String> = query
+            .fetch_all(tx.conn())
+            .await?
+            .iter()
+            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+            .collect::<Result<_, sqlx::Error>>()?;
+        for &index in chunk {
+            let key = &entries[index].idempotency_key;
+            if stored.get(key) != Some(&hashes[index]) {
+                return Ok(Err(LedgerError::IdempotencyConflict(key.clone())));
+            }
+        }
+    }
+
+    let new_entries: Vec<usize> = fresh
+        .into_iter()
+        .filter(|index| inserted.contains(&entries[*index].idempotency_key))
+        .collect();
+    if let Err(refusal) = check_customer_debits(tx, entries, &new_entries, now).await? {
+        return Ok(Err(refusal));
+    }
+    let rows: Vec<(&str, usize, &Posting)> = new_entries
+        .iter()
+        .flat_map(|&index| {
+            let entry = &entries[index];
+            entry
+                .postings
+                .iter()
+                .enumerate()
+                .map(move |(leg, posting)| (entry.idempotency_key.as_str(), leg, posting))
+        })
+        .collect();
+    for chunk in rows.chunks(ROWS_PER_INSERT) {
+        insert_postings(tx.conn(), chunk).await?;
+    }
+    for index in new_entries {
+        outcomes[index] = PostOutcome::Posted;
+    }
+    Ok(Ok(outcomes))
+}
+
+/// Locks every customer a batch debits and walks the batch in order against their balances,
+/// so no entry, alone or after the ones before it, takes a balance below zero.
+async fn check_customer_debits(
+    tx: &mut WriteTx,
+    entries: &[NewEntry],
+    new_entries: &[usize],
+    now: DateTime<Utc>,
+) -> Result<Result<(), LedgerError>, StoreError> {
+    let nets: Vec<(usize, BTreeMap<AccountId, i128>)> = new_entries
+        .iter()
+        .map(|&index| (index, entries[index].customer_nets()))
+        .filter(|(_, nets)| !nets.is_empty())
+        .collect();
+    let debited: BTreeSet<&AccountId> = nets
+        .iter()
+        .flat_map(|(_, nets)| nets.iter().filter(|(_, net)| **net > 0).map(|(id, _)| id))
+        .collect();
+    if debited.is_empty() {
+        return Ok(Ok(()));
+    }
+    let debited: Vec<&AccountId> = debited.into_iter().collect();
+    lock_customers(tx.conn(), &debited, now).await?;
+    let mut balances = customer_sums(tx.conn(), &debited).await?;
+    for (_, entry_nets) in &nets {
+        for (customer, net) in entry_nets {
+            let Some(balance) = balances.get_mut(customer) else {
+                continue;
+            };
+            if *net > 0 && *balance + net > 0 {
+                return Ok(Err(LedgerError::Overdraft {
+                    account: customer.clone(),
+                    available: Currency::Usd.format(-*balance),
+                    debit: Currency::Usd.format(*net),
+                }));
+            }
+            *balance += net;
+        }
+    }
+    Ok(Ok(()))
+}
+
+/// Creates (if new) and locks the customers' rows in one statement, in a stable order so two
+/// batches never wait on each other crosswise. On SQLite the write lock already serializes.
+async fn lock_customers(
+    conn: &mut AnyConnection,
+    customers: &[&AccountId],
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    let sql = format!(
+        "INSERT INTO customers (account_id, created_at_ms) VALUES {} \
+         ON CONFLICT (account_id) DO UPDATE SET account_id = excluded.account_id",
+        values_placeholders(2, customers.len())
+    );
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+    for customer in customers {
+        query = query.bind(customer.as_str()).bind(now.timestamp_millis());
+    }
+    query.execute(conn).await?;
+    Ok(())
+}
+
+/// The USD sums of the customers' balance accounts, read in one statement.
+async fn customer_sums(
+    conn: &mut AnyConnection,
+    customers: &[&AccountId],
+) -> Result<HashMap<AccountId, i128>, StoreError> {
+    let accounts: Vec<String> = customers
+        .iter()
+        .map(|id| Account::CustomerBalance((*id).clone()).to_string())
+        .collect();
+    let sql = format!(
+        "SELECT account, amount FROM postings WHERE currency = 'USD' AND account IN ({})",
+        list_placeholders(accounts.len())
+    );
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+    for account in &accounts {
+        query = query.bind(account.as_str());
+    }
+    let mut sums: HashMap<AccountId, i128> =
+        customers.iter().map(|id| ((*id).clone(), 0)).collect();
+    let mut rows = query.fetch(conn);
+    while let Some(row) = rows.try_next().await? {
+        let account: Account = row
+            .try_get::<String, _>(0)?
+            .parse()
+            .map_err(|e: LedgerError| StoreError::Corrupt(e.to_string()))?;
+        let amount = parse_amount(&row.try_get::<String, _>(1)?)?;
+        if let Some(customer) = account.customer()
+            && let Some(sum) = sums.get_mut(customer)
+        {
+            *sum = sum
+                .checked_add(amount)
+                .ok_or_else(|| StoreError::Corrupt(format!("balance of {account} overflows")))?;
+        }
+    }
+    Ok(sums)
 }
 
 async fn insert_postings(
     conn: &mut AnyConnection,
-    entry_key: &str,
-    postings: &[Posting],
+    rows: &[(&str, usize, &Posting)],
 ) -> Result<(), StoreError> {
     let sql = format!(
         "INSERT INTO postings (entry_key, leg, account, currency, amount) VALUES {}",
-        values_placeholders(5, postings.len())
+        values_placeholders(5, rows.len())
     );
     let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-    for (leg, posting) in postings.iter().enumerate() {
+    for (entry_key, leg, posting) in rows {
         query = query
-            .bind(entry_key)
-            .bind(leg as i64)
+            .bind(*entry_key)
+            .bind(*leg as i64)
             .bind(posting.account.to_string())
             .bind(posting.currency.to_string())
             .bind(posting.amount_minor.to_string());
@@ -167,9 +315,7 @@ pub(crate) async fn entry_keys_for_reference(
 
 /// Streams every posting once and folds them into per-entry and per-account sums, without
 /// holding the journal in memory: one pass serves the trial balance and the invariant check.
-pub(crate) async fn fold_postings(
-    conn: &mut AnyConnection,
-) -> Result<PostingTotals, StoreError> {
+pub(crate) async fn fold_postings(conn: &mut AnyConnection) -> Result<PostingTotals, StoreError> {
     let mut rows = sqlx::query(
         "SELECT entry_key, account, currency, amount FROM postings ORDER BY entry_key, leg",
     )
@@ -179,7 +325,10 @@ pub(crate) async fn fold_postings(
     while let Some(row) = rows.try_next().await? {
         let entry_key: String = row.try_get(0)?;
         let posting = decode_posting_at(&row, 1)?;
-        if current_entry.as_ref().is_none_or(|(key, _)| *key != entry_key) {
+        if current_entry
+            .as_ref()
+            .is_none_or(|(key, _)| *key != entry_key)
+        {
             if let Some(done) = current_entry.take() {
                 totals.close_entry(done);
             }

@@ -111,10 +111,18 @@ impl Store {
                 )
             })
             .collect();
-        Migrator::with_migrations(migrations)
-            .run(&self.pool)
-            .await
-            .map_err(StoreError::Migrate)
+        let migrator = Migrator::with_migrations(migrations);
+        match self.backend {
+            // PostgreSQL: the migrator serializes concurrent runs with an advisory lock.
+            Backend::Postgres => migrator.run(&self.pool).await.map_err(StoreError::Migrate),
+            // SQLite has no advisory locks: holding the write lock for the whole run makes a
+            // second process wait, then find the schema applied.
+            Backend::Sqlite => {
+                let mut tx = self.begin_write().await?;
+                migrator.run(tx.conn()).await.map_err(StoreError::Migrate)?;
+                tx.commit().await
+            }
+        }
     }
 
     /// Which database this is.
@@ -236,6 +244,14 @@ pub(crate) fn values_placeholders(columns: usize, rows: usize) -> String {
     sql
 }
 
+/// Builds `$1, $2, …` for an `IN (…)` list. Only placeholders go into the SQL text.
+pub(crate) fn list_placeholders(count: usize) -> String {
+    values_placeholders(count, 1)
+        .trim_start_matches('(')
+        .trim_end_matches(')')
+        .to_owned()
+}
+
 /// A database failure.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -263,6 +279,7 @@ mod tests {
     #[test]
     fn placeholders_number_rows_in_order() {
         assert_eq!(values_placeholders(2, 2), "($1, $2), ($3, $4)");
+        assert_eq!(list_placeholders(3), "$1, $2, $3");
     }
 
     #[test]

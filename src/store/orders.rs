@@ -42,23 +42,6 @@ pub(crate) async fn ensure_customer(
     Ok(())
 }
 
-/// Locks the customer's row until the transaction ends, so debits of one customer run one at a
-/// time. Returns whether the customer exists.
-pub(crate) async fn lock_customer(
-    tx: &mut WriteTx,
-    account_id: &AccountId,
-) -> Result<bool, StoreError> {
-    let sql = tx.backend().pick(
-        "SELECT account_id FROM customers WHERE account_id = $1",
-        "SELECT account_id FROM customers WHERE account_id = $1 FOR UPDATE",
-    );
-    let row = sqlx::query(sql)
-        .bind(account_id.as_str())
-        .fetch_optional(tx.conn())
-        .await?;
-    Ok(row.is_some())
-}
-
 /// Inserts the order unless its reference exists. Returns whether it was inserted.
 pub(crate) async fn insert_order(
     conn: &mut AnyConnection,

@@ -223,14 +223,19 @@ mod tests {
         assert_eq!(eth.base_units(), 1_500_000_000_000_000_000);
         assert_eq!(Method::Eth.format_amount(eth), "1.5");
 
-        assert_eq!(Method::UsdtTrc20.parse_amount("420").unwrap().base_units(), 420_000_000);
+        assert_eq!(
+            Method::UsdtTrc20.parse_amount("420").unwrap().base_units(),
+            420_000_000
+        );
         assert_eq!(Method::Sol.format_amount(Amount::ZERO), "0");
         assert_eq!(Method::Btc.format_amount(Amount::from(100_000_000u64)), "1");
     }
 
     #[test]
     fn holds_wei_far_beyond_u64() {
-        let supply = Method::Eth.parse_amount("120000000.123456789012345678").unwrap();
+        let supply = Method::Eth
+            .parse_amount("120000000.123456789012345678")
+            .unwrap();
         assert!(supply.base_units() > u128::from(u64::MAX));
         assert_eq!(
             Method::Eth.format_amount(supply),
@@ -270,13 +275,19 @@ mod tests {
             ParseAmountErrorKind::InvalidCharacter(' ')
         );
         for malformed in [".", ".5", "5.", "1.2.3"] {
-            assert_eq!(kind(malformed, Method::Btc), ParseAmountErrorKind::Malformed);
+            assert_eq!(
+                kind(malformed, Method::Btc),
+                ParseAmountErrorKind::Malformed
+            );
         }
         assert_eq!(
             kind("999999999999999999999999999999", Method::Eth),
             ParseAmountErrorKind::TooLarge
         );
-        let message = Method::Btc.parse_amount("0.123456789").unwrap_err().to_string();
+        let message = Method::Btc
+            .parse_amount("0.123456789")
+            .unwrap_err()
+            .to_string();
         assert!(message.contains("9 decimal places"), "{message}");
     }
 

@@ -1,0 +1,88 @@
+//! The `payrecon` binary as a person or a script uses it: JSON out, one-line errors, exit codes.
+
+mod common;
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn payrecon(url: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_payrecon"))
+        .args(["--database-url", url])
+        .args(args)
+        .env_remove("PAYRECON_DATABASE_URL")
+        .env_remove("PAYRECON_CONFIG")
+        .current_dir(std::env::temp_dir())
+        .output()
+        .expect("run payrecon")
+}
+
+fn json(url: &str, args: &[&str]) -> Value {
+    let mut all = vec!["--json"];
+    all.extend_from_slice(args);
+    let output = payrecon(url, &all);
+    assert!(
+        output.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("one JSON document")
+}
+
+/// Runs a command that must fail, returning its one-line error.
+fn refused(url: &str, args: &[&str]) -> String {
+    let output = payrecon(url, args);
+    assert!(!output.status.success(), "{args:?} must fail");
+    assert!(output.stdout.is_empty(), "nothing on stdout for a failure");
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+    stderr
+}
+
+on_both_databases! {
+    async fn the_cli_creates_shows_and_refuses(db) {
+        let url = db.url.as_str();
+        assert_eq!(json(url, &["init"])["migrated"], true);
+        let order = json(url, &["order", "create", "--reference", "R1", "--account", "42", "--gpu", "B200", "--days", "7", "--lots", "2", "--total-usd", "420.00"]);
+        assert_eq!(order["gpu_count"], 4);
+        assert_eq!(order["total_usd"], "420.00");
+        assert_eq!(order["created"], true);
+        let topup = json(url, &["topup", "create", "--account", "42", "--amount-usd", "500", "--reference", "T1"]);
+        assert_eq!(topup["kind"], "topup");
+        assert_eq!(json(url, &["balance", "42"])["available_usd"], "0.00");
+        let shown = json(url, &["order", "show", "R1"]);
+        assert_eq!(shown["status"]["state"], "open");
+        assert_eq!(shown["ledger_entries"].as_array().unwrap().len(), 0);
+
+        assert!(refused(url, &["order", "create", "--reference", "R2", "--account", "42", "--gpu", "H100", "--days", "5", "--lots", "1", "--total-usd", "1"]).contains("3, 7 or 30 days, got 5"));
+        assert!(refused(url, &["order", "create", "--reference", "R2", "--account", "42", "--gpu", "H100", "--days", "7", "--lots", "11", "--total-usd", "1"]).contains("lots must be 1 to 10, got 11"));
+        assert!(refused(url, &["topup", "create", "--account", "42", "--amount-usd", "250"]).contains("exactly 100, 500, 2000 or 10000 USD"));
+        assert!(refused(url, &["order", "create", "--reference", "R2", "--account", "42", "--gpu", "H100", "--days", "7", "--lots", "1", "--total-usd", "1.001"]).contains("at most 2 decimal places"));
+        assert!(refused(url, &["order", "pay-from-balance", "R1"]).contains("insufficient balance"));
+        assert!(refused(url, &["order", "pay-from-balance", "T1"]).contains("cannot be paid from the balance"));
+        assert!(refused(url, &["order", "show", "nope"]).contains("unknown order nope"));
+        assert!(refused(url, &["order", "show", "x'; DROP TABLE orders;--"]).contains("invalid order reference"));
+        assert!(refused(url, &["balance", "bob@example.com"]).contains("e-mail"));
+
+        let trial = json(url, &["ledger", "trial-balance"]);
+        assert_eq!(trial["sound"], true);
+    }
+}
+
+#[test]
+fn an_unknown_database_scheme_is_one_clear_line() {
+    assert!(refused("mysql://localhost/x", &["init"]).contains("unsupported database URL scheme"));
+}
+
+#[test]
+fn a_missing_config_file_is_named() {
+    let output = Command::new(env!("CARGO_BIN_EXE_payrecon"))
+        .args(["--config", "/nonexistent/payrecon.toml", "init"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    assert!(
+        String::from_utf8_lossy(&output.stderr)
+            .contains("/nonexistent/payrecon.toml does not exist")
+    );
+}

@@ -1,0 +1,175 @@
+//! Test support: a fresh database per test, on SQLite and on PostgreSQL.
+//!
+//! PostgreSQL comes from `DATABASE_URL` (scripts/test.sh provides one, starting a throwaway
+//! server when none is given). Without it the PostgreSQL half of each test fails loudly:
+//! store tests are never skipped.
+
+#![allow(dead_code)]
+
+use payrecon::Engine;
+use payrecon::ledger::{Account, Currency, EntryKind, NewEntry, Posting};
+use payrecon::order::{AccountId, RentalOrderRequest, TopupRequest};
+use payrecon_chain_core::Method;
+
+/// Which database a test runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Db {
+    Sqlite,
+    Postgres,
+}
+
+/// A database of its own for one test: a SQLite file in a temporary directory, or a
+/// PostgreSQL schema dropped when the test ends.
+pub struct TestDb {
+    pub url: String,
+    pub db: Db,
+    _dir: Option<tempfile::TempDir>,
+    pg_schema: Option<(String, String)>,
+}
+
+/// The PostgreSQL server the tests use.
+pub fn postgres_admin_url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| {
+        panic!(
+            "PostgreSQL tests need DATABASE_URL (e.g. postgres://postgres@127.0.0.1:5432/test); \
+             run scripts/test.sh, which starts a throwaway PostgreSQL when none is given"
+        )
+    })
+}
+
+impl TestDb {
+    pub async fn new(db: Db) -> TestDb {
+        match db {
+            Db::Sqlite => {
+                let dir = tempfile::tempdir().expect("temp dir");
+                let url = format!("sqlite://{}", dir.path().join("payrecon.db").display());
+                TestDb {
+                    url,
+                    db,
+                    _dir: Some(dir),
+                    pg_schema: None,
+                }
+            }
+            Db::Postgres => {
+                let admin = postgres_admin_url();
+                let schema = format!("payrecon_test_{}", uuid::Uuid::new_v4().simple());
+                run_admin_sql(&admin, &format!("CREATE SCHEMA {schema}")).await;
+                let separator = if admin.contains('?') { '&' } else { '?' };
+                let url = format!("{admin}{separator}options[search_path]={schema}");
+                TestDb {
+                    url,
+                    db,
+                    _dir: None,
+                    pg_schema: Some((admin, schema)),
+                }
+            }
+        }
+    }
+
+    /// An engine over this database, migrated.
+    pub async fn engine(&self) -> Engine {
+        Engine::open(&self.url).await.expect("open engine")
+    }
+}
+
+async fn run_admin_sql(admin_url: &str, sql: &str) {
+    use sqlx::Connection;
+    let mut conn = sqlx::postgres::PgConnection::connect(admin_url)
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at DATABASE_URL: {e}"));
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+        .execute(&mut conn)
+        .await
+        .expect("admin SQL");
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if let Some((admin, schema)) = self.pg_schema.take() {
+            let cleanup = std::thread::spawn(move || {
+                let runtime = tokio::runtime::Runtime::new().expect("runtime");
+                runtime.block_on(run_admin_sql(
+                    &admin,
+                    &format!("DROP SCHEMA {schema} CASCADE"),
+                ));
+            });
+            let _ = cleanup.join();
+        }
+    }
+}
+
+/// Defines each test twice, as `<name>::sqlite` and `<name>::postgres`.
+#[macro_export]
+macro_rules! on_both_databases {
+    ($(async fn $name:ident($db:ident) $body:block)*) => {$(
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn sqlite() {
+                let $db = $crate::common::TestDb::new($crate::common::Db::Sqlite).await;
+                $body
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn postgres() {
+                let $db = $crate::common::TestDb::new($crate::common::Db::Postgres).await;
+                $body
+            }
+        }
+    )*};
+}
+
+pub fn account(id: &str) -> AccountId {
+    AccountId::new(id).expect("valid account id")
+}
+
+pub fn rental(reference: &str, account_id: &str, total_usd: &str) -> RentalOrderRequest {
+    RentalOrderRequest {
+        reference: reference.into(),
+        account_id: account_id.into(),
+        gpu_model: "H100".into(),
+        duration_days: 7,
+        lots: 1,
+        total_usd: total_usd.parse().expect("usd"),
+    }
+}
+
+pub fn topup(reference: &str, account_id: &str, dollars: &str) -> TopupRequest {
+    TopupRequest {
+        reference: reference.into(),
+        account_id: account_id.into(),
+        amount_usd: dollars.parse().expect("usd"),
+    }
+}
+
+/// The brief's confirmed top-up: BTC into custody, converted at the locked rate, USD
+/// credited to the customer. Issue 3's matcher posts exactly this shape.
+pub fn btc_topup_credit(key: &str, customer: &str, sats: i128, usd_cents: i128) -> NewEntry {
+    let btc = Currency::Crypto(Method::Btc);
+    NewEntry {
+        idempotency_key: key.into(),
+        kind: EntryKind::Payment,
+        reference: Some(key.into()),
+        memo: "confirmed top-up".into(),
+        postings: vec![
+            Posting::debit(Account::Custody(Method::Btc), btc, sats),
+            Posting::credit(Account::Fx(Method::Btc), btc, sats),
+            Posting::debit(Account::Fx(Method::Btc), Currency::Usd, usd_cents),
+            Posting::credit(
+                Account::CustomerBalance(account(customer)),
+                Currency::Usd,
+                usd_cents,
+            ),
+        ],
+    }
+}
+
+/// Credits `usd_cents` to `customer` as a confirmed BTC top-up would.
+pub async fn fund(engine: &Engine, key: &str, customer: &str, usd_cents: i128) {
+    engine
+        .post_entry(&btc_topup_credit(key, customer, 625_000, usd_cents))
+        .await
+        .expect("fund");
+}
