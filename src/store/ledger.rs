@@ -51,7 +51,7 @@ pub(crate) async fn post_batch(
         let sql = format!(
             "INSERT INTO journal_entries (idempotency_key, kind, reference, memo, content_hash, posted_at_ms) \
              VALUES {} ON CONFLICT (idempotency_key) DO NOTHING RETURNING idempotency_key",
-            values_placeholders(6, chunk.len())
+            values_placeholders(tx.backend(), 6, chunk.len())
         );
         let mut query = sqlx::query_scalar(sqlx::AssertSqlSafe(sql));
         for &index in chunk {
@@ -75,7 +75,7 @@ pub(crate) async fn post_batch(
     for chunk in replayed.chunks(ROWS_PER_INSERT) {
         let sql = format!(
             "SELECT idempotency_key, content_hash FROM journal_entries WHERE idempotency_key IN ({})",
-            list_placeholders(chunk.len())
+            list_placeholders(tx.backend(), chunk.len())
         );
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
         for &index in chunk {
@@ -114,7 +114,7 @@ pub(crate) async fn post_batch(
         })
         .collect();
     for chunk in rows.chunks(ROWS_PER_INSERT) {
-        insert_postings(tx.conn(), chunk).await?;
+        insert_postings(tx, chunk).await?;
     }
     for index in new_entries {
         outcomes[index] = PostOutcome::Posted;
@@ -143,8 +143,8 @@ async fn check_customer_debits(
         return Ok(Ok(()));
     }
     let debited: Vec<&AccountId> = debited.into_iter().collect();
-    lock_customers(tx.conn(), &debited, now).await?;
-    let mut balances = customer_sums(tx.conn(), &debited).await?;
+    lock_customers(tx, &debited, now).await?;
+    let mut balances = customer_sums(tx, &debited).await?;
     for (_, entry_nets) in &nets {
         for (customer, net) in entry_nets {
             let Some(balance) = balances.get_mut(customer) else {
@@ -166,26 +166,26 @@ async fn check_customer_debits(
 /// Creates (if new) and locks the customers' rows in one statement, in a stable order so two
 /// batches never wait on each other crosswise. On SQLite the write lock already serializes.
 async fn lock_customers(
-    conn: &mut AnyConnection,
+    tx: &mut WriteTx,
     customers: &[&AccountId],
     now: DateTime<Utc>,
 ) -> Result<(), StoreError> {
     let sql = format!(
         "INSERT INTO customers (account_id, created_at_ms) VALUES {} \
          ON CONFLICT (account_id) DO UPDATE SET account_id = excluded.account_id",
-        values_placeholders(2, customers.len())
+        values_placeholders(tx.backend(), 2, customers.len())
     );
     let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
     for customer in customers {
         query = query.bind(customer.as_str()).bind(now.timestamp_millis());
     }
-    query.execute(conn).await?;
+    query.execute(tx.conn()).await?;
     Ok(())
 }
 
 /// The USD sums of the customers' balance accounts, read in one statement.
 async fn customer_sums(
-    conn: &mut AnyConnection,
+    tx: &mut WriteTx,
     customers: &[&AccountId],
 ) -> Result<HashMap<AccountId, i128>, StoreError> {
     let accounts: Vec<String> = customers
@@ -194,7 +194,7 @@ async fn customer_sums(
         .collect();
     let sql = format!(
         "SELECT account, amount FROM postings WHERE currency = 'USD' AND account IN ({})",
-        list_placeholders(accounts.len())
+        list_placeholders(tx.backend(), accounts.len())
     );
     let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
     for account in &accounts {
@@ -202,7 +202,7 @@ async fn customer_sums(
     }
     let mut sums: HashMap<AccountId, i128> =
         customers.iter().map(|id| ((*id).clone(), 0)).collect();
-    let mut rows = query.fetch(conn);
+    let mut rows = query.fetch(tx.conn());
     while let Some(row) = rows.try_next().await? {
         let account: Account = row
             .try_get::<String, _>(0)?
@@ -221,12 +221,12 @@ async fn customer_sums(
 }
 
 async fn insert_postings(
-    conn: &mut AnyConnection,
+    tx: &mut WriteTx,
     rows: &[(&str, usize, &Posting)],
 ) -> Result<(), StoreError> {
     let sql = format!(
         "INSERT INTO postings (entry_key, leg, account, currency, amount) VALUES {}",
-        values_placeholders(5, rows.len())
+        values_placeholders(tx.backend(), 5, rows.len())
     );
     let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
     for (entry_key, leg, posting) in rows {
@@ -237,7 +237,7 @@ async fn insert_postings(
             .bind(posting.currency.to_string())
             .bind(posting.amount_minor.to_string());
     }
-    query.execute(conn).await?;
+    query.execute(tx.conn()).await?;
     Ok(())
 }
 
