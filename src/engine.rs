@@ -72,8 +72,9 @@ pub struct TrialBalance {
     pub entries: u64,
     /// Postings in the journal.
     pub postings: u64,
-    /// Entries that do not balance (always empty unless the store was tampered with).
-    pub unbalanced_entries: Vec<String>,
+    /// Journal positions (`seq`) of entries that do not balance (always empty unless the
+    /// store was tampered with).
+    pub unbalanced_entries: Vec<i64>,
     /// Customers whose balance is negative (always empty unless tampered with).
     pub negative_balances: Vec<String>,
 }

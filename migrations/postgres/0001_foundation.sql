@@ -40,12 +40,12 @@ CREATE TABLE journal_entries (
 CREATE INDEX journal_entries_by_reference ON journal_entries (reference);
 
 CREATE TABLE postings (
-    entry_key  TEXT NOT NULL REFERENCES journal_entries (idempotency_key),
+    entry_seq  BIGINT NOT NULL REFERENCES journal_entries (seq),
     leg        BIGINT NOT NULL,
     account    TEXT NOT NULL,
     currency   TEXT NOT NULL,
     amount     TEXT NOT NULL,
-    PRIMARY KEY (entry_key, leg)
+    PRIMARY KEY (entry_seq, leg)
 );
 CREATE INDEX postings_by_account ON postings (account, currency);
 

@@ -45,12 +45,12 @@ CREATE INDEX journal_entries_by_reference ON journal_entries (reference);
 -- One row per leg. `amount` is a signed integer in the currency's minor unit, as text:
 -- debit positive, credit negative; wei exceed every integer column type both databases share.
 CREATE TABLE postings (
-    entry_key  TEXT NOT NULL REFERENCES journal_entries (idempotency_key),
+    entry_seq  BIGINT NOT NULL REFERENCES journal_entries (seq),
     leg        INTEGER NOT NULL,
     account    TEXT NOT NULL,
     currency   TEXT NOT NULL,
     amount     TEXT NOT NULL,
-    PRIMARY KEY (entry_key, leg)
+    PRIMARY KEY (entry_seq, leg)
 );
 CREATE INDEX postings_by_account ON postings (account, currency);
 

@@ -1,7 +1,7 @@
 //! SQL for the journal: entries, postings and the sums balances are derived from.
 
 use std::collections::hash_map::Entry;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use chrono::{DateTime, Utc};
 use futures_util::TryStreamExt;
@@ -46,14 +46,14 @@ pub(crate) async fn post_batch(
         }
     }
 
-    let mut inserted: HashSet<String> = HashSet::new();
+    let mut inserted: HashMap<String, i64> = HashMap::new();
     for chunk in fresh.chunks(ROWS_PER_INSERT) {
         let sql = format!(
             "INSERT INTO journal_entries (idempotency_key, kind, reference, memo, content_hash, posted_at_ms) \
-             VALUES {} ON CONFLICT (idempotency_key) DO NOTHING RETURNING idempotency_key",
+             VALUES {} ON CONFLICT (idempotency_key) DO NOTHING RETURNING idempotency_key, seq",
             values_placeholders(tx.backend(), 6, chunk.len())
         );
-        let mut query = sqlx::query_scalar(sqlx::AssertSqlSafe(sql));
+        let mut query = sqlx::query_as::<_, (String, i64)>(sqlx::AssertSqlSafe(sql));
         for &index in chunk {
             let entry = &entries[index];
             query = query
@@ -70,7 +70,7 @@ pub(crate) async fn post_batch(
     let replayed: Vec<usize> = fresh
         .iter()
         .copied()
-        .filter(|index| !inserted.contains(&entries[*index].idempotency_key))
+        .filter(|index| !inserted.contains_key(&entries[*index].idempotency_key))
         .collect();
     for chunk in replayed.chunks(ROWS_PER_INSERT) {
         let sql = format!(
@@ -97,20 +97,21 @@ pub(crate) async fn post_batch(
 
     let new_entries: Vec<usize> = fresh
         .into_iter()
-        .filter(|index| inserted.contains(&entries[*index].idempotency_key))
+        .filter(|index| inserted.contains_key(&entries[*index].idempotency_key))
         .collect();
     if let Err(refusal) = check_customer_debits(tx, entries, &new_entries, now).await? {
         return Ok(Err(refusal));
     }
-    let rows: Vec<(&str, usize, &Posting)> = new_entries
+    let rows: Vec<(i64, usize, &Posting)> = new_entries
         .iter()
         .flat_map(|&index| {
             let entry = &entries[index];
+            let seq = inserted[&entry.idempotency_key];
             entry
                 .postings
                 .iter()
                 .enumerate()
-                .map(move |(leg, posting)| (entry.idempotency_key.as_str(), leg, posting))
+                .map(move |(leg, posting)| (seq, leg, posting))
         })
         .collect();
     for chunk in rows.chunks(ROWS_PER_INSERT) {
@@ -222,16 +223,16 @@ async fn customer_sums(
 
 async fn insert_postings(
     tx: &mut WriteTx,
-    rows: &[(&str, usize, &Posting)],
+    rows: &[(i64, usize, &Posting)],
 ) -> Result<(), StoreError> {
     let sql = format!(
-        "INSERT INTO postings (entry_key, leg, account, currency, amount) VALUES {}",
+        "INSERT INTO postings (entry_seq, leg, account, currency, amount) VALUES {}",
         values_placeholders(tx.backend(), 5, rows.len())
     );
     let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-    for (entry_key, leg, posting) in rows {
+    for (entry_seq, leg, posting) in rows {
         query = query
-            .bind(*entry_key)
+            .bind(*entry_seq)
             .bind(*leg as i64)
             .bind(posting.account.to_string())
             .bind(posting.currency.to_string())
@@ -275,17 +276,18 @@ pub(crate) async fn get_entry(
     let Some(header) = header else {
         return Ok(None);
     };
+    let seq: i64 = header.try_get("seq")?;
     let postings = sqlx::query(
-        "SELECT account, currency, amount FROM postings WHERE entry_key = $1 ORDER BY leg",
+        "SELECT account, currency, amount FROM postings WHERE entry_seq = $1 ORDER BY leg",
     )
-    .bind(key)
+    .bind(seq)
     .fetch_all(&mut *conn)
     .await?
     .iter()
     .map(decode_posting)
     .collect::<Result<Vec<_>, _>>()?;
     Ok(Some(PostedEntry {
-        seq: header.try_get("seq")?,
+        seq,
         posted_at: millis(header.try_get("posted_at_ms")?)?,
         entry: NewEntry {
             idempotency_key: header.try_get("idempotency_key")?,
@@ -317,22 +319,22 @@ pub(crate) async fn entry_keys_for_reference(
 /// holding the journal in memory: one pass serves the trial balance and the invariant check.
 pub(crate) async fn fold_postings(conn: &mut AnyConnection) -> Result<PostingTotals, StoreError> {
     let mut rows = sqlx::query(
-        "SELECT entry_key, account, currency, amount FROM postings ORDER BY entry_key, leg",
+        "SELECT entry_seq, account, currency, amount FROM postings ORDER BY entry_seq, leg",
     )
     .fetch(conn);
     let mut totals = PostingTotals::default();
-    let mut current_entry: Option<(String, BTreeMap<Currency, i128>)> = None;
+    let mut current_entry: Option<(i64, BTreeMap<Currency, i128>)> = None;
     while let Some(row) = rows.try_next().await? {
-        let entry_key: String = row.try_get(0)?;
+        let entry_seq: i64 = row.try_get(0)?;
         let posting = decode_posting_at(&row, 1)?;
         if current_entry
             .as_ref()
-            .is_none_or(|(key, _)| *key != entry_key)
+            .is_none_or(|(seq, _)| *seq != entry_seq)
         {
             if let Some(done) = current_entry.take() {
                 totals.close_entry(done);
             }
-            current_entry = Some((entry_key, BTreeMap::new()));
+            current_entry = Some((entry_seq, BTreeMap::new()));
         }
         let (_, sums) = current_entry.as_mut().expect("set above");
         *sums.entry(posting.currency).or_insert(0) += posting.amount_minor;
@@ -360,15 +362,15 @@ pub(crate) struct PostingTotals {
     pub entries: u64,
     /// Postings read.
     pub postings: u64,
-    /// Keys of entries whose legs do not sum to zero in some currency.
-    pub unbalanced_entries: Vec<String>,
+    /// Journal positions of entries whose legs do not sum to zero in some currency.
+    pub unbalanced_entries: Vec<i64>,
 }
 
 impl PostingTotals {
-    fn close_entry(&mut self, (key, sums): (String, BTreeMap<Currency, i128>)) {
+    fn close_entry(&mut self, (seq, sums): (i64, BTreeMap<Currency, i128>)) {
         self.entries += 1;
         if sums.values().any(|sum| *sum != 0) {
-            self.unbalanced_entries.push(key);
+            self.unbalanced_entries.push(seq);
         }
     }
 }

@@ -4,7 +4,14 @@
 //! [`Amount`] is never a float. Chain crates depend on this crate and on nothing of the engine.
 
 mod amount;
+mod derive;
+mod event;
 mod method;
 
 pub use amount::{Amount, ParseAmountError, ParseAmountErrorKind};
+pub use derive::{AccountXpub, AddressDeriver, DeriveError, DerivedAddress, evm_account_bytes};
+pub use event::{ChainEvent, ReceivedAsset, Transfer, TransferId};
 pub use method::{Asset, Method, Network, ParseMethodError, ParseNetworkError};
+
+/// Re-exported so chain crates share one secp256k1 and one base58check.
+pub use bitcoin;

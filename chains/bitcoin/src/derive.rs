@@ -1,0 +1,189 @@
+//! BIP84 P2WPKH addresses from an account xpub, for Bitcoin and Litecoin.
+
+use std::str::FromStr;
+
+use payrecon_chain_core::bitcoin::bech32::{Hrp, segwit};
+use payrecon_chain_core::bitcoin::{self, CompressedPublicKey};
+use payrecon_chain_core::{AccountXpub, AddressDeriver, DeriveError, DerivedAddress, Network};
+
+/// Which of the two UTXO chains.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UtxoChain {
+    /// Bitcoin (BIP84 coin type 0).
+    Bitcoin,
+    /// Litecoin (BIP84 coin type 2).
+    Litecoin,
+}
+
+/// Mainnet, the public test network, or a local regtest chain: each has its own prefix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UtxoNetwork {
+    /// Real money.
+    Mainnet,
+    /// The public test network.
+    Testnet,
+    /// A local regression-test chain.
+    Regtest,
+}
+
+impl FromStr for UtxoNetwork {
+    type Err = DeriveError;
+
+    fn from_str(s: &str) -> Result<UtxoNetwork, DeriveError> {
+        match s {
+            "mainnet" => Ok(UtxoNetwork::Mainnet),
+            "testnet" => Ok(UtxoNetwork::Testnet),
+            "regtest" => Ok(UtxoNetwork::Regtest),
+            other => Err(DeriveError::Config(format!(
+                "unknown network {other:?}: expected mainnet, testnet or regtest"
+            ))),
+        }
+    }
+}
+
+/// Derives `m/84'/coin'/0'/0/<index>` addresses below a configured account xpub.
+#[derive(Clone, Debug)]
+pub struct SegwitDeriver {
+    account: AccountXpub,
+    chain: UtxoChain,
+    network: UtxoNetwork,
+}
+
+impl SegwitDeriver {
+    /// A deriver for `chain` on `network` below `account`.
+    pub fn new(account: AccountXpub, chain: UtxoChain, network: UtxoNetwork) -> SegwitDeriver {
+        SegwitDeriver {
+            account,
+            chain,
+            network,
+        }
+    }
+
+    /// The bech32 human-readable part of this chain and network.
+    fn hrp(&self) -> &'static str {
+        match (self.chain, self.network) {
+            (UtxoChain::Bitcoin, UtxoNetwork::Mainnet) => "bc",
+            (UtxoChain::Bitcoin, UtxoNetwork::Testnet) => "tb",
+            (UtxoChain::Bitcoin, UtxoNetwork::Regtest) => "bcrt",
+            (UtxoChain::Litecoin, UtxoNetwork::Mainnet) => "ltc",
+            (UtxoChain::Litecoin, UtxoNetwork::Testnet) => "tltc",
+            (UtxoChain::Litecoin, UtxoNetwork::Regtest) => "rltc",
+        }
+    }
+}
+
+impl AddressDeriver for SegwitDeriver {
+    fn network(&self) -> Network {
+        match self.chain {
+            UtxoChain::Bitcoin => Network::Bitcoin,
+            UtxoChain::Litecoin => Network::Litecoin,
+        }
+    }
+
+    fn key_id(&self) -> String {
+        format!("{}:{}", self.hrp(), self.account.fingerprint())
+    }
+
+    /// `Address::p2wpkh` knows only Bitcoin's networks, so the witness program is encoded
+    /// with bech32 directly; the program is the same HASH160 for both chains.
+    fn derive(&self, index: u32) -> Result<DerivedAddress, DeriveError> {
+        let key = CompressedPublicKey(self.account.receive_key(index)?);
+        let program = key.wpubkey_hash();
+        let hrp = Hrp::parse(self.hrp()).map_err(|e| DeriveError::Derivation(e.to_string()))?;
+        let address = segwit::encode(hrp, segwit::VERSION_0, program.as_ref())
+            .map_err(|e| DeriveError::Derivation(e.to_string()))?;
+        Ok(DerivedAddress {
+            watch_key: address.clone(),
+            address,
+        })
+    }
+}
+
+/// The scriptPubKey an address pays: what an Electrum server indexes by.
+pub fn script_pubkey(address: &str) -> Result<bitcoin::ScriptBuf, DeriveError> {
+    let (_, version, program) =
+        segwit::decode(address).map_err(|e| DeriveError::Config(e.to_string()))?;
+    let version = bitcoin::WitnessVersion::try_from(version)
+        .map_err(|e| DeriveError::Config(e.to_string()))?;
+    let program = bitcoin::WitnessProgram::new(version, &program)
+        .map_err(|e| DeriveError::Config(e.to_string()))?;
+    Ok(bitcoin::ScriptBuf::new_witness_program(&program))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// BIP84's own test vector: the account key of "abandon … about", m/84'/0'/0'.
+    const BIP84_ZPUB: &str = "zpub6rFR7y4Q2AijBEqTUquhVz398htDFrtymD9xYYfG1m4wAcvPhXNfE3EfH1r1ADqtfSdVCToUG868RvUUkgDKf31mGDtKsAYz2oz2AGutZYs";
+
+    fn bitcoin_mainnet() -> SegwitDeriver {
+        SegwitDeriver::new(
+            BIP84_ZPUB.parse().unwrap(),
+            UtxoChain::Bitcoin,
+            UtxoNetwork::Mainnet,
+        )
+    }
+
+    #[test]
+    fn bip84_vectors() {
+        let deriver = bitcoin_mainnet();
+        assert_eq!(
+            deriver.derive(0).unwrap().address,
+            "bc1qcr8te4kr609gcawutmrza0j4xv80jy8z306fyu"
+        );
+        assert_eq!(
+            deriver.derive(1).unwrap().address,
+            "bc1qnjg0jd8228aq7egyzacy8cys3knf9xvrerkf9g"
+        );
+    }
+
+    #[test]
+    fn the_same_xpub_as_xpub_prefix_derives_the_same_addresses() {
+        let data = bitcoin::base58::decode_check(BIP84_ZPUB).unwrap();
+        let mut xpub = data.clone();
+        xpub[..4].copy_from_slice(&[0x04, 0x88, 0xB2, 0x1E]);
+        let as_xpub = bitcoin::base58::encode_check(&xpub);
+        let deriver = SegwitDeriver::new(
+            as_xpub.parse().unwrap(),
+            UtxoChain::Bitcoin,
+            UtxoNetwork::Mainnet,
+        );
+        assert_eq!(
+            deriver.derive(0).unwrap(),
+            bitcoin_mainnet().derive(0).unwrap()
+        );
+    }
+
+    #[test]
+    fn litecoin_uses_its_own_prefixes_over_the_same_witness_program() {
+        let account: AccountXpub = BIP84_ZPUB.parse().unwrap();
+        for (network, hrp) in [
+            (UtxoNetwork::Mainnet, "ltc1"),
+            (UtxoNetwork::Testnet, "tltc1"),
+            (UtxoNetwork::Regtest, "rltc1"),
+        ] {
+            let ltc = SegwitDeriver::new(account.clone(), UtxoChain::Litecoin, network)
+                .derive(0)
+                .unwrap()
+                .address;
+            assert!(ltc.starts_with(hrp), "{ltc}");
+            let btc = bitcoin_mainnet().derive(0).unwrap().address;
+            assert_eq!(
+                script_pubkey(&ltc).unwrap(),
+                script_pubkey(&btc).unwrap(),
+                "one key, one script"
+            );
+        }
+    }
+
+    #[test]
+    fn regtest_bitcoin_addresses_use_bcrt() {
+        let deriver = SegwitDeriver::new(
+            BIP84_ZPUB.parse().unwrap(),
+            UtxoChain::Bitcoin,
+            UtxoNetwork::Regtest,
+        );
+        assert!(deriver.derive(0).unwrap().address.starts_with("bcrt1q"));
+    }
+}

@@ -1,0 +1,101 @@
+//! What a watcher reports: transfers to watched addresses and their fate on the chain.
+//!
+//! Events carry state, not deltas: each observation says how the transfer stands at the tip
+//! the watcher had reached. The matcher keeps the newest observation of each transfer, so a
+//! replayed or duplicated event changes nothing.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Amount, Method, Network};
+
+/// A transfer's place on its chain: the same transfer seen twice has the same id.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct TransferId {
+    /// The chain.
+    pub network: Network,
+    /// Transaction hash or signature, as the chain's explorers print it.
+    pub txid: String,
+    /// Output index (UTXO chains), log index (token transfers) or 0 (one transfer per tx).
+    pub position: u32,
+}
+
+impl fmt::Display for TransferId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}:{}", self.network, self.txid, self.position)
+    }
+}
+
+/// What arrived.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "type")]
+pub enum ReceivedAsset {
+    /// One of the shop's methods (the native coin or a configured token).
+    Method {
+        /// Which.
+        method: Method,
+    },
+    /// A token contract payrecon does not accept (a fake "USDT" included): never credited.
+    OtherToken {
+        /// The contract address.
+        contract: String,
+    },
+}
+
+/// Value that reached a watched address.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Transfer {
+    /// Where it sits on the chain.
+    pub id: TransferId,
+    /// The watched address it paid (for Solana: the intent's reference key).
+    pub to_address: String,
+    /// What arrived.
+    pub asset: ReceivedAsset,
+    /// How much, in the asset's base units.
+    pub amount: Amount,
+}
+
+/// A watcher's report about one transfer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "event")]
+pub enum ChainEvent {
+    /// The transfer is on the chain (or in the mempool) with this many confirmations.
+    Observed {
+        /// The transfer.
+        transfer: Transfer,
+        /// 0 while unconfirmed.
+        confirmations: u32,
+        /// When the watcher first saw it (mempool time, else block time), Unix milliseconds.
+        seen_at_ms: i64,
+        /// The chain height the watcher had reached when it made this observation; newer
+        /// observations of the same transfer win, older replays are ignored.
+        tip_height: u64,
+    },
+    /// A reorg or a replacing transaction took the transfer out.
+    Removed {
+        /// The transfer that is gone.
+        id: TransferId,
+        /// The chain height the watcher had reached when it noticed.
+        tip_height: u64,
+    },
+}
+
+impl ChainEvent {
+    /// The transfer this event is about.
+    pub fn transfer_id(&self) -> &TransferId {
+        match self {
+            ChainEvent::Observed { transfer, .. } => &transfer.id,
+            ChainEvent::Removed { id, .. } => id,
+        }
+    }
+
+    /// The height this observation was made at.
+    pub fn tip_height(&self) -> u64 {
+        match self {
+            ChainEvent::Observed { tip_height, .. } | ChainEvent::Removed { tip_height, .. } => {
+                *tip_height
+            }
+        }
+    }
+}
