@@ -16,6 +16,7 @@ use crate::money::Usd;
 use crate::order::{
     AccountId, Order, OrderKind, OrderRef, OrderStatus, RentalOrderRequest, TopupRequest,
 };
+use payrecon_chain_core::Method;
 
 /// payrecon: blockchain payment reconciliation for the GPU shop.
 #[derive(Debug, Parser)]
@@ -49,6 +50,9 @@ enum Command {
         /// The shop's account id.
         account: String,
     },
+    /// Payment instructions.
+    #[command(subcommand)]
+    Pay(PayCommand),
     /// The journal.
     #[command(subcommand)]
     Ledger(LedgerCommand),
@@ -112,6 +116,37 @@ enum TopupCommand {
 }
 
 #[derive(Debug, Subcommand)]
+enum PayCommand {
+    /// Create payment instructions for an order or a top-up in one method.
+    Create {
+        /// The rental order's reference.
+        #[arg(long, conflicts_with = "topup", required_unless_present = "topup")]
+        order: Option<String>,
+        /// The top-up's reference.
+        #[arg(long)]
+        topup: Option<String>,
+        /// btc, eth, usdt-erc20, usdc-erc20, trx, usdt-trc20, sol or ltc.
+        #[arg(long)]
+        method: String,
+    },
+    /// A payment intent and what to tell the customer.
+    Show {
+        /// Intent id (pi_…).
+        intent: String,
+    },
+    /// Record the customer's "I have paid" (confirms and credits nothing).
+    MarkPaid {
+        /// Intent id (pi_…).
+        intent: String,
+    },
+    /// The payment URI as a QR code (SVG) on stdout.
+    Qr {
+        /// Intent id (pi_…).
+        intent: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
 enum LedgerCommand {
     /// Every account's balance re-derived from the journal, and the invariant checks.
     TrialBalance,
@@ -161,7 +196,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     if let Command::Bench(command) = cli.command {
         return crate::bench::run(command, &config, json).await;
     }
-    let engine = Engine::open(&config.database_url)
+    let engine = Engine::from_config(&config)
         .await
         .with_context(|| format!("opening {}", redact(&config.database_url)))?;
     match cli.command {
@@ -311,6 +346,32 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             anyhow::ensure!(sound, "the ledger's invariants do not hold");
             Ok(())
         }
+        Command::Pay(PayCommand::Create {
+            order,
+            topup,
+            method,
+        }) => {
+            let reference = OrderRef::new(order.or(topup).unwrap_or_default())?;
+            let method: Method = method.parse()?;
+            let instructions = engine.create_payment(&reference, method).await?;
+            emit(json, &instructions, || describe_intent(&instructions))
+        }
+        Command::Pay(PayCommand::Show { intent }) => {
+            let instructions = engine.payment(&intent).await?;
+            emit(json, &instructions, || describe_intent(&instructions))
+        }
+        Command::Pay(PayCommand::MarkPaid { intent }) => {
+            let instructions = engine.mark_paid(&intent).await?;
+            emit(json, &instructions, || describe_intent(&instructions))
+        }
+        Command::Pay(PayCommand::Qr { intent }) => {
+            let svg = engine.payment_qr_svg(&intent).await?;
+            emit(
+                json,
+                &serde_json::json!({ "intent": intent, "svg": svg }),
+                || svg.clone(),
+            )
+        }
         Command::Bench(_) => unreachable!("handled before opening the engine"),
     }
 }
@@ -337,6 +398,40 @@ fn describe_order(order: &Order) -> String {
         "reference: {}\naccount:   {}\nwhat:      {what}\ntotal:     {} USD\nstatus:    {status}",
         order.reference, order.account_id, order.total_usd
     )
+}
+
+fn describe_intent(instructions: &crate::payments::PaymentInstructions) -> String {
+    let intent = &instructions.intent;
+    let mut text = format!(
+        "{} ({}) for order {}\n  status:   {}{}\n  pay:      {} {} to {}\n  uri:      {}\n  rate:     {} USD/{} from {} at {}\n  usd:      {}\n  deadline: {}",
+        intent.id,
+        intent.method,
+        intent.order_ref,
+        intent.status,
+        intent
+            .superseded_by
+            .as_ref()
+            .map(|s| format!(" (superseded by {s})"))
+            .unwrap_or_default(),
+        instructions.amount_decimal,
+        instructions.asset,
+        intent.pay_to,
+        instructions.payment_uri,
+        intent.rate.usd_per_unit,
+        instructions.asset,
+        intent.rate.source,
+        intent.rate.fetched_at.to_rfc3339(),
+        intent.usd,
+        intent.deadline.to_rfc3339(),
+    );
+    if intent.watch_key != intent.pay_to {
+        text.push_str(&format!("\n  reference: {}", intent.watch_key));
+    }
+    if let Some(at) = intent.marked_paid_at {
+        text.push_str(&format!("\n  customer marked paid at {}", at.to_rfc3339()));
+    }
+    text.push_str(&format!("\n  {}", instructions.customer_message));
+    text
 }
 
 /// Prints `value` as JSON, or the text `describe` makes.

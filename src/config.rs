@@ -1,16 +1,21 @@
 //! Configuration: built-in defaults, then a TOML file, then `PAYRECON_*` environment
 //! variables, then command-line flags; each later source wins.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
+use payrecon_chain_core::Method;
+use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
+
+use crate::matcher::{ConfirmationTier, CreditPolicy};
 
 /// The file read when no `--config` is given, if it exists.
 pub const DEFAULT_CONFIG_FILE: &str = "payrecon.toml";
 
-/// The database used when none is configured: a SQLite file beside the working directory.
+/// The database used when none is configured: a SQLite file in the working directory.
 pub const DEFAULT_DATABASE_URL: &str = "sqlite://payrecon.db";
 
 /// The configuration keys that `PAYRECON_<KEY>` environment variables may set. Other
@@ -23,14 +28,203 @@ const ENV_KEYS: [&str; 1] = ["database_url"];
 pub struct Config {
     /// `sqlite://path` (embedded, the default) or `postgres://user@host/db` (production).
     pub database_url: String,
+    /// Payment instructions and matching.
+    #[serde(default)]
+    pub payments: PaymentsConfig,
+    /// Price sources.
+    #[serde(default)]
+    pub rates: RatesConfig,
+    /// Per-network keys and confirmation rules; a method works only if its network is here.
+    #[serde(default)]
+    pub networks: NetworksConfig,
 }
 
 impl Default for Config {
     fn default() -> Config {
         Config {
             database_url: DEFAULT_DATABASE_URL.to_owned(),
+            payments: PaymentsConfig::default(),
+            rates: RatesConfig::default(),
+            networks: NetworksConfig::default(),
         }
     }
+}
+
+/// `[payments]`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PaymentsConfig {
+    /// Methods customers may pick; each also needs its network configured.
+    pub enabled_methods: Vec<Method>,
+    /// Minutes from creation to deadline, unless a method overrides it.
+    pub default_deadline_minutes: u32,
+    /// Per-method deadline overrides, in minutes.
+    pub deadline_minutes: BTreeMap<Method, u32>,
+    /// Hours an intent stays watched after its deadline, so late money is found.
+    pub monitoring_window_hours: u32,
+    /// Underpayment accepted as full payment, in basis points of the amount (50 = 0.5 %).
+    pub underpayment_tolerance_bps: u32,
+    /// Money beyond the amount asked: `hold` or `credit_balance`.
+    pub overpayment_policy: CreditPolicy,
+    /// Money first seen after the deadline: `hold` or `credit_balance`.
+    pub late_payment_policy: CreditPolicy,
+    /// Label wallets show in payment URIs.
+    pub label: String,
+}
+
+impl Default for PaymentsConfig {
+    fn default() -> PaymentsConfig {
+        PaymentsConfig {
+            enabled_methods: Vec::new(),
+            default_deadline_minutes: 60,
+            deadline_minutes: BTreeMap::new(),
+            monitoring_window_hours: 7 * 24,
+            underpayment_tolerance_bps: 0,
+            overpayment_policy: CreditPolicy::Hold,
+            late_payment_policy: CreditPolicy::Hold,
+            label: "payrecon".to_owned(),
+        }
+    }
+}
+
+/// `[rates]`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RatesConfig {
+    /// Sources to ask: `coingecko`, `kraken`, `recorded` (the file below).
+    pub sources: Vec<String>,
+    /// A quote older than this is stale.
+    pub max_age_seconds: u32,
+    /// A stablecoin further than this from 1 USD is refused, in percent.
+    pub peg_band_percent: Decimal,
+    /// A source is asked again only after this long.
+    pub cache_seconds: u32,
+    /// CoinGecko's API base URL.
+    pub coingecko_url: String,
+    /// CoinGecko demo API key, if any.
+    pub coingecko_api_key: Option<String>,
+    /// Kraken's API base URL.
+    pub kraken_url: String,
+    /// Recorded quotes for offline runs (source `recorded`).
+    pub recorded_quotes_file: Option<PathBuf>,
+}
+
+impl Default for RatesConfig {
+    fn default() -> RatesConfig {
+        RatesConfig {
+            sources: vec!["coingecko".into(), "kraken".into()],
+            max_age_seconds: 300,
+            peg_band_percent: Decimal::TWO,
+            cache_seconds: 30,
+            coingecko_url: crate::rates::CoinGecko::DEFAULT_URL.into(),
+            coingecko_api_key: None,
+            kraken_url: crate::rates::Kraken::DEFAULT_URL.into(),
+            recorded_quotes_file: None,
+        }
+    }
+}
+
+/// `[networks.*]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworksConfig {
+    /// Bitcoin.
+    pub bitcoin: Option<UtxoConfig>,
+    /// Litecoin.
+    pub litecoin: Option<UtxoConfig>,
+    /// Ethereum.
+    pub ethereum: Option<EthereumConfig>,
+    /// Tron.
+    pub tron: Option<TronConfig>,
+    /// Solana.
+    pub solana: Option<SolanaConfig>,
+}
+
+/// `[networks.bitcoin]`, `[networks.litecoin]`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UtxoConfig {
+    /// Account xpub (xpub, zpub, Ltub, tpub, vpub…) of m/84'/coin'/0'.
+    pub xpub: String,
+    /// `mainnet`, `testnet` or `regtest`.
+    #[serde(default = "mainnet")]
+    pub network: String,
+    /// Confirmations before a payment counts.
+    pub confirmations: u32,
+    /// More confirmations for larger payments.
+    #[serde(default)]
+    pub confirmation_tiers: Vec<ConfirmationTier>,
+}
+
+/// `[networks.ethereum]`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EthereumConfig {
+    /// Account xpub of m/44'/60'/0'.
+    pub xpub: String,
+    /// EIP-155 chain id (1 = mainnet).
+    #[serde(default = "ethereum_mainnet")]
+    pub chain_id: u64,
+    /// Confirmations before a payment counts.
+    pub confirmations: u32,
+    /// More confirmations for larger payments.
+    #[serde(default)]
+    pub confirmation_tiers: Vec<ConfirmationTier>,
+    /// USDT's contract.
+    #[serde(default = "usdt_erc20")]
+    pub usdt_contract: String,
+    /// USDC's contract.
+    #[serde(default = "usdc_erc20")]
+    pub usdc_contract: String,
+}
+
+/// `[networks.tron]`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TronConfig {
+    /// Account xpub of m/44'/195'/0'.
+    pub xpub: String,
+    /// Confirmations before a payment counts (19 is Tron's solidification depth).
+    pub confirmations: u32,
+    /// More confirmations for larger payments.
+    #[serde(default)]
+    pub confirmation_tiers: Vec<ConfirmationTier>,
+    /// USDT's contract.
+    #[serde(default = "usdt_trc20")]
+    pub usdt_contract: String,
+}
+
+/// `[networks.solana]`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SolanaConfig {
+    /// The merchant's recipient account (base58).
+    pub recipient: String,
+    /// Confirmations before a payment counts; the watcher reports `finalized` as 1.
+    #[serde(default = "one")]
+    pub confirmations: u32,
+    /// More confirmations for larger payments.
+    #[serde(default)]
+    pub confirmation_tiers: Vec<ConfirmationTier>,
+}
+
+fn mainnet() -> String {
+    "mainnet".into()
+}
+fn ethereum_mainnet() -> u64 {
+    1
+}
+fn one() -> u32 {
+    1
+}
+fn usdt_erc20() -> String {
+    "0xdAC17F958D2ee523a2206206994597C13D831ec7".into()
+}
+fn usdc_erc20() -> String {
+    "0xA0b86991c6218b36c1d19D4a2e9Eb0cE3606eB48".into()
+}
+fn usdt_trc20() -> String {
+    "TR7NHqjeKQxGTCi8q8ZY4pL8otSzgjLj6t".into()
 }
 
 impl Config {
@@ -51,7 +245,7 @@ impl Config {
     }
 }
 
-/// Why the configuration could not be loaded.
+/// Why the configuration could not be loaded or used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// `--config` named a file that does not exist.

@@ -16,13 +16,20 @@ use crate::order::{
     AccountId, Order, OrderKind, OrderRef, OrderStatus, RentalOrderRequest, SettledVia,
     TopupRequest, ValidOrder,
 };
+use crate::payments::PaymentSettings;
 use crate::store::{self, Store, StoreError};
 
-/// payrecon's engine: orders, top-ups, balances and the ledger over one database.
+/// Wake-ups buffered per subscriber; the events themselves are in the database.
+const EVENT_NOTIFICATIONS: usize = 64;
+
+/// payrecon's engine: orders, top-ups, balances, payment instructions, matching and the
+/// ledger over one database.
 #[derive(Clone, Debug)]
 pub struct Engine {
     store: Store,
     clock: Arc<dyn Clock>,
+    payments: Arc<PaymentSettings>,
+    events: tokio::sync::broadcast::Sender<()>,
 }
 
 /// The result of a create call: the order, and whether this call created it or found the
@@ -102,7 +109,35 @@ impl Engine {
         Engine {
             store,
             clock: Arc::new(SystemClock),
+            payments: Arc::new(PaymentSettings::default()),
+            events: tokio::sync::broadcast::channel(EVENT_NOTIFICATIONS).0,
         }
+    }
+
+    /// Replaces the payment settings (derivers, rates, matching rules).
+    pub fn with_payment_settings(mut self, settings: PaymentSettings) -> Engine {
+        self.payments = Arc::new(settings);
+        self
+    }
+
+    /// The payment settings in force.
+    pub fn payment_settings(&self) -> &PaymentSettings {
+        &self.payments
+    }
+
+    /// The engine's clock.
+    pub fn clock(&self) -> &dyn Clock {
+        self.clock.as_ref()
+    }
+
+    /// A wake-up each time new intent events were committed; read them with
+    /// [`Engine::events_after`]. A lagging receiver only loses wake-ups, never events.
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<()> {
+        self.events.subscribe()
+    }
+
+    pub(crate) fn notify_events(&self) {
+        let _ = self.events.send(());
     }
 
     /// Replaces the clock (tests and simulations).

@@ -36,6 +36,21 @@ pub enum Error {
         /// What the order costs.
         required: Usd,
     },
+    /// The method is not enabled, or its network is not configured.
+    #[error("payment method {0} is not enabled")]
+    MethodDisabled(payrecon_chain_core::Method),
+    /// No usable rate.
+    #[error(transparent)]
+    Rate(#[from] crate::rates::RateError),
+    /// An address could not be derived.
+    #[error(transparent)]
+    Derive(#[from] payrecon_chain_core::DeriveError),
+    /// No such payment intent.
+    #[error("unknown payment intent {0}")]
+    IntentNotFound(String),
+    /// The configuration cannot be used.
+    #[error("configuration: {0}")]
+    Config(String),
     /// The database failed.
     #[error(transparent)]
     Store(#[from] StoreError),

@@ -11,9 +11,13 @@ pub mod clock;
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod intent;
 pub mod ledger;
+pub mod matcher;
 pub mod money;
 pub mod order;
+pub mod payments;
+pub mod rates;
 pub mod store;
 
 pub use engine::{BalancePayment, Created, Engine, TrialBalance};

@@ -275,6 +275,8 @@ pub struct Order {
     pub status: OrderStatus,
     /// When payrecon first stored it.
     pub created_at: DateTime<Utc>,
+    /// Set when an operator must look at the order (a payment that settled it was reversed).
+    pub attention: Option<String>,
 }
 
 /// Open until paid; then settled, with how and by which journal entry.

@@ -164,6 +164,20 @@ async fn check_customer_debits(
     Ok(Ok(()))
 }
 
+/// Locks one customer and returns the sum of their balance postings (negated: what they
+/// have), for a caller that must decide how much of a debit the balance can cover.
+pub(crate) async fn lock_and_sum_customer(
+    tx: &mut WriteTx,
+    customer: &AccountId,
+    now: DateTime<Utc>,
+) -> Result<i128, StoreError> {
+    lock_customers(tx, &[customer], now).await?;
+    Ok(customer_sums(tx, &[customer])
+        .await?
+        .remove(customer)
+        .unwrap_or(0))
+}
+
 /// Creates (if new) and locks the customers' rows in one statement, in a stable order so two
 /// batches never wait on each other crosswise. On SQLite the write lock already serializes.
 async fn lock_customers(

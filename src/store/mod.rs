@@ -8,6 +8,7 @@
 
 pub mod ledger;
 pub mod orders;
+pub mod payments;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,12 +29,20 @@ const POSTGRES_MAX_CONNECTIONS: u32 = 16;
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The schema, in order. Each version has one script per database.
-const MIGRATIONS: [(i64, &str, &str, &str); 1] = [(
-    1,
-    "foundation",
-    include_str!("../../migrations/sqlite/0001_foundation.sql"),
-    include_str!("../../migrations/postgres/0001_foundation.sql"),
-)];
+const MIGRATIONS: [(i64, &str, &str, &str); 2] = [
+    (
+        1,
+        "foundation",
+        include_str!("../../migrations/sqlite/0001_foundation.sql"),
+        include_str!("../../migrations/postgres/0001_foundation.sql"),
+    ),
+    (
+        2,
+        "payments",
+        include_str!("../../migrations/sqlite/0002_payments.sql"),
+        include_str!("../../migrations/postgres/0002_payments.sql"),
+    ),
+];
 
 /// Which database a [`Store`] talks to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

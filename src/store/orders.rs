@@ -14,7 +14,7 @@ macro_rules! select_order {
         concat!(
             "SELECT reference, kind, account_id, gpu_model, duration_days, lots, gpu_count, ",
             "total_usd_cents, content_hash, status, settled_via, settlement_entry, ",
-            "created_at_ms, settled_at_ms FROM orders WHERE reference = $1",
+            "created_at_ms, settled_at_ms, attention FROM orders WHERE reference = $1",
             $suffix
         )
     };
@@ -126,6 +126,25 @@ pub(crate) async fn mark_settled(
     Ok(())
 }
 
+/// Reopens an order whose settlement entry `entry_key` was reversed, flagging it for operators.
+pub(crate) async fn reopen_order(
+    conn: &mut AnyConnection,
+    reference: &OrderRef,
+    entry_key: &str,
+    attention: &str,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE orders SET status = 'open', settled_via = NULL, settlement_entry = NULL, \
+         settled_at_ms = NULL, attention = $3 WHERE reference = $1 AND settlement_entry = $2",
+    )
+    .bind(reference.as_str())
+    .bind(entry_key)
+    .bind(attention)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
 fn decode_order(row: &sqlx::any::AnyRow) -> Result<StoredOrder, StoreError> {
     let corrupt = |what: &str| StoreError::Corrupt(format!("order row: {what}"));
     let reference = OrderRef::new(row.try_get::<String, _>("reference")?)
@@ -169,6 +188,7 @@ fn decode_order(row: &sqlx::any::AnyRow) -> Result<StoredOrder, StoreError> {
             total_usd,
             status,
             created_at: millis(row.try_get("created_at_ms")?)?,
+            attention: row.try_get("attention")?,
         },
         content_hash: row.try_get("content_hash")?,
     })

@@ -1,0 +1,806 @@
+//! The matcher: turns chain events into transfer states, intent states and ledger entries,
+//! all inside the caller's transaction (with the watcher's cursor, when a watcher calls it), so
+//! a crash at any point loses nothing and doubles nothing.
+//!
+//! Every ledger effect has a deterministic idempotency key, so replaying events, or evaluating
+//! an intent twice, posts nothing twice:
+//! `settle:<intent>:<n>`, `overpaid:<intent>:<n>`, `late:<transfer>`, `after-settlement:<transfer>`,
+//! `wrong-asset:<transfer>`, `unmatched:<transfer>`, and `reverse:<key>` for each of them.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use payrecon_chain_core::{Amount, ChainEvent, Method, Network, ReceivedAsset};
+use serde::{Deserialize, Serialize};
+
+use crate::error::Error;
+use crate::intent::{IntentStatus, PaymentIntent, usd_value_of};
+use crate::ledger::{Account, Currency, EntryKind, NewEntry, Posting, SuspenseReason};
+use crate::money::Usd;
+use crate::order::{Order, OrderKind, OrderStatus, SettledVia};
+use crate::store::payments::{self, ExceptionRecord, StoredTransfer};
+use crate::store::{StoreError, WriteTx, ledger, orders};
+
+/// What happens to money beyond what an intent asked, or that arrived after its deadline.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CreditPolicy {
+    /// Held in suspense for an operator (credit to balance or refund, by hand).
+    #[default]
+    Hold,
+    /// Its USD value at the intent's locked rate is credited to the customer's balance.
+    CreditBalance,
+}
+
+/// Confirmations a network needs, more for larger payments.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfirmationRule {
+    /// Confirmations for any payment.
+    pub confirmations: u32,
+    /// Payments of at least `min_usd` need `confirmations`.
+    #[serde(default)]
+    pub tiers: Vec<ConfirmationTier>,
+}
+
+/// One step of a [`ConfirmationRule`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfirmationTier {
+    /// From this USD value up.
+    pub min_usd: Usd,
+    /// This many confirmations.
+    pub confirmations: u32,
+}
+
+impl ConfirmationRule {
+    /// Confirmations a payment of `usd` needs.
+    pub fn required(&self, usd: Usd) -> u32 {
+        self.tiers
+            .iter()
+            .filter(|tier| usd >= tier.min_usd)
+            .map(|tier| tier.confirmations)
+            .fold(self.confirmations, u32::max)
+    }
+}
+
+/// The matcher's rules.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MatchPolicy {
+    /// An underpayment of at most this many basis points of the amount still settles.
+    pub underpayment_tolerance_bps: u32,
+    /// Money beyond the amount, and payments to an already settled intent.
+    pub overpayment: CreditPolicy,
+    /// Payments first seen after the deadline.
+    pub late_payment: CreditPolicy,
+    /// Per network.
+    pub confirmations: BTreeMap<Network, ConfirmationRule>,
+}
+
+impl MatchPolicy {
+    /// The brief's defaults: BTC 2, LTC 6, ETH 12, Tron 19, Solana 1 (its watcher reports a
+    /// finalized transaction as one confirmation); no tolerance; hold everything unusual.
+    pub fn defaults() -> MatchPolicy {
+        let rule = |confirmations| ConfirmationRule {
+            confirmations,
+            tiers: Vec::new(),
+        };
+        MatchPolicy {
+            underpayment_tolerance_bps: 0,
+            overpayment: CreditPolicy::Hold,
+            late_payment: CreditPolicy::Hold,
+            confirmations: BTreeMap::from([
+                (Network::Bitcoin, rule(2)),
+                (Network::Litecoin, rule(6)),
+                (Network::Ethereum, rule(12)),
+                (Network::Tron, rule(19)),
+                (Network::Solana, rule(1)),
+            ]),
+        }
+    }
+
+    fn required(&self, network: Network, usd: Usd) -> u32 {
+        self.confirmations
+            .get(&network)
+            .map_or(1, |rule| rule.required(usd))
+    }
+}
+
+/// Applies one chain event.
+pub(crate) async fn apply_event(
+    tx: &mut WriteTx,
+    policy: &MatchPolicy,
+    event: &ChainEvent,
+    now: DateTime<Utc>,
+) -> Result<(), Error> {
+    let id = event.transfer_id();
+    let existing = payments::get_transfer(tx.conn(), id).await?;
+    let mut state = match (existing.clone(), event) {
+        (None, ChainEvent::Removed { .. }) => return Ok(()),
+        (
+            None,
+            ChainEvent::Observed {
+                transfer,
+                confirmations,
+                seen_at_ms,
+                tip_height,
+            },
+        ) => StoredTransfer {
+            id: transfer.id.clone(),
+            to_address: transfer.to_address.clone(),
+            asset: transfer.asset.clone(),
+            amount: transfer.amount,
+            intent_id: payments::intent_id_by_watch_key(
+                tx.conn(),
+                transfer.id.network,
+                &transfer.to_address,
+            )
+            .await?,
+            confirmations: *confirmations,
+            removed: false,
+            tip_height: *tip_height,
+            seen_at_ms: *seen_at_ms,
+            credited_entry: None,
+        },
+        (Some(old), event) if event.tip_height() < old.tip_height => {
+            let _ = old;
+            return Ok(());
+        }
+        (
+            Some(old),
+            ChainEvent::Observed {
+                transfer,
+                confirmations,
+                seen_at_ms,
+                tip_height,
+            },
+        ) => {
+            if transfer.amount != old.amount
+                || transfer.asset != old.asset
+                || transfer.to_address != old.to_address
+            {
+                return Err(StoreError::Corrupt(format!(
+                    "transfer {} reported with other content than before",
+                    transfer.id
+                ))
+                .into());
+            }
+            if *tip_height == old.tip_height && old.removed {
+                return Ok(());
+            }
+            let confirmations = if *tip_height == old.tip_height {
+                old.confirmations.max(*confirmations)
+            } else {
+                *confirmations
+            };
+            StoredTransfer {
+                confirmations,
+                removed: false,
+                tip_height: *tip_height,
+                seen_at_ms: old.seen_at_ms.min(*seen_at_ms),
+                ..old
+            }
+        }
+        (Some(old), ChainEvent::Removed { tip_height, .. }) => {
+            if old.removed {
+                return Ok(());
+            }
+            StoredTransfer {
+                removed: true,
+                tip_height: *tip_height,
+                ..old
+            }
+        }
+    };
+    if state.removed
+        && let Some(key) = state.credited_entry.take()
+    {
+        take_back_credit(tx, &state, &key, now).await?;
+    }
+    payments::upsert_transfer(tx.conn(), &state, now).await?;
+    match state.intent_id.clone() {
+        Some(intent_id) => evaluate_intent(tx, policy, &intent_id, now).await,
+        None => account_unmatched(tx, policy, state, now).await,
+    }
+}
+
+/// A transfer to an address no intent owns (for Solana: to the recipient without a known
+/// reference): an exception, and once confirmed, custody with the money in suspense.
+async fn account_unmatched(
+    tx: &mut WriteTx,
+    policy: &MatchPolicy,
+    mut transfer: StoredTransfer,
+    now: DateTime<Utc>,
+) -> Result<(), Error> {
+    if transfer.removed {
+        return Ok(());
+    }
+    open_exception(
+        tx,
+        "unmatched",
+        None,
+        None,
+        Some(&transfer),
+        format!(
+            "{} to {} matched no payment instructions",
+            describe(&transfer),
+            transfer.to_address
+        ),
+        now,
+    )
+    .await?;
+    let required = policy.required(transfer.id.network, Usd::ZERO);
+    if let (ReceivedAsset::Method { method }, None) = (&transfer.asset, &transfer.credited_entry)
+        && transfer.confirmations >= required
+    {
+        let key = format!("unmatched:{}", transfer.id);
+        let entry = hold_entry(
+            &key,
+            *method,
+            transfer.amount,
+            SuspenseReason::Unmatched,
+            None,
+        );
+        post(tx, &[entry], now).await?;
+        transfer.credited_entry = Some(key);
+        payments::upsert_transfer(tx.conn(), &transfer, now).await?;
+    }
+    Ok(())
+}
+
+/// Re-derives an intent's state from its transfers and the clock, posting what became due.
+pub(crate) async fn evaluate_intent(
+    tx: &mut WriteTx,
+    policy: &MatchPolicy,
+    intent_id: &str,
+    now: DateTime<Utc>,
+) -> Result<(), Error> {
+    let mut intent = payments::get_intent(tx.conn(), intent_id)
+        .await?
+        .ok_or_else(|| StoreError::Corrupt(format!("intent {intent_id} vanished")))?;
+    let order = orders::lock_order(tx, &intent.order_ref)
+        .await?
+        .ok_or_else(|| StoreError::Corrupt(format!("order {} vanished", intent.order_ref)))?
+        .order;
+    let mut transfers = payments::transfers_of_intent(tx.conn(), intent_id).await?;
+    let before = intent.clone();
+    let required = policy.required(intent.network(), intent.usd);
+    let deadline_ms = intent.deadline.timestamp_millis();
+    let is_own_asset = |t: &StoredTransfer| {
+        t.asset
+            == (ReceivedAsset::Method {
+                method: intent.method,
+            })
+    };
+    let mut entries = Vec::new();
+    let mut credited = Vec::new();
+
+    for (index, transfer) in transfers.iter().enumerate() {
+        if transfer.removed {
+            continue;
+        }
+        let confirmed = transfer.confirmations >= required;
+        let uncredited = transfer.credited_entry.is_none();
+        if !is_own_asset(transfer) {
+            open_exception(
+                tx,
+                "wrong_asset",
+                Some(&intent),
+                Some(&order),
+                Some(transfer),
+                format!(
+                    "{} sent to a {} intent: never credited as {}",
+                    describe(transfer),
+                    intent.method,
+                    intent.method
+                ),
+                now,
+            )
+            .await?;
+            if let (ReceivedAsset::Method { method }, true, true) =
+                (&transfer.asset, confirmed, uncredited)
+            {
+                let key = format!("wrong-asset:{}", transfer.id);
+                entries.push(hold_entry(
+                    &key,
+                    *method,
+                    transfer.amount,
+                    SuspenseReason::WrongAsset,
+                    Some(&intent),
+                ));
+                credited.push((index, key));
+            }
+        } else if intent.status == IntentStatus::Settled {
+            if uncredited {
+                open_exception(
+                    tx,
+                    "paid_after_settlement",
+                    Some(&intent),
+                    Some(&order),
+                    Some(transfer),
+                    format!(
+                        "{} arrived after the intent was settled",
+                        describe(transfer)
+                    ),
+                    now,
+                )
+                .await?;
+                if confirmed {
+                    let key = format!("after-settlement:{}", transfer.id);
+                    entries.push(extra_money_entry(
+                        &key,
+                        &intent,
+                        &order,
+                        transfer.amount,
+                        policy.overpayment,
+                        SuspenseReason::Overpaid,
+                    ));
+                    credited.push((index, key));
+                }
+            }
+        } else if transfer.seen_at_ms > deadline_ms && uncredited {
+            open_exception(
+                tx,
+                "paid_late",
+                Some(&intent),
+                Some(&order),
+                Some(transfer),
+                format!(
+                    "{} first seen after the deadline {}",
+                    describe(transfer),
+                    intent.deadline.to_rfc3339()
+                ),
+                now,
+            )
+            .await?;
+            if confirmed {
+                let key = format!("late:{}", transfer.id);
+                entries.push(extra_money_entry(
+                    &key,
+                    &intent,
+                    &order,
+                    transfer.amount,
+                    policy.late_payment,
+                    SuspenseReason::Late,
+                ));
+                credited.push((index, key));
+            }
+        }
+    }
+
+    let good: Vec<usize> = (0..transfers.len())
+        .filter(|i| !transfers[*i].removed && is_own_asset(&transfers[*i]))
+        .collect();
+    intent.first_seen_at = good
+        .iter()
+        .map(|i| transfers[*i].seen_at_ms)
+        .min()
+        .and_then(DateTime::from_timestamp_millis);
+    let on_time: Vec<usize> = good
+        .iter()
+        .copied()
+        .filter(|i| {
+            transfers[*i].seen_at_ms <= deadline_ms && transfers[*i].credited_entry.is_none()
+        })
+        .collect();
+
+    if intent.status != IntentStatus::Settled {
+        let confirmed: Vec<usize> = on_time
+            .iter()
+            .copied()
+            .filter(|i| transfers[*i].confirmations >= required)
+            .collect();
+        let received = sum(confirmed.iter().map(|i| transfers[*i].amount))?;
+        let tolerance =
+            intent.amount.base_units() * u128::from(policy.underpayment_tolerance_bps) / 10_000;
+        let threshold = Amount::from_base_units(intent.amount.base_units() - tolerance);
+        if !confirmed.is_empty() && received >= threshold {
+            if order.status == OrderStatus::Open {
+                let n = intent.settlement_count + 1;
+                let key = format!("settle:{}:{n}", intent.id);
+                let paid = received.min(intent.amount);
+                entries.push(settlement_entry(&key, &intent, &order, paid));
+                if let Some(excess) = received.checked_sub(intent.amount).filter(|e| !e.is_zero()) {
+                    let overpaid_key = format!("overpaid:{}:{n}", intent.id);
+                    entries.push(extra_money_entry(
+                        &overpaid_key,
+                        &intent,
+                        &order,
+                        excess,
+                        policy.overpayment,
+                        SuspenseReason::Overpaid,
+                    ));
+                    open_exception(
+                        tx,
+                        "overpaid",
+                        Some(&intent),
+                        Some(&order),
+                        None,
+                        format!(
+                            "{} {} more than the {} asked",
+                            intent.method.format_amount(excess),
+                            intent.method.asset(),
+                            intent.amount_decimal()
+                        ),
+                        now,
+                    )
+                    .await?;
+                }
+                for index in &confirmed {
+                    credited.push((*index, key.clone()));
+                }
+                orders::mark_settled(tx.conn(), &order.reference, SettledVia::Payment, &key, now)
+                    .await?;
+                intent.status = IntentStatus::Settled;
+                intent.settled_at = Some(now);
+                intent.settlement_count = n;
+            } else {
+                for index in confirmed {
+                    let transfer = &transfers[index];
+                    open_exception(
+                        tx,
+                        "paid_after_settlement",
+                        Some(&intent),
+                        Some(&order),
+                        Some(transfer),
+                        format!(
+                            "{} paid an order that was already settled",
+                            describe(transfer)
+                        ),
+                        now,
+                    )
+                    .await?;
+                    let key = format!("after-settlement:{}", transfer.id);
+                    entries.push(extra_money_entry(
+                        &key,
+                        &intent,
+                        &order,
+                        transfer.amount,
+                        policy.overpayment,
+                        SuspenseReason::Overpaid,
+                    ));
+                    credited.push((index, key));
+                }
+            }
+        }
+    }
+
+    if intent.status != IntentStatus::Settled {
+        let pending: Vec<usize> = on_time
+            .iter()
+            .copied()
+            .filter(|i| !credited.iter().any(|(c, _)| c == i))
+            .collect();
+        let all_confirmed = pending
+            .iter()
+            .all(|i| transfers[*i].confirmations >= required);
+        let past_deadline = now.timestamp_millis() > deadline_ms;
+        let late_money = good.iter().any(|i| transfers[*i].seen_at_ms > deadline_ms);
+        intent.status = if intent.settlement_count > 0 {
+            IntentStatus::ReorgedAfterCredit
+        } else if !pending.is_empty() {
+            match (past_deadline, all_confirmed) {
+                (true, true) => IntentStatus::Underpaid,
+                (false, true) => IntentStatus::Confirmed,
+                (_, false) => IntentStatus::Seen,
+            }
+        } else if late_money {
+            IntentStatus::PaidLate
+        } else if past_deadline {
+            IntentStatus::Expired
+        } else {
+            IntentStatus::AwaitingPayment
+        };
+        if intent.status == IntentStatus::Underpaid {
+            let received = sum(pending.iter().map(|i| transfers[*i].amount))?;
+            open_exception(
+                tx,
+                "underpaid",
+                Some(&intent),
+                Some(&order),
+                None,
+                format!(
+                    "{} of {} {} received by the deadline",
+                    intent.method.format_amount(received),
+                    intent.amount_decimal(),
+                    intent.method.asset()
+                ),
+                now,
+            )
+            .await?;
+        }
+    }
+
+    post(tx, &entries, now).await?;
+    for (index, key) in credited {
+        transfers[index].credited_entry = Some(key);
+        payments::upsert_transfer(tx.conn(), &transfers[index], now).await?;
+    }
+    if intent != before {
+        payments::update_intent_state(tx.conn(), &intent).await?;
+    }
+    if intent.status != before.status {
+        let detail = serde_json::json!({
+            "from": before.status,
+            "to": intent.status,
+            "message": intent.status.customer_message(),
+        });
+        payments::append_event(
+            tx.conn(),
+            Some(&intent.id),
+            Some(intent.order_ref.as_str()),
+            "status_changed",
+            &detail,
+            now,
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Takes back the credit a removed transfer had earned, by compensating entries. A
+/// settlement is reversed whole (with its overpayment), its order reopened and flagged.
+async fn take_back_credit(
+    tx: &mut WriteTx,
+    transfer: &StoredTransfer,
+    key: &str,
+    now: DateTime<Utc>,
+) -> Result<(), Error> {
+    let mut keys = vec![key.to_owned()];
+    if let Some(rest) = key.strip_prefix("settle:") {
+        keys.push(format!("overpaid:{rest}"));
+    }
+    for key in &keys {
+        reverse_with_coverage(tx, key, now).await?;
+    }
+    let intent = match &transfer.intent_id {
+        Some(id) => payments::get_intent(tx.conn(), id).await?,
+        None => None,
+    };
+    if let Some(mut intent) = intent {
+        for mut sibling in payments::transfers_of_intent(tx.conn(), &intent.id).await? {
+            if sibling.credited_entry.as_deref() == Some(key) && sibling.id != transfer.id {
+                sibling.credited_entry = None;
+                payments::upsert_transfer(tx.conn(), &sibling, now).await?;
+            }
+        }
+        if key.starts_with("settle:") {
+            orders::reopen_order(tx.conn(), &intent.order_ref, key, "reorged_after_credit").await?;
+            intent.status = IntentStatus::ReorgedAfterCredit;
+            intent.settled_at = None;
+            payments::update_intent_state(tx.conn(), &intent).await?;
+        }
+        let order = orders::get_order(tx.conn(), &intent.order_ref)
+            .await?
+            .map(|stored| stored.order);
+        open_exception(tx, "reorged_after_credit", Some(&intent), order.as_ref(), Some(transfer),
+            format!("{} was removed from the chain after it was credited ({key}); the credit was reversed", describe(transfer)), now).await?;
+    } else {
+        open_exception(
+            tx,
+            "reorged_after_credit",
+            None,
+            None,
+            Some(transfer),
+            format!(
+                "{} was removed from the chain after it was accounted ({key})",
+                describe(transfer)
+            ),
+            now,
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Posts the opposite of `key`'s entry. What a customer's balance can no longer cover (it was
+/// spent) is charged to `suspense:reversed` instead: the balance never goes negative.
+async fn reverse_with_coverage(
+    tx: &mut WriteTx,
+    key: &str,
+    now: DateTime<Utc>,
+) -> Result<(), Error> {
+    let Some(original) = ledger::get_entry(tx.conn(), key).await? else {
+        return Ok(());
+    };
+    let mut reversal = NewEntry::reversal_of(
+        &original,
+        format!("reversal of {key}: transfer removed from the chain"),
+    );
+    let mut shortfalls = Vec::new();
+    for (customer, debit) in reversal.customer_nets() {
+        if debit <= 0 {
+            continue;
+        }
+        let available = -ledger::lock_and_sum_customer(tx, &customer, now).await?;
+        let shortfall = debit - available.max(0);
+        if shortfall > 0 {
+            shortfalls.push((customer, shortfall));
+        }
+    }
+    for (customer, shortfall) in shortfalls {
+        let leg = reversal
+            .postings
+            .iter_mut()
+            .find(|p| p.account.customer() == Some(&customer))
+            .expect("the customer has a leg");
+        leg.amount_minor -= shortfall;
+        reversal.postings.retain(|p| p.amount_minor != 0);
+        reversal.postings.push(Posting::debit(
+            Account::Suspense(SuspenseReason::Reversed),
+            Currency::Usd,
+            shortfall,
+        ));
+    }
+    post(tx, &[reversal], now).await
+}
+
+async fn post(tx: &mut WriteTx, entries: &[NewEntry], now: DateTime<Utc>) -> Result<(), Error> {
+    if entries.is_empty() {
+        return Ok(());
+    }
+    for entry in entries {
+        entry.validate()?;
+    }
+    ledger::post_batch(tx, entries, now).await??;
+    Ok(())
+}
+
+/// Where an intent's USD goes: revenue for a rental, the customer's balance for a top-up.
+fn usd_target(order: &Order) -> Account {
+    match order.kind {
+        OrderKind::Rental(_) => Account::RevenueRentals,
+        OrderKind::Topup => Account::CustomerBalance(order.account_id.clone()),
+    }
+}
+
+/// The brief's settlement: crypto into custody, converted at the locked rate, USD to the order.
+fn settlement_entry(key: &str, intent: &PaymentIntent, order: &Order, paid: Amount) -> NewEntry {
+    let crypto = Currency::Crypto(intent.method);
+    let units = paid.base_units() as i128;
+    let cents = i128::from(intent.usd.cents());
+    NewEntry {
+        idempotency_key: key.to_owned(),
+        kind: EntryKind::Payment,
+        reference: Some(intent.order_ref.to_string()),
+        memo: format!(
+            "{} {} {} settles {} at {} USD/{}",
+            intent.id,
+            intent.method.format_amount(paid),
+            intent.method.asset(),
+            order.reference,
+            intent.rate.usd_per_unit,
+            intent.method.asset()
+        ),
+        postings: vec![
+            Posting::debit(Account::Custody(intent.method), crypto, units),
+            Posting::credit(Account::Fx(intent.method), crypto, units),
+            Posting::debit(Account::Fx(intent.method), Currency::Usd, cents),
+            Posting::credit(usd_target(order), Currency::Usd, cents),
+        ],
+    }
+}
+
+/// Money beyond what was asked or after the deadline: held in suspense, or (by policy) its
+/// USD value at the locked rate credited to the customer's balance.
+fn extra_money_entry(
+    key: &str,
+    intent: &PaymentIntent,
+    order: &Order,
+    amount: Amount,
+    policy: CreditPolicy,
+    reason: SuspenseReason,
+) -> NewEntry {
+    let cents = usd_value_of(amount, intent.rate.usd_per_unit, intent.method).unwrap_or(0);
+    if policy == CreditPolicy::Hold || cents == 0 {
+        return hold_entry(key, intent.method, amount, reason, Some(intent));
+    }
+    let crypto = Currency::Crypto(intent.method);
+    let units = amount.base_units() as i128;
+    NewEntry {
+        idempotency_key: key.to_owned(),
+        kind: EntryKind::Payment,
+        reference: Some(intent.order_ref.to_string()),
+        memo: format!(
+            "{} {} credited to the balance at the locked rate",
+            intent.method.format_amount(amount),
+            intent.method.asset()
+        ),
+        postings: vec![
+            Posting::debit(Account::Custody(intent.method), crypto, units),
+            Posting::credit(Account::Fx(intent.method), crypto, units),
+            Posting::debit(Account::Fx(intent.method), Currency::Usd, i128::from(cents)),
+            Posting::credit(
+                Account::CustomerBalance(order.account_id.clone()),
+                Currency::Usd,
+                i128::from(cents),
+            ),
+        ],
+    }
+}
+
+/// Crypto into custody, held in suspense for an operator.
+fn hold_entry(
+    key: &str,
+    method: Method,
+    amount: Amount,
+    reason: SuspenseReason,
+    intent: Option<&PaymentIntent>,
+) -> NewEntry {
+    let crypto = Currency::Crypto(method);
+    let units = amount.base_units() as i128;
+    NewEntry {
+        idempotency_key: key.to_owned(),
+        kind: EntryKind::Payment,
+        reference: intent.map(|i| i.order_ref.to_string()),
+        memo: format!(
+            "{} {} held: {}",
+            method.format_amount(amount),
+            method.asset(),
+            reason.as_str()
+        ),
+        postings: vec![
+            Posting::debit(Account::Custody(method), crypto, units),
+            Posting::credit(Account::Suspense(reason), crypto, units),
+        ],
+    }
+}
+
+async fn open_exception(
+    tx: &mut WriteTx,
+    kind: &str,
+    intent: Option<&PaymentIntent>,
+    order: Option<&Order>,
+    transfer: Option<&StoredTransfer>,
+    detail: String,
+    now: DateTime<Utc>,
+) -> Result<(), Error> {
+    let subject = match (transfer, intent) {
+        (Some(t), _) => t.id.to_string(),
+        (None, Some(i)) => i.id.clone(),
+        (None, None) => "unknown".into(),
+    };
+    let record = ExceptionRecord {
+        id: format!("{kind}:{subject}"),
+        kind: kind.to_owned(),
+        intent_id: intent.map(|i| i.id.clone()),
+        order_ref: order.map(|o| o.reference.to_string()),
+        transfer: transfer.map(|t| t.id.to_string()),
+        detail,
+        opened_at: now,
+        resolved_at: None,
+    };
+    if payments::open_exception(tx.conn(), &record).await? {
+        let detail =
+            serde_json::json!({ "exception": record.id, "kind": kind, "detail": record.detail });
+        payments::append_event(
+            tx.conn(),
+            record.intent_id.as_deref(),
+            record.order_ref.as_deref(),
+            "exception_opened",
+            &detail,
+            now,
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+fn describe(transfer: &StoredTransfer) -> String {
+    match &transfer.asset {
+        ReceivedAsset::Method { method } => format!(
+            "{} {} ({})",
+            method.format_amount(transfer.amount),
+            method.asset(),
+            transfer.id
+        ),
+        ReceivedAsset::OtherToken { contract } => format!(
+            "{} units of token {contract} ({})",
+            transfer.amount, transfer.id
+        ),
+    }
+}
+
+fn sum(mut amounts: impl Iterator<Item = Amount>) -> Result<Amount, Error> {
+    amounts
+        .try_fold(Amount::ZERO, Amount::checked_add)
+        .ok_or_else(|| StoreError::Corrupt("received amounts overflow".into()).into())
+}

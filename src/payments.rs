@@ -1,0 +1,433 @@
+//! Payment instructions on the engine: create them, mark them paid, feed the matcher chain
+//! events, expire what is due, and stream what changed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use payrecon_chain_bitcoin::{SegwitDeriver, UtxoChain};
+use payrecon_chain_core::{AccountXpub, AddressDeriver, ChainEvent, DeriveError, Method, Network};
+use payrecon_chain_ethereum::EthereumDeriver;
+use payrecon_chain_solana::SolanaPayDeriver;
+use payrecon_chain_tron::TronDeriver;
+use serde::Serialize;
+
+use crate::config::{Config, NetworksConfig, RatesConfig};
+use crate::engine::Engine;
+use crate::error::Error;
+use crate::intent::{
+    IntentRate, IntentStatus, PaymentIntent, UriParams, crypto_amount_for, payment_uri, qr_svg,
+};
+use crate::matcher::{self, ConfirmationRule, MatchPolicy};
+use crate::order::{OrderRef, OrderStatus};
+use crate::rates::{CoinGecko, Kraken, RateBook, RateSource, RecordedQuotes};
+use crate::store::payments::{self, ExceptionRecord, IntentEvent};
+
+/// Intents evaluated per `tick` call at most, so one call stays short.
+const TICK_BATCH: i64 = 500;
+
+/// Everything the engine needs to make and match payment instructions.
+#[derive(Debug)]
+pub struct PaymentSettings {
+    /// Methods customers may pick.
+    pub enabled: BTreeSet<Method>,
+    /// Address derivation per network.
+    pub derivers: BTreeMap<Network, Arc<dyn AddressDeriver>>,
+    /// Rates to lock.
+    pub rates: Option<Arc<RateBook>>,
+    /// Deadline per method.
+    pub deadlines: BTreeMap<Method, chrono::Duration>,
+    /// Default deadline.
+    pub default_deadline: chrono::Duration,
+    /// How long after its deadline an intent stays watched.
+    pub monitoring_window: chrono::Duration,
+    /// The matcher's rules.
+    pub policy: MatchPolicy,
+    /// Chain parameters for payment URIs.
+    pub uri: UriParams,
+}
+
+impl Default for PaymentSettings {
+    fn default() -> PaymentSettings {
+        PaymentSettings {
+            enabled: BTreeSet::new(),
+            derivers: BTreeMap::new(),
+            rates: None,
+            deadlines: BTreeMap::new(),
+            default_deadline: chrono::Duration::minutes(60),
+            monitoring_window: chrono::Duration::days(7),
+            policy: MatchPolicy::defaults(),
+            uri: UriParams {
+                ethereum_chain_id: 1,
+                usdt_erc20_contract: "0xdAC17F958D2ee523a2206206994597C13D831ec7".into(),
+                usdc_erc20_contract: "0xA0b86991c6218b36c1d19D4a2e9Eb0cE3606eB48".into(),
+                usdt_trc20_contract: "TR7NHqjeKQxGTCi8q8ZY4pL8otSzgjLj6t".into(),
+                label: "payrecon".into(),
+            },
+        }
+    }
+}
+
+impl PaymentSettings {
+    /// Builds derivers, rate sources and rules from the configuration; refuses invalid keys.
+    pub fn from_config(config: &Config) -> Result<PaymentSettings, Error> {
+        let payments = &config.payments;
+        let mut settings = PaymentSettings {
+            enabled: payments.enabled_methods.iter().copied().collect(),
+            deadlines: payments
+                .deadline_minutes
+                .iter()
+                .map(|(method, minutes)| (*method, chrono::Duration::minutes(i64::from(*minutes))))
+                .collect(),
+            default_deadline: chrono::Duration::minutes(i64::from(
+                payments.default_deadline_minutes,
+            )),
+            monitoring_window: chrono::Duration::hours(i64::from(payments.monitoring_window_hours)),
+            rates: Some(Arc::new(rate_book(&config.rates)?)),
+            ..PaymentSettings::default()
+        };
+        settings.uri.label = payments.label.clone();
+        settings.policy.underpayment_tolerance_bps = payments.underpayment_tolerance_bps;
+        settings.policy.overpayment = payments.overpayment_policy;
+        settings.policy.late_payment = payments.late_payment_policy;
+        add_networks(&mut settings, &config.networks)?;
+        Ok(settings)
+    }
+}
+
+fn rate_book(config: &RatesConfig) -> Result<RateBook, Error> {
+    let client = reqwest::Client::builder()
+        .user_agent(concat!("payrecon/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .map_err(|e| Error::Config(format!("HTTP client: {e}")))?;
+    let mut sources: Vec<Arc<dyn RateSource>> = Vec::new();
+    for name in &config.sources {
+        sources.push(match name.as_str() {
+            "coingecko" => Arc::new(CoinGecko::new(
+                client.clone(),
+                &config.coingecko_url,
+                config.coingecko_api_key.clone(),
+            )),
+            "kraken" => Arc::new(Kraken::new(client.clone(), &config.kraken_url)),
+            "recorded" => {
+                let path = config.recorded_quotes_file.clone().ok_or_else(|| {
+                    Error::Config("rates source `recorded` needs rates.recorded_quotes_file".into())
+                })?;
+                Arc::new(RecordedQuotes::new(path))
+            }
+            other => {
+                return Err(Error::Config(format!(
+                    "unknown rate source {other:?}: use coingecko, kraken or recorded"
+                )));
+            }
+        });
+    }
+    Ok(RateBook::new(
+        sources,
+        chrono::Duration::seconds(i64::from(config.max_age_seconds)),
+        config.peg_band_percent / rust_decimal::Decimal::ONE_HUNDRED,
+        chrono::Duration::seconds(i64::from(config.cache_seconds)),
+    ))
+}
+
+fn add_networks(settings: &mut PaymentSettings, networks: &NetworksConfig) -> Result<(), Error> {
+    let xpub = |network: Network, text: &str| -> Result<AccountXpub, Error> {
+        text.parse()
+            .map_err(|e: DeriveError| Error::Config(format!("networks.{network}.xpub: {e}")))
+    };
+    let mut add = |network: Network, deriver: Arc<dyn AddressDeriver>, confirmations, tiers| {
+        settings.derivers.insert(network, deriver);
+        settings.policy.confirmations.insert(
+            network,
+            ConfirmationRule {
+                confirmations,
+                tiers,
+            },
+        );
+    };
+    for (network, chain, config) in [
+        (Network::Bitcoin, UtxoChain::Bitcoin, &networks.bitcoin),
+        (Network::Litecoin, UtxoChain::Litecoin, &networks.litecoin),
+    ] {
+        if let Some(config) = config {
+            let utxo_network = config.network.parse().map_err(|e: DeriveError| {
+                Error::Config(format!("networks.{network}.network: {e}"))
+            })?;
+            let deriver = SegwitDeriver::new(xpub(network, &config.xpub)?, chain, utxo_network);
+            add(
+                network,
+                Arc::new(deriver),
+                config.confirmations,
+                config.confirmation_tiers.clone(),
+            );
+        }
+    }
+    if let Some(config) = &networks.ethereum {
+        let deriver = EthereumDeriver::new(xpub(Network::Ethereum, &config.xpub)?);
+        add(
+            Network::Ethereum,
+            Arc::new(deriver),
+            config.confirmations,
+            config.confirmation_tiers.clone(),
+        );
+        settings.uri.ethereum_chain_id = config.chain_id;
+        settings.uri.usdt_erc20_contract = config.usdt_contract.clone();
+        settings.uri.usdc_erc20_contract = config.usdc_contract.clone();
+    }
+    if let Some(config) = &networks.tron {
+        let deriver = TronDeriver::new(xpub(Network::Tron, &config.xpub)?);
+        add(
+            Network::Tron,
+            Arc::new(deriver),
+            config.confirmations,
+            config.confirmation_tiers.clone(),
+        );
+        settings.uri.usdt_trc20_contract = config.usdt_contract.clone();
+    }
+    if let Some(config) = &networks.solana {
+        let deriver = SolanaPayDeriver::new(&config.recipient)
+            .map_err(|e| Error::Config(format!("networks.solana.recipient: {e}")))?;
+        add(
+            Network::Solana,
+            Arc::new(deriver),
+            config.confirmations,
+            config.confirmation_tiers.clone(),
+        );
+    }
+    Ok(())
+}
+
+/// What the shop shows the customer: the intent, its payment URI and a QR code of it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PaymentInstructions {
+    /// The intent.
+    #[serde(flatten)]
+    pub intent: PaymentIntent,
+    /// The amount as a decimal of the asset.
+    pub amount_decimal: String,
+    /// The asset's ticker.
+    pub asset: String,
+    /// A wallet URI (BIP21, EIP-681, Solana Pay, tron:).
+    pub payment_uri: String,
+    /// What to tell the customer about its state.
+    pub customer_message: String,
+}
+
+impl Engine {
+    /// Opens the database and builds payment settings from `config`.
+    pub async fn from_config(config: &Config) -> Result<Engine, Error> {
+        let settings = PaymentSettings::from_config(config)?;
+        Ok(Engine::open(&config.database_url)
+            .await?
+            .with_payment_settings(settings))
+    }
+
+    /// Creates payment instructions for an order or top-up in one method: a fresh address,
+    /// the amount at a freshly locked rate (rounded up), and a deadline. Refused, with nothing
+    /// stored, when the method is disabled, no fresh rate exists, or the order is unknown or
+    /// settled. A newer intent supersedes the order's older ones, which stay watched.
+    pub async fn create_payment(
+        &self,
+        order_ref: &OrderRef,
+        method: Method,
+    ) -> Result<PaymentInstructions, Error> {
+        let settings = self.payment_settings();
+        let deriver = settings
+            .derivers
+            .get(&method.network())
+            .filter(|_| settings.enabled.contains(&method))
+            .ok_or(Error::MethodDisabled(method))?
+            .clone();
+        let order = self.order(order_ref).await?;
+        if order.status != OrderStatus::Open {
+            return Err(Error::AlreadySettled(order_ref.clone()));
+        }
+        let now = self.now();
+        let rates = settings
+            .rates
+            .as_ref()
+            .ok_or(crate::rates::RateError::NoSources)?;
+        let rate = rates.rate(method.asset(), now).await?;
+        let amount =
+            crypto_amount_for(order.total_usd, rate.usd_per_unit, method).ok_or_else(|| {
+                Error::Config(format!("rate {} cannot price {method}", rate.usd_per_unit))
+            })?;
+        let deadline = now
+            + settings
+                .deadlines
+                .get(&method)
+                .copied()
+                .unwrap_or(settings.default_deadline);
+
+        let mut tx = self.store().begin_write().await?;
+        let order = crate::store::orders::lock_order(&mut tx, order_ref)
+            .await?
+            .ok_or_else(|| Error::OrderNotFound(order_ref.clone()))?
+            .order;
+        if order.status != OrderStatus::Open {
+            return Err(Error::AlreadySettled(order_ref.clone()));
+        }
+        let key_id = deriver.key_id();
+        let index = payments::reserve_index(&mut tx, &key_id).await?;
+        let derived = deriver.derive(index)?;
+        let intent = PaymentIntent {
+            id: format!("pi_{}", uuid::Uuid::new_v4().simple()),
+            order_ref: order_ref.clone(),
+            method,
+            pay_to: derived.address,
+            watch_key: derived.watch_key,
+            amount,
+            usd: order.total_usd,
+            rate: IntentRate {
+                usd_per_unit: rate.usd_per_unit,
+                source: rate.source,
+                fetched_at: rate.fetched_at,
+            },
+            created_at: now,
+            deadline,
+            monitor_until: deadline + settings.monitoring_window,
+            status: IntentStatus::AwaitingPayment,
+            superseded_by: None,
+            marked_paid_at: None,
+            first_seen_at: None,
+            settled_at: None,
+            settlement_count: 0,
+            key_id,
+            derivation_index: index,
+        };
+        payments::insert_intent(tx.conn(), &intent).await?;
+        let superseded = payments::supersede_others(tx.conn(), order_ref, &intent.id).await?;
+        let detail = serde_json::json!({
+            "method": method, "address": intent.pay_to, "amount": intent.amount_decimal(),
+            "deadline": intent.deadline, "supersedes": superseded,
+        });
+        payments::append_event(
+            tx.conn(),
+            Some(&intent.id),
+            Some(order_ref.as_str()),
+            "intent_created",
+            &detail,
+            now,
+        )
+        .await?;
+        tx.commit().await?;
+        self.notify_events();
+        Ok(self.instructions(intent))
+    }
+
+    fn instructions(&self, intent: PaymentIntent) -> PaymentInstructions {
+        PaymentInstructions {
+            amount_decimal: intent.amount_decimal(),
+            asset: intent.method.asset().to_string(),
+            payment_uri: payment_uri(&intent, &self.payment_settings().uri),
+            customer_message: intent.status.customer_message().to_owned(),
+            intent,
+        }
+    }
+
+    /// A payment intent with its URI.
+    pub async fn payment(&self, intent_id: &str) -> Result<PaymentInstructions, Error> {
+        let mut conn = self.store().pool().acquire().await?;
+        let intent = payments::get_intent(&mut conn, intent_id)
+            .await?
+            .ok_or_else(|| Error::IntentNotFound(intent_id.to_owned()))?;
+        Ok(self.instructions(intent))
+    }
+
+    /// Every intent of an order, old and superseded ones too.
+    pub async fn payments_for(
+        &self,
+        order_ref: &OrderRef,
+    ) -> Result<Vec<PaymentInstructions>, Error> {
+        let mut conn = self.store().pool().acquire().await?;
+        let intents = payments::intents_of_order(&mut conn, order_ref.as_str()).await?;
+        Ok(intents.into_iter().map(|i| self.instructions(i)).collect())
+    }
+
+    /// The payment URI of an intent as a QR code (SVG).
+    pub async fn payment_qr_svg(&self, intent_id: &str) -> Result<String, Error> {
+        let instructions = self.payment(intent_id).await?;
+        qr_svg(&instructions.payment_uri).map_err(|e| Error::Config(format!("QR code: {e}")))
+    }
+
+    /// Records the customer's "I have paid". It confirms nothing and credits nothing; it is
+    /// shown in tracking and feeds the stuck-payment monitor. Marking twice keeps the first time.
+    pub async fn mark_paid(&self, intent_id: &str) -> Result<PaymentInstructions, Error> {
+        let now = self.now();
+        let mut tx = self.store().begin_write().await?;
+        let intent = payments::get_intent(tx.conn(), intent_id)
+            .await?
+            .ok_or_else(|| Error::IntentNotFound(intent_id.to_owned()))?;
+        if payments::mark_paid(tx.conn(), intent_id, now).await? {
+            payments::append_event(
+                tx.conn(),
+                Some(intent_id),
+                Some(intent.order_ref.as_str()),
+                "marked_paid",
+                &serde_json::json!({}),
+                now,
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        self.notify_events();
+        self.payment(intent_id).await
+    }
+
+    /// Applies chain events from a watcher, in one transaction: all or none.
+    pub async fn apply_chain_events(&self, events: &[ChainEvent]) -> Result<(), Error> {
+        let now = self.now();
+        let settings = self.payment_settings();
+        let mut tx = self.store().begin_write().await?;
+        for event in events {
+            matcher::apply_event(&mut tx, &settings.policy, event, now).await?;
+        }
+        tx.commit().await?;
+        self.notify_events();
+        Ok(())
+    }
+
+    /// Moves intents whose deadline passed to expired or underpaid. Call it periodically;
+    /// returns how many intents it looked at.
+    pub async fn tick(&self) -> Result<usize, Error> {
+        let now = self.now();
+        let settings = self.payment_settings();
+        let mut tx = self.store().begin_write().await?;
+        let due = payments::due_intent_ids(tx.conn(), now, TICK_BATCH).await?;
+        for id in &due {
+            matcher::evaluate_intent(&mut tx, &settings.policy, id, now).await?;
+        }
+        tx.commit().await?;
+        self.notify_events();
+        Ok(due.len())
+    }
+
+    /// Watch keys a network's watcher must follow now (monitoring windows included).
+    pub async fn watch_keys(&self, network: Network) -> Result<Vec<String>, Error> {
+        let mut conn = self.store().pool().acquire().await?;
+        Ok(payments::watch_keys(&mut conn, network, self.now()).await?)
+    }
+
+    /// Exceptions of one order, or all.
+    pub async fn exceptions(
+        &self,
+        order_ref: Option<&OrderRef>,
+    ) -> Result<Vec<ExceptionRecord>, Error> {
+        let mut conn = self.store().pool().acquire().await?;
+        Ok(payments::exceptions(&mut conn, order_ref.map(OrderRef::as_str)).await?)
+    }
+
+    /// Stream entries after `after_seq`, in commit order; resume from the last `seq` seen.
+    pub async fn events_after(
+        &self,
+        after_seq: i64,
+        limit: i64,
+    ) -> Result<Vec<IntentEvent>, Error> {
+        let mut conn = self.store().pool().acquire().await?;
+        Ok(payments::events_after(&mut conn, after_seq, limit).await?)
+    }
+
+    fn now(&self) -> DateTime<Utc> {
+        self.clock().now()
+    }
+}

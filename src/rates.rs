@@ -1,0 +1,555 @@
+//! USD prices of the seven assets: real providers over HTTPS, the median of the fresh quotes,
+//! a staleness limit, and a peg band that refuses a depegged stablecoin.
+//!
+//! Prices are `Decimal` from the wire to the intent: providers that send JSON numbers are read
+//! as raw text, never through a float.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use backon::{ExponentialBuilder, Retryable};
+use chrono::{DateTime, Utc};
+use futures_util::future::{BoxFuture, join_all};
+use payrecon_chain_core::Asset;
+use rust_decimal::Decimal;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+/// Every asset a method pays in.
+pub const QUOTED_ASSETS: [Asset; 7] = [
+    Asset::Btc,
+    Asset::Eth,
+    Asset::Usdt,
+    Asset::Usdc,
+    Asset::Trx,
+    Asset::Sol,
+    Asset::Ltc,
+];
+
+/// Attempts per provider request before giving up: transient failures are retried with
+/// exponential backoff, and a quote that never arrives is an error, not a guess.
+const FETCH_ATTEMPTS: usize = 3;
+
+/// Longest a provider may take to answer one request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One price from one source.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Quote {
+    /// The asset priced.
+    pub asset: Asset,
+    /// USD for one whole coin.
+    pub usd_per_unit: Decimal,
+    /// Who said so.
+    pub source: String,
+    /// When the source says the price was current.
+    pub fetched_at: DateTime<Utc>,
+}
+
+/// The rate an intent locks until its deadline.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockedRate {
+    /// The asset priced.
+    pub asset: Asset,
+    /// USD for one whole coin: the median of the fresh quotes.
+    pub usd_per_unit: Decimal,
+    /// The sources whose quotes made the median, comma-separated.
+    pub source: String,
+    /// The oldest quote's time among those used.
+    pub fetched_at: DateTime<Utc>,
+}
+
+/// A price provider.
+pub trait RateSource: Send + Sync + std::fmt::Debug {
+    /// The name quotes carry.
+    fn name(&self) -> &str;
+    /// Current quotes for as many of [`QUOTED_ASSETS`] as the source prices.
+    fn fetch(&self) -> BoxFuture<'_, Result<Vec<Quote>, RateError>>;
+}
+
+/// Why no usable rate could be had.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RateError {
+    /// A provider could not be reached or answered with an error status.
+    #[error("rate source {source_name}: {message}")]
+    Unavailable {
+        /// The provider.
+        source_name: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// A provider answered something that is not its documented format.
+    #[error("rate source {source_name} sent a malformed response: {message}")]
+    Malformed {
+        /// The provider.
+        source_name: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// No source had a quote for the asset recent enough.
+    #[error("no fresh {asset} rate (limit {max_age_seconds} s): {reasons}")]
+    NoFreshRate {
+        /// The asset.
+        asset: Asset,
+        /// The staleness limit.
+        max_age_seconds: i64,
+        /// Why each source's quote was not used.
+        reasons: String,
+    },
+    /// A stablecoin's price is outside the configured band around 1 USD.
+    #[error("{asset} is quoted at {usd_per_unit} USD, outside the peg band of ±{band_percent}%")]
+    Depegged {
+        /// The stablecoin.
+        asset: Asset,
+        /// Its median price.
+        usd_per_unit: Decimal,
+        /// The allowed deviation.
+        band_percent: Decimal,
+    },
+    /// No rate source is configured.
+    #[error("no rate source is configured")]
+    NoSources,
+}
+
+impl RateError {
+    fn transient(&self) -> bool {
+        matches!(self, RateError::Unavailable { .. })
+    }
+}
+
+/// A source's last answer and when it was asked.
+type CachedAnswer = (DateTime<Utc>, Result<Vec<Quote>, RateError>);
+
+/// Quotes from several sources combined under the shop's rules.
+#[derive(Debug)]
+pub struct RateBook {
+    sources: Vec<Arc<dyn RateSource>>,
+    max_age: chrono::Duration,
+    peg_band: Decimal,
+    cache_for: chrono::Duration,
+    cache: Mutex<BTreeMap<String, CachedAnswer>>,
+}
+
+impl RateBook {
+    /// A book over `sources`; quotes older than `max_age` are stale; a stablecoin more than
+    /// `peg_band` (a fraction, 0.02 = 2 %) from 1 USD is refused; a source is asked again only
+    /// after `cache_for`.
+    pub fn new(
+        sources: Vec<Arc<dyn RateSource>>,
+        max_age: chrono::Duration,
+        peg_band: Decimal,
+        cache_for: chrono::Duration,
+    ) -> RateBook {
+        RateBook {
+            sources,
+            max_age,
+            peg_band,
+            cache_for,
+            cache: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// The rate to lock for `asset` now: the median of every source's fresh quote.
+    pub async fn rate(&self, asset: Asset, now: DateTime<Utc>) -> Result<LockedRate, RateError> {
+        if self.sources.is_empty() {
+            return Err(RateError::NoSources);
+        }
+        let answers = join_all(
+            self.sources
+                .iter()
+                .map(|source| self.quotes_of(source, now)),
+        )
+        .await;
+        let mut fresh = Vec::new();
+        let mut reasons = Vec::new();
+        for (source, answer) in self.sources.iter().zip(answers) {
+            match answer {
+                Err(error) => reasons.push(error.to_string()),
+                Ok(quotes) => match quotes.into_iter().find(|q| q.asset == asset) {
+                    None => reasons.push(format!("{} has no {asset} quote", source.name())),
+                    Some(quote) if now - quote.fetched_at > self.max_age => reasons.push(format!(
+                        "{} quote is from {}",
+                        source.name(),
+                        quote.fetched_at.to_rfc3339()
+                    )),
+                    Some(quote) if quote.usd_per_unit <= Decimal::ZERO => {
+                        reasons.push(format!("{} quote is not positive", source.name()));
+                    }
+                    Some(quote) => fresh.push(quote),
+                },
+            }
+        }
+        if fresh.is_empty() {
+            return Err(RateError::NoFreshRate {
+                asset,
+                max_age_seconds: self.max_age.num_seconds(),
+                reasons: reasons.join("; "),
+            });
+        }
+        fresh.sort_by_key(|quote| quote.usd_per_unit);
+        let middle = fresh.len() / 2;
+        let median = if fresh.len() % 2 == 1 {
+            fresh[middle].usd_per_unit
+        } else {
+            (fresh[middle - 1].usd_per_unit + fresh[middle].usd_per_unit) / Decimal::TWO
+        };
+        if asset.is_usd_stablecoin() && (median - Decimal::ONE).abs() > self.peg_band {
+            return Err(RateError::Depegged {
+                asset,
+                usd_per_unit: median,
+                band_percent: self.peg_band * Decimal::ONE_HUNDRED,
+            });
+        }
+        Ok(LockedRate {
+            asset,
+            usd_per_unit: median.normalize(),
+            source: fresh
+                .iter()
+                .map(|q| q.source.as_str())
+                .collect::<Vec<_>>()
+                .join(","),
+            fetched_at: fresh.iter().map(|q| q.fetched_at).min().expect("non-empty"),
+        })
+    }
+
+    async fn quotes_of(
+        &self,
+        source: &Arc<dyn RateSource>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<Quote>, RateError> {
+        if let Some((at, answer)) = self.cache.lock().expect("cache lock").get(source.name())
+            && now - *at < self.cache_for
+        {
+            return answer.clone();
+        }
+        let answer = source.fetch().await;
+        self.cache
+            .lock()
+            .expect("cache lock")
+            .insert(source.name().to_owned(), (now, answer.clone()));
+        answer
+    }
+}
+
+/// Retries `request` on transient failures with exponential backoff.
+async fn with_retries<T, F, Fut>(request: F) -> Result<T, RateError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, RateError>>,
+{
+    request
+        .retry(
+            ExponentialBuilder::default()
+                .with_min_delay(Duration::from_millis(100))
+                .with_max_times(FETCH_ATTEMPTS - 1),
+        )
+        .when(RateError::transient)
+        .await
+}
+
+/// GETs `url` and returns the body of a 2xx answer; other statuses and transport errors are
+/// `Unavailable` (retried), a body that is not text is `Malformed`.
+async fn get_text(
+    client: &reqwest::Client,
+    source_name: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+) -> Result<String, RateError> {
+    let unavailable = |message: String| RateError::Unavailable {
+        source_name: source_name.to_owned(),
+        message,
+    };
+    let mut request = client.get(url).timeout(REQUEST_TIMEOUT);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = request
+        .send()
+        .await
+        .map_err(|e| unavailable(e.to_string()))?;
+    let status = response.status();
+    let body = response
+        .text()
+        .await
+        .map_err(|e| unavailable(format!("reading the body: {e}")))?;
+    if !status.is_success() {
+        return Err(unavailable(format!("HTTP {status}")));
+    }
+    Ok(body)
+}
+
+/// A JSON number or string, as exact text, into a `Decimal`.
+fn decimal_of(raw: &str) -> Option<Decimal> {
+    let text = raw.trim().trim_matches('"');
+    Decimal::from_str(text)
+        .or_else(|_| Decimal::from_scientific(text))
+        .ok()
+}
+
+/// CoinGecko's `/api/v3/simple/price` (documented public API).
+#[derive(Debug)]
+pub struct CoinGecko {
+    client: reqwest::Client,
+    base_url: String,
+    api_key: Option<String>,
+}
+
+impl CoinGecko {
+    /// The provider's public base URL.
+    pub const DEFAULT_URL: &'static str = "https://api.coingecko.com";
+
+    /// A client of the API at `base_url`, with an optional demo API key.
+    pub fn new(client: reqwest::Client, base_url: &str, api_key: Option<String>) -> CoinGecko {
+        CoinGecko {
+            client,
+            base_url: base_url.trim_end_matches('/').to_owned(),
+            api_key,
+        }
+    }
+
+    fn coin_id(asset: Asset) -> &'static str {
+        match asset {
+            Asset::Btc => "bitcoin",
+            Asset::Eth => "ethereum",
+            Asset::Usdt => "tether",
+            Asset::Usdc => "usd-coin",
+            Asset::Trx => "tron",
+            Asset::Sol => "solana",
+            Asset::Ltc => "litecoin",
+        }
+    }
+
+    fn parse(body: &str) -> Result<Vec<Quote>, RateError> {
+        #[derive(Deserialize)]
+        struct Price<'a> {
+            #[serde(borrow)]
+            usd: &'a RawValue,
+            last_updated_at: i64,
+        }
+        let malformed = |message: String| RateError::Malformed {
+            source_name: "coingecko".into(),
+            message,
+        };
+        let prices: BTreeMap<&str, Price> =
+            serde_json::from_str(body).map_err(|e| malformed(e.to_string()))?;
+        let mut quotes = Vec::new();
+        for asset in QUOTED_ASSETS {
+            let Some(price) = prices.get(Self::coin_id(asset)) else {
+                continue;
+            };
+            let usd_per_unit = decimal_of(price.usd.get())
+                .ok_or_else(|| malformed(format!("price {} of {asset}", price.usd.get())))?;
+            let fetched_at = DateTime::from_timestamp(price.last_updated_at, 0)
+                .ok_or_else(|| malformed(format!("timestamp {}", price.last_updated_at)))?;
+            quotes.push(Quote {
+                asset,
+                usd_per_unit,
+                source: "coingecko".into(),
+                fetched_at,
+            });
+        }
+        Ok(quotes)
+    }
+}
+
+impl RateSource for CoinGecko {
+    fn name(&self) -> &str {
+        "coingecko"
+    }
+
+    fn fetch(&self) -> BoxFuture<'_, Result<Vec<Quote>, RateError>> {
+        Box::pin(async move {
+            let ids: Vec<&str> = QUOTED_ASSETS.iter().map(|a| Self::coin_id(*a)).collect();
+            let url = format!(
+                "{}/api/v3/simple/price?ids={}&vs_currencies=usd&include_last_updated_at=true",
+                self.base_url,
+                ids.join(",")
+            );
+            let headers: Vec<(&str, &str)> = self
+                .api_key
+                .as_deref()
+                .map(|key| ("x-cg-demo-api-key", key))
+                .into_iter()
+                .collect();
+            let body = with_retries(|| get_text(&self.client, "coingecko", &url, &headers)).await?;
+            Self::parse(&body)
+        })
+    }
+}
+
+/// Kraken's public `/0/public/Ticker` (documented REST API); prices come as strings.
+#[derive(Debug)]
+pub struct Kraken {
+    client: reqwest::Client,
+    base_url: String,
+}
+
+impl Kraken {
+    /// The provider's public base URL.
+    pub const DEFAULT_URL: &'static str = "https://api.kraken.com";
+
+    /// The pairs asked for, and the result keys Kraken answers them under.
+    const PAIRS: [(Asset, &'static str, &'static str); 7] = [
+        (Asset::Btc, "XBTUSD", "XXBTZUSD"),
+        (Asset::Eth, "ETHUSD", "XETHZUSD"),
+        (Asset::Usdt, "USDTUSD", "USDTZUSD"),
+        (Asset::Usdc, "USDCUSD", "USDCUSD"),
+        (Asset::Trx, "TRXUSD", "TRXUSD"),
+        (Asset::Sol, "SOLUSD", "SOLUSD"),
+        (Asset::Ltc, "LTCUSD", "XLTCZUSD"),
+    ];
+
+    /// A client of the API at `base_url`.
+    pub fn new(client: reqwest::Client, base_url: &str) -> Kraken {
+        Kraken {
+            client,
+            base_url: base_url.trim_end_matches('/').to_owned(),
+        }
+    }
+
+    fn parse(body: &str, fetched_at: DateTime<Utc>) -> Result<Vec<Quote>, RateError> {
+        #[derive(Deserialize)]
+        struct Ticker {
+            /// Last trade: [price, lot volume].
+            c: Vec<String>,
+        }
+        #[derive(Deserialize)]
+        struct Answer {
+            error: Vec<String>,
+            #[serde(default)]
+            result: BTreeMap<String, Ticker>,
+        }
+        let malformed = |message: String| RateError::Malformed {
+            source_name: "kraken".into(),
+            message,
+        };
+        let answer: Answer = serde_json::from_str(body).map_err(|e| malformed(e.to_string()))?;
+        if !answer.error.is_empty() {
+            return Err(RateError::Unavailable {
+                source_name: "kraken".into(),
+                message: answer.error.join(", "),
+            });
+        }
+        let mut quotes = Vec::new();
+        for (asset, _, key) in Self::PAIRS {
+            let Some(ticker) = answer.result.get(key) else {
+                continue;
+            };
+            let price = ticker
+                .c
+                .first()
+                .and_then(|p| decimal_of(p))
+                .ok_or_else(|| malformed(format!("last trade of {key}")))?;
+            quotes.push(Quote {
+                asset,
+                usd_per_unit: price,
+                source: "kraken".into(),
+                fetched_at,
+            });
+        }
+        Ok(quotes)
+    }
+}
+
+impl RateSource for Kraken {
+    fn name(&self) -> &str {
+        "kraken"
+    }
+
+    /// Kraken's ticker carries no timestamp: a last trade price is current when served.
+    fn fetch(&self) -> BoxFuture<'_, Result<Vec<Quote>, RateError>> {
+        Box::pin(async move {
+            let pairs: Vec<&str> = Self::PAIRS.iter().map(|(_, pair, _)| *pair).collect();
+            let url = format!("{}/0/public/Ticker?pair={}", self.base_url, pairs.join(","));
+            let body = with_retries(|| get_text(&self.client, "kraken", &url, &[])).await?;
+            Self::parse(&body, Utc::now())
+        })
+    }
+}
+
+/// Quotes read from a file the configuration names: for offline runs and demos. Its quotes
+/// carry the file's path as their source, so an intent priced from it says so.
+#[derive(Debug)]
+pub struct RecordedQuotes {
+    path: PathBuf,
+    name: String,
+}
+
+/// The recorded-quotes file: `{"quotes": {"BTC": "80000", …}}`, optionally with
+/// `"fetched_at"`; without it the quotes count as read now.
+#[derive(Deserialize)]
+struct RecordedQuotesFile {
+    fetched_at: Option<DateTime<Utc>>,
+    quotes: BTreeMap<Asset, Decimal>,
+}
+
+impl RecordedQuotes {
+    /// Quotes from the JSON file at `path`.
+    pub fn new(path: PathBuf) -> RecordedQuotes {
+        let name = format!("file:{}", path.display());
+        RecordedQuotes { path, name }
+    }
+}
+
+impl RateSource for RecordedQuotes {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn fetch(&self) -> BoxFuture<'_, Result<Vec<Quote>, RateError>> {
+        Box::pin(async move {
+            let malformed = |message: String| RateError::Malformed {
+                source_name: self.name.clone(),
+                message,
+            };
+            let text = tokio::fs::read_to_string(&self.path).await.map_err(|e| {
+                RateError::Unavailable {
+                    source_name: self.name.clone(),
+                    message: e.to_string(),
+                }
+            })?;
+            let file: RecordedQuotesFile =
+                serde_json::from_str(&text).map_err(|e| malformed(e.to_string()))?;
+            let fetched_at = file.fetched_at.unwrap_or_else(Utc::now);
+            Ok(file
+                .quotes
+                .into_iter()
+                .map(|(asset, usd_per_unit)| Quote {
+                    asset,
+                    usd_per_unit,
+                    source: self.name.clone(),
+                    fetched_at,
+                })
+                .collect())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn coingecko_numbers_are_read_exactly() {
+        let body = r#"{"bitcoin":{"usd":80012.123456789012,"last_updated_at":1764670000},"tether":{"usd":1.0001,"last_updated_at":1764670000}}"#;
+        let quotes = CoinGecko::parse(body).unwrap();
+        assert_eq!(quotes[0].usd_per_unit.to_string(), "80012.123456789012");
+        assert_eq!(quotes[1].asset, Asset::Usdt);
+        assert!(matches!(
+            CoinGecko::parse("<html>"),
+            Err(RateError::Malformed { .. })
+        ));
+    }
+
+    #[test]
+    fn kraken_errors_are_reported() {
+        let body = r#"{"error":["EGeneral:Temporary lockout"]}"#;
+        assert!(matches!(
+            Kraken::parse(body, Utc::now()),
+            Err(RateError::Unavailable { .. })
+        ));
+    }
+}

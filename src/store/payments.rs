@@ -1,0 +1,520 @@
+//! SQL for payment intents, derivation counters, transfers, exceptions and intent events.
+
+use chrono::{DateTime, Utc};
+use payrecon_chain_core::{Amount, Method, Network, ReceivedAsset, TransferId};
+use sqlx::{AnyConnection, Row};
+
+use super::orders::millis;
+use super::{StoreError, WriteTx};
+use crate::intent::{IntentRate, PaymentIntent};
+use crate::money::Usd;
+use crate::order::OrderRef;
+
+/// The intent query; `$suffix` picks the rows.
+macro_rules! select_intents {
+    ($suffix:literal) => {
+        concat!(
+            "SELECT id, order_ref, method, pay_to, watch_key, key_id, derivation_index, ",
+            "amount_base, usd_cents, rate_usd, rate_source, rate_fetched_at_ms, created_at_ms, ",
+            "deadline_ms, monitor_until_ms, status, superseded_by, marked_paid_at_ms, ",
+            "first_seen_at_ms, settled_at_ms, settlement_count FROM payment_intents ",
+            $suffix
+        )
+    };
+}
+
+/// Takes the next derivation index of `key_id`. Inside the intent's transaction, so a failed
+/// creation gives the index back and two intents never get the same one.
+pub(crate) async fn reserve_index(tx: &mut WriteTx, key_id: &str) -> Result<u32, StoreError> {
+    let next: i64 = sqlx::query_scalar(
+        "INSERT INTO derivation_counters (key_id, next_index) VALUES ($1, 1) \
+         ON CONFLICT (key_id) DO UPDATE SET next_index = derivation_counters.next_index + 1 \
+         RETURNING next_index",
+    )
+    .bind(key_id)
+    .fetch_one(tx.conn())
+    .await?;
+    u32::try_from(next - 1).map_err(|_| StoreError::Corrupt(format!("index {next} of {key_id}")))
+}
+
+/// Stores a new intent.
+pub(crate) async fn insert_intent(
+    conn: &mut AnyConnection,
+    intent: &PaymentIntent,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO payment_intents (id, order_ref, method, network, pay_to, watch_key, key_id, \
+         derivation_index, amount_base, usd_cents, rate_usd, rate_source, rate_fetched_at_ms, \
+         created_at_ms, deadline_ms, monitor_until_ms, status, settlement_count) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, 0)",
+    )
+    .bind(intent.id.as_str())
+    .bind(intent.order_ref.as_str())
+    .bind(intent.method.id())
+    .bind(intent.network().as_str())
+    .bind(intent.pay_to.as_str())
+    .bind(intent.watch_key.as_str())
+    .bind(intent.key_id.as_str())
+    .bind(i64::from(intent.derivation_index))
+    .bind(intent.amount.to_string())
+    .bind(intent.usd.cents())
+    .bind(intent.rate.usd_per_unit.to_string())
+    .bind(intent.rate.source.as_str())
+    .bind(intent.rate.fetched_at.timestamp_millis())
+    .bind(intent.created_at.timestamp_millis())
+    .bind(intent.deadline.timestamp_millis())
+    .bind(intent.monitor_until.timestamp_millis())
+    .bind(intent.status.as_str())
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Marks every other live intent of the order as superseded by `newer`.
+pub(crate) async fn supersede_others(
+    conn: &mut AnyConnection,
+    order_ref: &OrderRef,
+    newer: &str,
+) -> Result<Vec<String>, StoreError> {
+    Ok(sqlx::query_scalar(
+        "UPDATE payment_intents SET superseded_by = $2 \
+         WHERE order_ref = $1 AND id <> $2 AND superseded_by IS NULL RETURNING id",
+    )
+    .bind(order_ref.as_str())
+    .bind(newer)
+    .fetch_all(conn)
+    .await?)
+}
+
+/// One intent by id.
+pub(crate) async fn get_intent(
+    conn: &mut AnyConnection,
+    id: &str,
+) -> Result<Option<PaymentIntent>, StoreError> {
+    let row = sqlx::query(select_intents!("WHERE id = $1"))
+        .bind(id)
+        .fetch_optional(conn)
+        .await?;
+    row.map(|row| decode_intent(&row)).transpose()
+}
+
+/// Every intent of an order, oldest first.
+pub(crate) async fn intents_of_order(
+    conn: &mut AnyConnection,
+    order_ref: &str,
+) -> Result<Vec<PaymentIntent>, StoreError> {
+    sqlx::query(select_intents!(
+        "WHERE order_ref = $1 ORDER BY created_at_ms, id"
+    ))
+    .bind(order_ref)
+    .fetch_all(conn)
+    .await?
+    .iter()
+    .map(decode_intent)
+    .collect()
+}
+
+/// The intent whose watch key on `network` is `watch_key`.
+pub(crate) async fn intent_id_by_watch_key(
+    conn: &mut AnyConnection,
+    network: Network,
+    watch_key: &str,
+) -> Result<Option<String>, StoreError> {
+    Ok(
+        sqlx::query_scalar("SELECT id FROM payment_intents WHERE network = $1 AND watch_key = $2")
+            .bind(network.as_str())
+            .bind(watch_key)
+            .fetch_optional(conn)
+            .await?,
+    )
+}
+
+/// Intents whose deadline has passed while they still wait for money: each needs one more
+/// look to become expired or underpaid.
+pub(crate) async fn due_intent_ids(
+    conn: &mut AnyConnection,
+    now: DateTime<Utc>,
+    limit: i64,
+) -> Result<Vec<String>, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT id FROM payment_intents WHERE status IN ('awaiting_payment', 'seen', 'confirmed') \
+         AND deadline_ms < $1 ORDER BY deadline_ms LIMIT $2",
+    )
+    .bind(now.timestamp_millis())
+    .bind(limit)
+    .fetch_all(conn)
+    .await?)
+}
+
+/// The watch keys of `network` a watcher must follow now: every intent inside its monitoring
+/// window, expired and superseded ones included.
+pub(crate) async fn watch_keys(
+    conn: &mut AnyConnection,
+    network: Network,
+    now: DateTime<Utc>,
+) -> Result<Vec<String>, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT watch_key FROM payment_intents WHERE network = $1 AND monitor_until_ms > $2 ORDER BY watch_key",
+    )
+    .bind(network.as_str())
+    .bind(now.timestamp_millis())
+    .fetch_all(conn)
+    .await?)
+}
+
+/// Records the customer's "I have paid" once; later calls keep the first time.
+pub(crate) async fn mark_paid(
+    conn: &mut AnyConnection,
+    id: &str,
+    now: DateTime<Utc>,
+) -> Result<bool, StoreError> {
+    let result = sqlx::query(
+        "UPDATE payment_intents SET marked_paid_at_ms = $2 WHERE id = $1 AND marked_paid_at_ms IS NULL",
+    )
+    .bind(id)
+    .bind(now.timestamp_millis())
+    .execute(conn)
+    .await?;
+    Ok(result.rows_affected() == 1)
+}
+
+/// Writes an intent's evaluated state.
+pub(crate) async fn update_intent_state(
+    conn: &mut AnyConnection,
+    intent: &PaymentIntent,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE payment_intents SET status = $2, first_seen_at_ms = $3, settled_at_ms = $4, \
+         settlement_count = $5 WHERE id = $1",
+    )
+    .bind(intent.id.as_str())
+    .bind(intent.status.as_str())
+    .bind(intent.first_seen_at.map(|t| t.timestamp_millis()))
+    .bind(intent.settled_at.map(|t| t.timestamp_millis()))
+    .bind(i64::from(intent.settlement_count))
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+fn decode_intent(row: &sqlx::any::AnyRow) -> Result<PaymentIntent, StoreError> {
+    let corrupt = |what: String| StoreError::Corrupt(format!("payment intent row: {what}"));
+    let optional_time = |column: &str| -> Result<Option<DateTime<Utc>>, StoreError> {
+        row.try_get::<Option<i64>, _>(column)?
+            .map(millis)
+            .transpose()
+    };
+    let amount: String = row.try_get("amount_base")?;
+    Ok(PaymentIntent {
+        id: row.try_get("id")?,
+        order_ref: OrderRef::new(row.try_get::<String, _>("order_ref")?)
+            .map_err(|e| corrupt(e.to_string()))?,
+        method: row
+            .try_get::<String, _>("method")?
+            .parse::<Method>()
+            .map_err(|e| corrupt(e.to_string()))?,
+        pay_to: row.try_get("pay_to")?,
+        watch_key: row.try_get("watch_key")?,
+        amount: Amount::from_decimal_str(&amount, 0).map_err(|e| corrupt(e.to_string()))?,
+        usd: Usd::from_cents(row.try_get("usd_cents")?).map_err(|e| corrupt(e.to_string()))?,
+        rate: IntentRate {
+            usd_per_unit: row
+                .try_get::<String, _>("rate_usd")?
+                .parse()
+                .map_err(|_| corrupt("rate".into()))?,
+            source: row.try_get("rate_source")?,
+            fetched_at: millis(row.try_get("rate_fetched_at_ms")?)?,
+        },
+        created_at: millis(row.try_get("created_at_ms")?)?,
+        deadline: millis(row.try_get("deadline_ms")?)?,
+        monitor_until: millis(row.try_get("monitor_until_ms")?)?,
+        status: row
+            .try_get::<String, _>("status")?
+            .parse()
+            .map_err(corrupt)?,
+        superseded_by: row.try_get("superseded_by")?,
+        marked_paid_at: optional_time("marked_paid_at_ms")?,
+        first_seen_at: optional_time("first_seen_at_ms")?,
+        settled_at: optional_time("settled_at_ms")?,
+        settlement_count: u32::try_from(row.try_get::<i64, _>("settlement_count")?)
+            .map_err(|_| corrupt("settlement_count".into()))?,
+        key_id: row.try_get("key_id")?,
+        derivation_index: u32::try_from(row.try_get::<i64, _>("derivation_index")?)
+            .map_err(|_| corrupt("derivation_index".into()))?,
+    })
+}
+
+/// A transfer as the matcher keeps it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct StoredTransfer {
+    pub id: TransferId,
+    pub to_address: String,
+    pub asset: ReceivedAsset,
+    pub amount: Amount,
+    pub intent_id: Option<String>,
+    pub confirmations: u32,
+    pub removed: bool,
+    pub tip_height: u64,
+    pub seen_at_ms: i64,
+    pub credited_entry: Option<String>,
+}
+
+/// How an asset is written in the transfers table: a method id, or `token:<contract>`.
+pub(crate) fn asset_text(asset: &ReceivedAsset) -> String {
+    match asset {
+        ReceivedAsset::Method { method } => method.id().to_owned(),
+        ReceivedAsset::OtherToken { contract } => format!("token:{contract}"),
+    }
+}
+
+fn parse_asset(text: &str) -> Result<ReceivedAsset, StoreError> {
+    match text.strip_prefix("token:") {
+        Some(contract) => Ok(ReceivedAsset::OtherToken {
+            contract: contract.to_owned(),
+        }),
+        None => text
+            .parse()
+            .map(|method| ReceivedAsset::Method { method })
+            .map_err(|_| StoreError::Corrupt(format!("transfer asset {text:?}"))),
+    }
+}
+
+/// One transfer by id.
+pub(crate) async fn get_transfer(
+    conn: &mut AnyConnection,
+    id: &TransferId,
+) -> Result<Option<StoredTransfer>, StoreError> {
+    let row = sqlx::query(
+        "SELECT network, txid, position, to_address, asset, amount_base, intent_id, confirmations, removed, tip_height, seen_at_ms, credited_entry \
+         FROM transfers WHERE network = $1 AND txid = $2 AND position = $3",
+    )
+    .bind(id.network.as_str())
+    .bind(id.txid.as_str())
+    .bind(i64::from(id.position))
+    .fetch_optional(conn)
+    .await?;
+    row.map(|row| decode_transfer(&row)).transpose()
+}
+
+/// Every transfer that paid an intent's watch key, oldest first.
+pub(crate) async fn transfers_of_intent(
+    conn: &mut AnyConnection,
+    intent_id: &str,
+) -> Result<Vec<StoredTransfer>, StoreError> {
+    sqlx::query(
+        "SELECT network, txid, position, to_address, asset, amount_base, intent_id, confirmations, removed, tip_height, seen_at_ms, credited_entry \
+         FROM transfers WHERE intent_id = $1 ORDER BY seen_at_ms, txid, position",
+    )
+    .bind(intent_id)
+    .fetch_all(conn)
+    .await?
+    .iter()
+    .map(decode_transfer)
+    .collect()
+}
+
+/// Inserts or replaces a transfer's state.
+pub(crate) async fn upsert_transfer(
+    conn: &mut AnyConnection,
+    transfer: &StoredTransfer,
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO transfers (network, txid, position, to_address, asset, amount_base, intent_id, confirmations, removed, tip_height, seen_at_ms, updated_at_ms, credited_entry) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
+         ON CONFLICT (network, txid, position) DO UPDATE SET confirmations = excluded.confirmations, \
+         removed = excluded.removed, tip_height = excluded.tip_height, seen_at_ms = excluded.seen_at_ms, \
+         updated_at_ms = excluded.updated_at_ms, credited_entry = excluded.credited_entry",
+    )
+    .bind(transfer.id.network.as_str())
+    .bind(transfer.id.txid.as_str())
+    .bind(i64::from(transfer.id.position))
+    .bind(transfer.to_address.as_str())
+    .bind(asset_text(&transfer.asset))
+    .bind(transfer.amount.to_string())
+    .bind(transfer.intent_id.as_deref())
+    .bind(i64::from(transfer.confirmations))
+    .bind(i64::from(transfer.removed))
+    .bind(i64::try_from(transfer.tip_height).unwrap_or(i64::MAX))
+    .bind(transfer.seen_at_ms)
+    .bind(now.timestamp_millis())
+    .bind(transfer.credited_entry.as_deref())
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+fn decode_transfer(row: &sqlx::any::AnyRow) -> Result<StoredTransfer, StoreError> {
+    let corrupt = |what: &str| StoreError::Corrupt(format!("transfer row: {what}"));
+    let network: String = row.try_get("network")?;
+    let amount: String = row.try_get("amount_base")?;
+    Ok(StoredTransfer {
+        id: TransferId {
+            network: network.parse().map_err(|_| corrupt("network"))?,
+            txid: row.try_get("txid")?,
+            position: u32::try_from(row.try_get::<i64, _>("position")?)
+                .map_err(|_| corrupt("position"))?,
+        },
+        to_address: row.try_get("to_address")?,
+        asset: parse_asset(&row.try_get::<String, _>("asset")?)?,
+        amount: Amount::from_decimal_str(&amount, 0).map_err(|_| corrupt("amount"))?,
+        intent_id: row.try_get("intent_id")?,
+        confirmations: u32::try_from(row.try_get::<i64, _>("confirmations")?)
+            .map_err(|_| corrupt("confirmations"))?,
+        removed: row.try_get::<i64, _>("removed")? != 0,
+        tip_height: u64::try_from(row.try_get::<i64, _>("tip_height")?)
+            .map_err(|_| corrupt("tip_height"))?,
+        seen_at_ms: row.try_get("seen_at_ms")?,
+        credited_entry: row.try_get("credited_entry")?,
+    })
+}
+
+/// An exception an operator must look at.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ExceptionRecord {
+    /// Deterministic id: `<kind>:<intent or transfer>`.
+    pub id: String,
+    /// underpaid, overpaid, paid_late, wrong_asset, paid_after_settlement,
+    /// reorged_after_credit or unmatched.
+    pub kind: String,
+    /// The intent concerned, if any.
+    pub intent_id: Option<String>,
+    /// The order concerned, if any.
+    pub order_ref: Option<String>,
+    /// The transfer concerned, if any.
+    pub transfer: Option<String>,
+    /// What happened, for people.
+    pub detail: String,
+    /// When it was opened.
+    pub opened_at: DateTime<Utc>,
+    /// When an operator resolved it.
+    pub resolved_at: Option<DateTime<Utc>>,
+}
+
+/// Opens an exception unless one with that id exists. Returns whether it is new.
+pub(crate) async fn open_exception(
+    conn: &mut AnyConnection,
+    exception: &ExceptionRecord,
+) -> Result<bool, StoreError> {
+    let result = sqlx::query(
+        "INSERT INTO exceptions (id, kind, intent_id, order_ref, transfer, detail, opened_at_ms) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (id) DO NOTHING",
+    )
+    .bind(exception.id.as_str())
+    .bind(exception.kind.as_str())
+    .bind(exception.intent_id.as_deref())
+    .bind(exception.order_ref.as_deref())
+    .bind(exception.transfer.as_deref())
+    .bind(exception.detail.as_str())
+    .bind(exception.opened_at.timestamp_millis())
+    .execute(conn)
+    .await?;
+    Ok(result.rows_affected() == 1)
+}
+
+/// The exceptions of an order (through its intents), or of everything when `None`.
+pub(crate) async fn exceptions(
+    conn: &mut AnyConnection,
+    order_ref: Option<&str>,
+) -> Result<Vec<ExceptionRecord>, StoreError> {
+    let rows = match order_ref {
+        Some(order_ref) => sqlx::query(
+            "SELECT id, kind, intent_id, order_ref, transfer, detail, opened_at_ms, resolved_at_ms \
+                 FROM exceptions WHERE order_ref = $1 ORDER BY opened_at_ms, id",
+        )
+        .bind(order_ref)
+        .fetch_all(conn)
+        .await?,
+        None => sqlx::query(
+            "SELECT id, kind, intent_id, order_ref, transfer, detail, opened_at_ms, resolved_at_ms \
+                 FROM exceptions ORDER BY opened_at_ms, id",
+        )
+        .fetch_all(conn)
+        .await?,
+    };
+    rows.iter()
+        .map(|row| {
+            Ok(ExceptionRecord {
+                id: row.try_get("id")?,
+                kind: row.try_get("kind")?,
+                intent_id: row.try_get("intent_id")?,
+                order_ref: row.try_get("order_ref")?,
+                transfer: row.try_get("transfer")?,
+                detail: row.try_get("detail")?,
+                opened_at: millis(row.try_get("opened_at_ms")?)?,
+                resolved_at: row
+                    .try_get::<Option<i64>, _>("resolved_at_ms")?
+                    .map(millis)
+                    .transpose()?,
+            })
+        })
+        .collect()
+}
+
+/// One entry of the intent event stream.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct IntentEvent {
+    /// Position in the stream: resume after it.
+    pub seq: i64,
+    /// The intent concerned, if any.
+    pub intent_id: Option<String>,
+    /// The order concerned, if any.
+    pub order_ref: Option<String>,
+    /// `intent_created`, `status_changed`, `marked_paid`, `exception_opened`, `superseded`.
+    pub kind: String,
+    /// Details as JSON.
+    pub detail: serde_json::Value,
+    /// When.
+    pub at: DateTime<Utc>,
+}
+
+/// Appends to the event stream inside the transaction that made the change.
+pub(crate) async fn append_event(
+    conn: &mut AnyConnection,
+    intent_id: Option<&str>,
+    order_ref: Option<&str>,
+    kind: &str,
+    detail: &serde_json::Value,
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO intent_events (intent_id, order_ref, kind, detail, at_ms) VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(intent_id)
+    .bind(order_ref)
+    .bind(kind)
+    .bind(detail.to_string())
+    .bind(now.timestamp_millis())
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Events after `after_seq`, at most `limit`, in order.
+pub(crate) async fn events_after(
+    conn: &mut AnyConnection,
+    after_seq: i64,
+    limit: i64,
+) -> Result<Vec<IntentEvent>, StoreError> {
+    sqlx::query(
+        "SELECT seq, intent_id, order_ref, kind, detail, at_ms FROM intent_events WHERE seq > $1 ORDER BY seq LIMIT $2",
+    )
+    .bind(after_seq)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?
+    .iter()
+    .map(|row| {
+        let detail: String = row.try_get("detail")?;
+        Ok(IntentEvent {
+            seq: row.try_get("seq")?,
+            intent_id: row.try_get("intent_id")?,
+            order_ref: row.try_get("order_ref")?,
+            kind: row.try_get("kind")?,
+            detail: serde_json::from_str(&detail)
+                .map_err(|e| StoreError::Corrupt(format!("event detail: {e}")))?,
+            at: millis(row.try_get("at_ms")?)?,
+        })
+    })
+    .collect()
+}
