@@ -271,7 +271,7 @@ impl Engine {
         let index = payments::reserve_index(&mut tx, &key_id).await?;
         let derived = deriver.derive(index)?;
         let intent = PaymentIntent {
-            id: format!("pi_{}", uuid::Uuid::new_v4().simple()),
+            id: format!("pi_{}", uuid::Uuid::now_v7().simple()),
             order_ref: order_ref.clone(),
             method,
             pay_to: derived.address,

@@ -6,6 +6,8 @@
 
 #![allow(dead_code)]
 
+pub mod payments;
+
 use payrecon::Engine;
 use payrecon::ledger::{Account, Currency, EntryKind, NewEntry, Posting};
 use payrecon::order::{AccountId, RentalOrderRequest, TopupRequest};

@@ -1,0 +1,376 @@
+//! Payment instructions and the matcher, on SQLite and PostgreSQL: every state, every
+//! exception, reorgs, replays, and what the ledger holds after each.
+
+mod common;
+
+use chrono::Duration;
+use common::payments::{Tx, config, engine, start_time};
+use common::{account, rental, topup};
+use payrecon::Error;
+use payrecon::intent::IntentStatus;
+use payrecon::ledger::{Account, Currency, SuspenseReason};
+use payrecon::matcher::CreditPolicy;
+use payrecon::order::{OrderRef, OrderStatus};
+use payrecon_chain_core::{Method, Network, ReceivedAsset};
+
+fn order(r: &str) -> OrderRef {
+    OrderRef::new(r).unwrap()
+}
+
+async fn suspense(engine: &payrecon::Engine, reason: SuspenseReason, method: Method) -> i128 {
+    engine
+        .account_balance(&Account::Suspense(reason), Currency::Crypto(method))
+        .await
+        .unwrap()
+}
+
+async fn sound(engine: &payrecon::Engine) {
+    let trial = engine.trial_balance().await.unwrap();
+    assert!(trial.is_sound(), "{trial:?}");
+}
+
+fn kinds(exceptions: &[payrecon::store::payments::ExceptionRecord]) -> Vec<&str> {
+    exceptions.iter().map(|e| e.kind.as_str()).collect()
+}
+
+on_both_databases! {
+    async fn an_exact_payment_is_seen_confirmed_and_settled_once(db) {
+        let (engine, _clock) = engine(&db, config(|_| {})).await;
+        engine.create_topup(&topup("T1", "42", "500")).await.unwrap();
+        let pay = engine.create_payment(&order("T1"), Method::Btc).await.unwrap();
+        assert_eq!(pay.amount_decimal, "0.00625");
+        assert!(pay.payment_uri.starts_with(&format!("bitcoin:{}?amount=0.00625", pay.intent.pay_to)));
+        let tx = Tx::new(Network::Bitcoin, "aa", &pay.intent.watch_key, Method::Btc, 625_000, start_time());
+
+        engine.apply_chain_events(&[tx.observed(0, 100)]).await.unwrap();
+        assert_eq!(engine.payment(&pay.intent.id).await.unwrap().intent.status, IntentStatus::Seen);
+        assert_eq!(engine.available_balance(&account("42")).await.unwrap().cents(), 0, "unconfirmed is not money");
+
+        engine.apply_chain_events(&[tx.observed(1, 101)]).await.unwrap();
+        assert_eq!(engine.payment(&pay.intent.id).await.unwrap().intent.status, IntentStatus::Seen, "BTC needs 2");
+        engine.apply_chain_events(&[tx.observed(2, 102)]).await.unwrap();
+        let settled = engine.payment(&pay.intent.id).await.unwrap().intent;
+        assert_eq!(settled.status, IntentStatus::Settled);
+        assert_eq!(engine.available_balance(&account("42")).await.unwrap().cents(), 50_000);
+        assert!(matches!(engine.order(&order("T1")).await.unwrap().status, OrderStatus::Settled { .. }));
+
+        // The same events again, and more confirmations: nothing more is credited.
+        engine.apply_chain_events(&[tx.observed(0, 100), tx.observed(2, 102), tx.observed(6, 106)]).await.unwrap();
+        assert_eq!(engine.available_balance(&account("42")).await.unwrap().cents(), 50_000);
+        let entries = engine.entries_for("T1").await.unwrap();
+        assert_eq!(entries.len(), 1);
+        let custody = engine.account_balance(&Account::Custody(Method::Btc), Currency::Crypto(Method::Btc)).await.unwrap();
+        assert_eq!(custody, 625_000);
+        assert!(engine.exceptions(Some(&order("T1"))).await.unwrap().is_empty());
+        sound(&engine).await;
+    }
+
+    async fn a_rental_paid_in_usdt_on_tron_settles_to_revenue(db) {
+        let (engine, _clock) = engine(&db, config(|_| {})).await;
+        engine.create_rental_order(&rental("R1", "42", "420")).await.unwrap();
+        let pay = engine.create_payment(&order("R1"), Method::UsdtTrc20).await.unwrap();
+        assert!(pay.intent.pay_to.starts_with('T'));
+        assert!(pay.payment_uri.contains("token=TR7NHqjeKQxGTCi8q8ZY4pL8otSzgjLj6t"));
+        let tx = Tx::new(Network::Tron, "t1", &pay.intent.watch_key, Method::UsdtTrc20, 420_000_000, start_time());
+        engine.apply_chain_events(&[tx.observed(19, 500)]).await.unwrap();
+        assert_eq!(engine.payment(&pay.intent.id).await.unwrap().intent.status, IntentStatus::Settled);
+        assert_eq!(engine.account_balance(&Account::RevenueRentals, Currency::Usd).await.unwrap(), -42_000);
+        assert_eq!(engine.account_balance(&Account::Custody(Method::UsdtTrc20), Currency::Crypto(Method::UsdtTrc20)).await.unwrap(), 420_000_000);
+        sound(&engine).await;
+    }
+
+    async fn two_partial_payments_add_up(db) {
+        let (engine, _clock) = engine(&db, config(|_| {})).await;
+        engine.create_topup(&topup("T1", "42", "500")).await.unwrap();
+        let pay = engine.create_payment(&order("T1"), Method::Btc).await.unwrap();
+        let a = Tx::new(Network::Bitcoin, "a", &pay.intent.watch_key, Method::Btc, 300_000, start_time());
+        let b = Tx::new(Network::Bitcoin, "b", &pay.intent.watch_key, Method::Btc, 325_000, start_time());
+        engine.apply_chain_events(&[a.observed(2, 10)]).await.unwrap();
+        assert_eq!(engine.payment(&pay.intent.id).await.unwrap().intent.status, IntentStatus::Confirmed);
+        engine.apply_chain_events(&[b.observed(2, 11)]).await.unwrap();
+        assert_eq!(engine.payment(&pay.intent.id).await.unwrap().intent.status, IntentStatus::Settled);
+        assert_eq!(engine.available_balance(&account("42")).await.unwrap().cents(), 50_000);
+        sound(&engine).await;
+    }
+
+    async fn an_underpayment_becomes_an_exception_at_the_deadline(db) {
+        let (engine, clock) = engine(&db, config(|_| {})).await;
+        engine.create_topup(&topup("T1", "42", "500")).await.unwrap();
+        let pay = engine.create_payment(&order("T1"), Method::Btc).await.unwrap();
+        let a = Tx::new(Network::Bitcoin, "a", &pay.intent.watch_key, Method::Btc, 600_000, start_time());
+        engine.apply_chain_events(&[a.observed(3, 10)]).await.unwrap();
+        clock.advance(Duration::minutes(61));
+        assert_eq!(engine.tick().await.unwrap(), 1);
+        let intent = engine.payment(&pay.intent.id).await.unwrap();
+        assert_eq!(intent.intent.status, IntentStatus::Underpaid);
+        assert!(intent.customer_message.contains("do not pay again") || intent.customer_message.contains("Do not pay again"));
+        assert_eq!(kinds(&engine.exceptions(Some(&order("T1"))).await.unwrap()), ["underpaid"]);
+        assert_eq!(engine.available_balance(&account("42")).await.unwrap().cents(), 0);
+        sound(&engine).await;
+    }
+
+    async fn an_underpayment_within_tolerance_settles(db) {
+        let (engine, _clock) = engine(&db, config(|c| c.payments.underpayment_tolerance_bps = 50)).await;
+        engine.create_topup(&topup("T1", "42", "500")).await.unwrap();
+        let pay = engine.create_payment(&order("T1"), Method::Btc).await.unwrap();
+        let a = Tx::new(Network::Bitcoin, "a", &pay.intent.watch_key, Method::Btc, 622_000, start_time());
+        engine.apply_chain_events(&[a.observed(2, 10)]).await.unwrap();
+        assert_eq!(engine.payment(&pay.intent.id).await.unwrap().intent.status, IntentStatus::Settled);
+        assert_eq!(engine.available_balance(&account("42")).await.unwrap().cents(), 50_000, "the order's USD, whole");
+        sound(&engine).await;
+    }
+
+    async fn an_overpayment_is_held_for_an_operator(db) {
+        let (engine, _clock) = engine(&db, config(|_| {})).await;
+        engine.create_topup(&topup("T1", "42", "500")).await.unwrap();
+        let pay = engine.create_payment(&order("T1"), Method::Btc).await.unwrap();
+        let a = Tx::new(Network::Bitcoin, "a", &pay.intent.watch_key, Method::Btc, 700_000, start_time());
+        engine.apply_chain_events(&[a.observed(2, 10)]).await.unwrap();
+        assert_eq!(engine.payment(&pay.intent.id).await.unwrap().intent.status, IntentStatus::Settled);
+        assert_eq!(engine.available_balance(&account("42")).await.unwrap().cents(), 50_000);
+        assert_eq!(suspense(&engine, SuspenseReason::Overpaid, Method::Btc).await, -75_000);
+        assert_eq!(kinds(&engine.exceptions(Some(&order("T1"))).await.unwrap()), ["overpaid"]);
+        sound(&engine).await;
+    }
+
+    async fn an_overpayment_is_credited_at_the_locked_rate_by_policy(db) {
+        let (engine, _clock) = engine(&db, config(|c| c.payments.overpayment_policy = CreditPolicy::CreditBalance)).await;
+        engine.create_topup(&topup("T1", "42", "500")).await.unwrap();
+        let pay = engine.create_payment(&order("T1"), Method::Btc).await.unwrap();
+        let a = Tx::new(Network::Bitcoin, "a", &pay.intent.watch_key, Method::Btc, 700_000, start_time());
+        engine.apply_chain_events(&[a.observed(2, 10)]).await.unwrap();
+        assert_eq!(engine.available_balance(&account("42")).await.unwrap().cents(), 56_000, "500 + 0.00075 BTC at 80000");
+        sound(&engine).await;
+    }
+
+    async fn money_first_seen_after_the_deadline_is_late_and_held(db) {
+        let (engine, clock) = engine(&db, config(|_| {})).await;
+        engine.create_topup(&topup("T1", "42", "500")).await.unwrap();
+        let pay = engine.create_payment(&order("T1"), Method::Btc).await.unwrap();
+        clock.advance(Duration::minutes(90));
+        engine.tick().await.unwrap();
+        assert_eq!(engine.payment(&pay.intent.id).await.unwrap().intent.status, IntentStatus::Expired);
+        let late = Tx::new(Network::Bitcoin, "late", &pay.intent.watch_key, Method::Btc, 625_000, start_time() + Duration::minutes(89));
+        engine.apply_chain_events(&[late.observed(0, 10)]).await.unwrap();
+        let intent = engine.payment(&pay.intent.id).await.unwrap();
+        assert_eq!(intent.intent.status, IntentStatus::PaidLate);
+        assert!(intent.customer_message.contains("do not pay again"));
+        engine.apply_chain_events(&[late.observed(2, 12)]).await.unwrap();
+        assert_eq!(engine.available_balance(&account("42")).await.unwrap().cents(), 0, "held, not credited");
+        assert_eq!(suspense(&engine, SuspenseReason::Late, Method::Btc).await, -625_000);
+        assert_eq!(engine.order(&order("T1")).await.unwrap().status, OrderStatus::Open);
+        assert_eq!(kinds(&engine.exceptions(Some(&order("T1"))).await.unwrap()), ["paid_late"]);
+        sound(&engine).await;
+    }
+
+    async fn seen_before_the_deadline_and_confirmed_after_is_on_time(db) {
+        let (engine, clock) = engine(&db, config(|_| {})).await;
+        engine.create_topup(&topup("T1", "42", "500")).await.unwrap();
+        let pay = engine.create_payment(&order("T1"), Method::Btc).await.unwrap();
+        let a = Tx::new(Network::Bitcoin, "a", &pay.intent.watch_key, Method::Btc, 625_000, start_time() + Duration::minutes(59));
+        engine.apply_chain_events(&[a.observed(0, 10)]).await.unwrap();
+        clock.advance(Duration::minutes(120));
+        engine.tick().await.unwrap();
+        assert_eq!(engine.payment(&pay.intent.id).await.unwrap().intent.status, IntentStatus::Seen);
+        engine.apply_chain_events(&[a.observed(2, 12)]).await.unwrap();
+        assert_eq!(engine.payment(&pay.intent.id).await.unwrap().intent.status, IntentStatus::Settled);
+        assert_eq!(engine.available_balance(&account("42")).await.unwrap().cents(), 50_000);
+    }
+
+    async fn the_wrong_asset_is_never_credited_as_the_asked_one(db) {
+        let (engine, _clock) = engine(&db, config(|_| {})).await;
+        engine.create_topup(&topup("T1", "42", "500")).await.unwrap();
+        let pay = engine.create_payment(&order("T1"), Method::UsdtErc20).await.unwrap();
+        let usdc = Tx::new(Network::Ethereum, "0xusdc", &pay.intent.watch_key, Method::UsdcErc20, 500_000_000, start_time());
+        let eth = Tx::new(Network::Ethereum, "0xeth", &pay.intent.watch_key, Method::Eth, 10u128.pow(17), start_time());
+        let mut fake = Tx::new(Network::Ethereum, "0xfake", &pay.intent.watch_key, Method::UsdtErc20, 500_000_000, start_time());
+        fake.asset = ReceivedAsset::OtherToken { contract: "0x000000000000000000000000000000000000dead".into() };
+        engine.apply_chain_events(&[usdc.observed(12, 10), eth.observed(12, 10), fake.observed(12, 10)]).await.unwrap();
+        let intent = engine.payment(&pay.intent.id).await.unwrap().intent;
+        assert_eq!(intent.status, IntentStatus::AwaitingPayment);
+        assert_eq!(engine.available_balance(&account("42")).await.unwrap().cents(), 0);
+        assert_eq!(kinds(&engine.exceptions(Some(&order("T1"))).await.unwrap()), ["wrong_asset", "wrong_asset", "wrong_asset"]);
+        assert_eq!(suspense(&engine, SuspenseReason::WrongAsset, Method::UsdcErc20).await, -500_000_000);
+        assert_eq!(suspense(&engine, SuspenseReason::WrongAsset, Method::Eth).await, -(10i128.pow(17)));
+        assert_eq!(engine.account_balance(&Account::Custody(Method::UsdtErc20), Currency::Crypto(Method::UsdtErc20)).await.unwrap(), 0, "a fake token is no USDT");
+        sound(&engine).await;
+    }
+
+    async fn money_after_settlement_is_an_exception_not_absorbed(db) {
+        let (engine, _clock) = engine(&db, config(|_| {})).await;
+        engine.create_topup(&topup("T1", "42", "500")).await.unwrap();
+        let pay = engine.create_payment(&order("T1"), Method::Btc).await.unwrap();
+        let a = Tx::new(Network::Bitcoin, "a", &pay.intent.watch_key, Method::Btc, 625_000, start_time());
+        let again = Tx::new(Network::Bitcoin, "again", &pay.intent.watch_key, Method::Btc, 625_000, start_time());
+        engine.apply_chain_events(&[a.observed(2, 10)]).await.unwrap();
+        engine.apply_chain_events(&[again.observed(2, 11)]).await.unwrap();
+        assert_eq!(engine.available_balance(&account("42")).await.unwrap().cents(), 50_000);
+        assert_eq!(suspense(&engine, SuspenseReason::Overpaid, Method::Btc).await, -625_000);
+        assert_eq!(kinds(&engine.exceptions(Some(&order("T1"))).await.unwrap()), ["paid_after_settlement"]);
+        sound(&engine).await;
+    }
+
+    async fn nothing_arriving_expires_and_says_not_to_pay_twice(db) {
+        let (engine, clock) = engine(&db, config(|_| {})).await;
+        engine.create_rental_order(&rental("R1", "42", "420")).await.unwrap();
+        let pay = engine.create_payment(&order("R1"), Method::Sol).await.unwrap();
+        assert!(pay.payment_uri.starts_with(&format!("solana:{}?amount=2.8&reference={}", pay.intent.pay_to, pay.intent.watch_key)));
+        clock.advance(Duration::minutes(31));
+        engine.tick().await.unwrap();
+        let expired = engine.payment(&pay.intent.id).await.unwrap();
+        assert_eq!(expired.intent.status, IntentStatus::Expired);
+        assert!(expired.customer_message.contains("do not pay again"));
+        assert!(engine.watch_keys(Network::Solana).await.unwrap().contains(&pay.intent.watch_key), "still watched");
+    }
+
+    async fn a_superseded_intent_stays_watched_and_its_payment_counts(db) {
+        let (engine, _clock) = engine(&db, config(|_| {})).await;
+        engine.create_rental_order(&rental("R1", "42", "420")).await.unwrap();
+        let old = engine.create_payment(&order("R1"), Method::Btc).await.unwrap();
+        let new = engine.create_payment(&order("R1"), Method::Btc).await.unwrap();
+        assert_ne!(old.intent.pay_to, new.intent.pay_to, "never the same address");
+        let intents = engine.payments_for(&order("R1")).await.unwrap();
+        assert_eq!(intents[0].intent.superseded_by.as_deref(), Some(new.intent.id.as_str()));
+        assert!(engine.watch_keys(Network::Bitcoin).await.unwrap().contains(&old.intent.watch_key));
+
+        let paid_old = Tx::new(Network::Bitcoin, "old", &old.intent.watch_key, Method::Btc, old.intent.amount.base_units(), start_time());
+        engine.apply_chain_events(&[paid_old.observed(2, 10)]).await.unwrap();
+        assert_eq!(engine.payment(&old.intent.id).await.unwrap().intent.status, IntentStatus::Settled);
+        assert!(matches!(engine.order(&order("R1")).await.unwrap().status, OrderStatus::Settled { .. }));
+
+        let paid_new = Tx::new(Network::Bitcoin, "new", &new.intent.watch_key, Method::Btc, new.intent.amount.base_units(), start_time());
+        engine.apply_chain_events(&[paid_new.observed(2, 11)]).await.unwrap();
+        assert_eq!(kinds(&engine.exceptions(Some(&order("R1"))).await.unwrap()), ["paid_after_settlement"]);
+        assert_eq!(engine.account_balance(&Account::RevenueRentals, Currency::Usd).await.unwrap(), -42_000, "revenue once");
+        assert!(matches!(engine.create_payment(&order("R1"), Method::Btc).await, Err(Error::AlreadySettled(_))));
+        sound(&engine).await;
+    }
+
+    async fn a_reorg_before_credit_credits_nothing(db) {
+        let (engine, _clock) = engine(&db, config(|_| {})).await;
+        engine.create_topup(&topup("T1", "42", "500")).await.unwrap();
+        let pay = engine.create_payment(&order("T1"), Method::Btc).await.unwrap();
+        let a = Tx::new(Network::Bitcoin, "a", &pay.intent.watch_key, Method::Btc, 625_000, start_time());
+        engine.apply_chain_events(&[a.observed(1, 10), a.removed(11)]).await.unwrap();
+        assert_eq!(engine.payment(&pay.intent.id).await.unwrap().intent.status, IntentStatus::AwaitingPayment);
+        // A late replay of the old observation changes nothing.
+        engine.apply_chain_events(&[a.observed(2, 10)]).await.unwrap();
+        assert_eq!(engine.available_balance(&account("42")).await.unwrap().cents(), 0);
+        assert_eq!(engine.trial_balance().await.unwrap().entries, 0);
+    }
+
+    async fn a_reorg_after_a_spent_credit_reverses_into_suspense(db) {
+        let (engine, _clock) = engine(&db, config(|_| {})).await;
+        engine.create_topup(&topup("T1", "42", "500")).await.unwrap();
+        let pay = engine.create_payment(&order("T1"), Method::Btc).await.unwrap();
+        let a = Tx::new(Network::Bitcoin, "a", &pay.intent.watch_key, Method::Btc, 625_000, start_time());
+        engine.apply_chain_events(&[a.observed(2, 10)]).await.unwrap();
+        engine.create_rental_order(&rental("R1", "42", "420")).await.unwrap();
+        engine.pay_order_from_balance(&order("R1")).await.unwrap();
+
+        engine.apply_chain_events(&[a.removed(12)]).await.unwrap();
+        let intent = engine.payment(&pay.intent.id).await.unwrap().intent;
+        assert_eq!(intent.status, IntentStatus::ReorgedAfterCredit);
+        assert_eq!(engine.available_balance(&account("42")).await.unwrap().cents(), 0, "never negative");
+        assert_eq!(engine.account_balance(&Account::Suspense(SuspenseReason::Reversed), Currency::Usd).await.unwrap(), 42_000);
+        let topup_order = engine.order(&order("T1")).await.unwrap();
+        assert_eq!(topup_order.status, OrderStatus::Open);
+        assert_eq!(topup_order.attention.as_deref(), Some("reorged_after_credit"));
+        assert_eq!(kinds(&engine.exceptions(Some(&order("T1"))).await.unwrap()), ["reorged_after_credit"]);
+        assert_eq!(engine.account_balance(&Account::Custody(Method::Btc), Currency::Crypto(Method::Btc)).await.unwrap(), 0);
+        sound(&engine).await;
+
+        // The replacement transaction pays the same address: settled again, under a new key.
+        let b = Tx::new(Network::Bitcoin, "b", &pay.intent.watch_key, Method::Btc, 625_000, start_time());
+        engine.apply_chain_events(&[b.observed(2, 13)]).await.unwrap();
+        let intent = engine.payment(&pay.intent.id).await.unwrap().intent;
+        assert_eq!((intent.status, intent.settlement_count), (IntentStatus::Settled, 2));
+        assert_eq!(engine.available_balance(&account("42")).await.unwrap().cents(), 50_000);
+        sound(&engine).await;
+    }
+
+    async fn an_unmatched_receipt_is_held_for_operators(db) {
+        let (engine, _clock) = engine(&db, config(|_| {})).await;
+        let stray = Tx::new(Network::Solana, "sig", "9Wz2nTsvcEFo6LjvdQ5cY3D5e8jjSj5S8Sy8jqmLAvnR", Method::Sol, 1_000_000_000, start_time());
+        engine.apply_chain_events(&[stray.observed(1, 10)]).await.unwrap();
+        let exceptions = engine.exceptions(None).await.unwrap();
+        assert_eq!(kinds(&exceptions), ["unmatched"]);
+        assert_eq!(suspense(&engine, SuspenseReason::Unmatched, Method::Sol).await, -1_000_000_000);
+        sound(&engine).await;
+    }
+
+    async fn larger_payments_need_more_confirmations(db) {
+        let (engine, _clock) = engine(&db, config(|_| {})).await;
+        engine.create_topup(&topup("T1", "42", "10000")).await.unwrap();
+        let pay = engine.create_payment(&order("T1"), Method::Btc).await.unwrap();
+        let a = Tx::new(Network::Bitcoin, "a", &pay.intent.watch_key, Method::Btc, pay.intent.amount.base_units(), start_time());
+        engine.apply_chain_events(&[a.observed(2, 10)]).await.unwrap();
+        assert_eq!(engine.payment(&pay.intent.id).await.unwrap().intent.status, IntentStatus::Seen, "5000 USD and up need 6");
+        engine.apply_chain_events(&[a.observed(6, 14)]).await.unwrap();
+        assert_eq!(engine.payment(&pay.intent.id).await.unwrap().intent.status, IntentStatus::Settled);
+    }
+
+    async fn refused_creations_store_nothing_and_burn_no_address(db) {
+        let (engine, _clock) = engine(&db, config(|c| c.payments.enabled_methods.retain(|m| *m != Method::Ltc))).await;
+        engine.create_rental_order(&rental("R1", "42", "420")).await.unwrap();
+        assert!(matches!(engine.create_payment(&order("R1"), Method::Ltc).await, Err(Error::MethodDisabled(Method::Ltc))));
+        assert!(matches!(engine.create_payment(&order("nope"), Method::Btc).await, Err(Error::OrderNotFound(_))));
+        assert!(engine.payments_for(&order("R1")).await.unwrap().is_empty());
+
+        let (stale, _clock) = common::payments::engine(&db, config(|_| {})).await;
+        let stale = stale.with_payment_settings({
+            let mut settings = payrecon::payments::PaymentSettings::from_config(&config(|_| {})).unwrap();
+            settings.rates = Some(std::sync::Arc::new(payrecon::rates::RateBook::new(vec![], Duration::minutes(5), rust_decimal::Decimal::ONE, Duration::zero())));
+            settings
+        });
+        assert!(matches!(stale.create_payment(&order("R1"), Method::Btc).await, Err(Error::Rate(_))));
+        assert!(engine.payments_for(&order("R1")).await.unwrap().is_empty());
+
+        let first = engine.create_payment(&order("R1"), Method::Btc).await.unwrap();
+        assert_eq!(first.intent.derivation_index, 0, "no index was burnt by the refusals");
+        engine.create_topup(&topup("T1", "42", "500")).await.unwrap();
+        engine.apply_chain_events(&[]).await.unwrap();
+        let order_after = engine.order(&order("R1")).await.unwrap();
+        assert_eq!(order_after.status, OrderStatus::Open, "the order stays readable and open");
+    }
+
+    async fn concurrent_intents_never_share_an_address(db) {
+        let (engine, _clock) = engine(&db, config(|_| {})).await;
+        for i in 0..16 {
+            engine.create_rental_order(&rental(&format!("R{i}"), "42", "10")).await.unwrap();
+        }
+        let engine = std::sync::Arc::new(engine);
+        let tasks: Vec<_> = (0..16).map(|i| {
+            let engine = engine.clone();
+            tokio::spawn(async move { engine.create_payment(&OrderRef::new(format!("R{i}")).unwrap(), Method::Eth).await.unwrap() })
+        }).collect();
+        let mut addresses = std::collections::BTreeSet::new();
+        let mut indexes = std::collections::BTreeSet::new();
+        for task in tasks {
+            let pay = task.await.unwrap();
+            addresses.insert(pay.intent.pay_to.clone());
+            indexes.insert(pay.intent.derivation_index);
+        }
+        assert_eq!(addresses.len(), 16);
+        assert_eq!(indexes, (0..16).collect());
+    }
+
+    async fn marking_paid_is_recorded_and_moves_no_money(db) {
+        let (engine, clock) = engine(&db, config(|_| {})).await;
+        engine.create_topup(&topup("T1", "42", "500")).await.unwrap();
+        let pay = engine.create_payment(&order("T1"), Method::Ltc).await.unwrap();
+        assert!(pay.intent.pay_to.starts_with("ltc1"));
+        clock.advance(Duration::minutes(5));
+        let marked = engine.mark_paid(&pay.intent.id).await.unwrap();
+        assert_eq!(marked.intent.marked_paid_at, Some(start_time() + Duration::minutes(5)));
+        clock.advance(Duration::minutes(5));
+        let again = engine.mark_paid(&pay.intent.id).await.unwrap();
+        assert_eq!(again.intent.marked_paid_at, marked.intent.marked_paid_at, "the first time is kept");
+        assert_eq!(again.intent.status, IntentStatus::AwaitingPayment);
+        assert_eq!(engine.trial_balance().await.unwrap().entries, 0);
+        assert!(matches!(engine.mark_paid("pi_nope").await, Err(Error::IntentNotFound(_))));
+        let events = engine.events_after(0, 100).await.unwrap();
+        let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
+        assert_eq!(kinds, ["intent_created", "marked_paid"]);
+    }
+}
