@@ -408,6 +408,15 @@ impl Engine {
         Ok(payments::watch_keys(&mut conn, network, self.now()).await?)
     }
 
+    /// Every transfer to any address of the order's intents, old and superseded ones too.
+    pub async fn transfers_for(
+        &self,
+        order_ref: &OrderRef,
+    ) -> Result<Vec<payments::StoredTransfer>, Error> {
+        let mut conn = self.store().pool().acquire().await?;
+        Ok(payments::transfers_of_order(&mut conn, order_ref.as_str()).await?)
+    }
+
     /// Exceptions of one order, or all.
     pub async fn exceptions(
         &self,

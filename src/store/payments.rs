@@ -244,18 +244,28 @@ fn decode_intent(row: &sqlx::any::AnyRow) -> Result<PaymentIntent, StoreError> {
     })
 }
 
-/// A transfer as the matcher keeps it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct StoredTransfer {
+/// A transfer as the matcher keeps it: its newest observed state.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct StoredTransfer {
+    /// Where it sits on the chain.
     pub id: TransferId,
+    /// The watch key it paid.
     pub to_address: String,
+    /// What arrived.
     pub asset: ReceivedAsset,
+    /// How much, in base units.
     pub amount: Amount,
+    /// The intent whose watch key it paid, if any.
     pub intent_id: Option<String>,
+    /// Confirmations at the newest observation.
     pub confirmations: u32,
+    /// Taken out by a reorg or a replacement.
     pub removed: bool,
+    /// Chain height of the newest observation.
     pub tip_height: u64,
+    /// First seen, Unix milliseconds.
     pub seen_at_ms: i64,
+    /// The journal entry that accounted for it, if any.
     pub credited_entry: Option<String>,
 }
 
@@ -306,6 +316,23 @@ pub(crate) async fn transfers_of_intent(
          FROM transfers WHERE intent_id = $1 ORDER BY seen_at_ms, txid, position",
     )
     .bind(intent_id)
+    .fetch_all(conn)
+    .await?
+    .iter()
+    .map(decode_transfer)
+    .collect()
+}
+
+/// Every transfer to any of an order's intents, oldest first.
+pub(crate) async fn transfers_of_order(
+    conn: &mut AnyConnection,
+    order_ref: &str,
+) -> Result<Vec<StoredTransfer>, StoreError> {
+    sqlx::query(
+        "SELECT t.network, t.txid, t.position, t.to_address, t.asset, t.amount_base, t.intent_id, t.confirmations, t.removed, t.tip_height, t.seen_at_ms, t.credited_entry \
+         FROM transfers t JOIN payment_intents i ON i.id = t.intent_id WHERE i.order_ref = $1 ORDER BY t.seen_at_ms, t.txid, t.position",
+    )
+    .bind(order_ref)
     .fetch_all(conn)
     .await?
     .iter()

@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod payments;
+pub mod replay;
 
 use payrecon::Engine;
 use payrecon::ledger::{Account, Currency, EntryKind, NewEntry, Posting};
