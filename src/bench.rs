@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Subcommand;
 use indicatif::{ProgressBar, ProgressStyle};
-use payrecon_chain_core::Method;
+use payrecon_chain_core::{ChainEvent, Method, Network, ReceivedAsset, Transfer, TransferId};
 use serde::Serialize;
 
 use crate::config::Config;
@@ -39,6 +39,22 @@ pub enum BenchCommand {
         #[arg(long)]
         scratch_database: Option<String>,
     },
+    /// Payment instructions created, then one confirming transfer per intent matched and
+    /// settled (events committed in watcher-sized batches).
+    Payments {
+        /// Intents (and transfers).
+        #[arg(long, default_value_t = 100_000)]
+        intents: usize,
+        /// Chain events per transaction, as a watcher commits a block's worth.
+        #[arg(long, default_value_t = 500)]
+        events_per_batch: usize,
+        /// Concurrent callers creating intents.
+        #[arg(long, default_value_t = 4)]
+        concurrency: usize,
+        /// A database the benchmark may fill. Default: a fresh temporary SQLite file.
+        #[arg(long)]
+        scratch_database: Option<String>,
+    },
 }
 
 /// One measured workload.
@@ -57,6 +73,39 @@ pub struct BenchLine {
 /// Runs a benchmark and prints its figures.
 pub async fn run(command: BenchCommand, _config: &Config, json: bool) -> anyhow::Result<()> {
     match command {
+        BenchCommand::Payments {
+            intents,
+            events_per_batch,
+            concurrency,
+            scratch_database,
+        } => {
+            anyhow::ensure!(
+                intents > 0 && events_per_batch > 0 && concurrency > 0,
+                "counts must be positive"
+            );
+            let scratch_dir = tempfile::tempdir().context("creating a scratch directory")?;
+            let url = scratch_database.unwrap_or_else(|| {
+                format!("sqlite://{}", scratch_dir.path().join("bench.db").display())
+            });
+            let engine = payments_engine(&url, scratch_dir.path()).await?;
+            let lines = payments(&engine, intents, events_per_batch, concurrency).await?;
+            let backend = format!("{:?}", engine.store().backend()).to_lowercase();
+            crate::cli::emit(
+                json,
+                &serde_json::json!({ "backend": backend, "results": lines }),
+                || {
+                    let mut text =
+                        format!("payments on {backend} ({})\n", crate::cli::redact(&url));
+                    for line in &lines {
+                        text.push_str(&format!(
+                            "{:<44} {:>8} items   {:>8} ms {:>9} per second\n",
+                            line.workload, line.entries, line.elapsed_ms, line.entries_per_second
+                        ));
+                    }
+                    text
+                },
+            )
+        }
         BenchCommand::Ledger {
             entries,
             batch_size,
@@ -194,6 +243,149 @@ async fn ledger(
     let trial = engine.trial_balance().await?;
     anyhow::ensure!(trial.is_sound(), "the benchmark left the ledger unsound");
     Ok(lines)
+}
+
+/// An engine on `url` with BIP84's public test key for bitcoin and recorded quotes, so the
+/// benchmark needs no network and no real key.
+async fn payments_engine(url: &str, scratch: &std::path::Path) -> anyhow::Result<Engine> {
+    let quotes = scratch.join("quotes.json");
+    std::fs::write(
+        &quotes,
+        r#"{"quotes":{"BTC":"80000","ETH":"3000","USDT":"1","USDC":"1","TRX":"0.25","SOL":"150","LTC":"85"}}"#,
+    )?;
+    let mut config = Config {
+        database_url: url.to_owned(),
+        ..Config::default()
+    };
+    config.payments.enabled_methods = vec![Method::Btc];
+    config.rates.sources = vec!["recorded".into()];
+    config.rates.recorded_quotes_file = Some(quotes);
+    config.rates.cache_seconds = 3600;
+    config.networks.bitcoin = Some(crate::config::UtxoConfig {
+        xpub: payrecon_chain_core::test_vectors::BIP84_ZPUB.into(),
+        network: "mainnet".into(),
+        confirmations: 2,
+        confirmation_tiers: Vec::new(),
+    });
+    Ok(Engine::from_config(&config).await?)
+}
+
+async fn payments(
+    engine: &Engine,
+    intents: usize,
+    events_per_batch: usize,
+    concurrency: usize,
+) -> anyhow::Result<Vec<BenchLine>> {
+    let run_id = uuid::Uuid::new_v4().simple().to_string();
+    let reference = |i: usize| crate::order::OrderRef::new(format!("b{}-{i}", &run_id[..8]));
+
+    let progress = progress_bar(intents as u64, "top-ups");
+    let started = Instant::now();
+    let created: Vec<_> = spread(intents, concurrency, |i| {
+        let (engine, reference, progress) = (engine.clone(), reference(i), progress.clone());
+        async move {
+            let request = crate::order::TopupRequest {
+                reference: reference?.to_string(),
+                account_id: format!("c{}", i % BENCH_CUSTOMERS),
+                amount_usd: crate::money::Usd::from_dollars(500),
+            };
+            engine.create_topup(&request).await?;
+            progress.inc(1);
+            anyhow::Ok(())
+        }
+    })
+    .await?;
+    progress.finish_and_clear();
+    let mut lines = vec![line("top-ups created", created.len(), started.elapsed())];
+
+    let progress = progress_bar(intents as u64, "intents");
+    let started = Instant::now();
+    let instructions = spread(intents, concurrency, |i| {
+        let (engine, reference, progress) = (engine.clone(), reference(i), progress.clone());
+        async move {
+            let made = engine.create_payment(&reference?, Method::Btc).await?;
+            progress.inc(1);
+            anyhow::Ok(made)
+        }
+    })
+    .await?;
+    progress.finish_and_clear();
+    lines.push(line(
+        &format!("intents created, {concurrency} callers"),
+        intents,
+        started.elapsed(),
+    ));
+
+    let events: Vec<ChainEvent> = instructions
+        .iter()
+        .enumerate()
+        .map(|(i, made)| ChainEvent::Observed {
+            transfer: Transfer {
+                id: TransferId {
+                    network: Network::Bitcoin,
+                    txid: format!("{run_id}{i:016x}"),
+                    position: 0,
+                },
+                to_address: made.intent.watch_key.clone(),
+                asset: ReceivedAsset::Method {
+                    method: Method::Btc,
+                },
+                amount: made.intent.amount,
+            },
+            confirmations: 2,
+            seen_at_ms: made.intent.created_at.timestamp_millis(),
+            tip_height: 1,
+        })
+        .collect();
+    let progress = progress_bar(intents as u64, "events");
+    let started = Instant::now();
+    for batch in events.chunks(events_per_batch) {
+        engine.apply_chain_events(batch).await?;
+        progress.inc(batch.len() as u64);
+    }
+    progress.finish_and_clear();
+    lines.push(line(
+        &format!("events matched and settled, {events_per_batch} per transaction"),
+        intents,
+        started.elapsed(),
+    ));
+
+    let trial = engine.trial_balance().await?;
+    anyhow::ensure!(trial.is_sound(), "the benchmark left the ledger unsound");
+    anyhow::ensure!(
+        trial.entries as usize == intents,
+        "every intent settled exactly once"
+    );
+    Ok(lines)
+}
+
+/// Runs `work(i)` for every `i` below `count` on `concurrency` tasks; results in `i` order.
+async fn spread<T, F, Fut>(count: usize, concurrency: usize, work: F) -> anyhow::Result<Vec<T>>
+where
+    T: Send + 'static,
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = anyhow::Result<T>> + Send + 'static,
+{
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut results: Vec<Option<T>> = (0..count).map(|_| None).collect();
+    for i in 0..count {
+        if tasks.len() >= concurrency
+            && let Some(done) = tasks.join_next().await
+        {
+            let (index, value) = done??;
+            results[index] = Some(value);
+        }
+        let future = work(i);
+        tasks.spawn(async move { anyhow::Ok((i, future.await?)) });
+    }
+    while let Some(done) = tasks.join_next().await {
+        let (index, value) = done??;
+        results[index] = Some(value);
+    }
+    Ok(results
+        .into_iter()
+        .map(|r| r.expect("every task reported"))
+        .collect())
 }
 
 /// The brief's example: a 500 USD top-up paid with 0.00625 BTC.

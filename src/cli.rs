@@ -236,20 +236,62 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let reference = OrderRef::new(reference)?;
             let order = engine.order(&reference).await?;
             let entries = engine.entries_for(reference.as_str()).await?;
+            let intents = engine.payments_for(&reference).await?;
+            let transfers = engine.transfers_for(&reference).await?;
+            let exceptions = engine.exceptions(Some(&reference)).await?;
+            /// The support view: everything about one order.
             #[derive(Serialize)]
             struct Shown<'a> {
                 #[serde(flatten)]
                 order: &'a Order,
+                payment_intents: &'a [crate::payments::PaymentInstructions],
+                transfers: &'a [crate::store::payments::StoredTransfer],
+                exceptions: &'a [crate::store::payments::ExceptionRecord],
                 ledger_entries: &'a [crate::ledger::PostedEntry],
             }
             emit(
                 json,
                 &Shown {
                     order: &order,
+                    payment_intents: &intents,
+                    transfers: &transfers,
+                    exceptions: &exceptions,
                     ledger_entries: &entries,
                 },
                 || {
                     let mut text = describe_order(&order);
+                    if let Some(attention) = &order.attention {
+                        text.push_str(&format!("\nATTENTION: {attention}"));
+                    }
+                    for intent in &intents {
+                        text.push_str(&format!("\nintent {}", describe_intent(intent)));
+                    }
+                    for transfer in &transfers {
+                        text.push_str(&format!(
+                            "\ntransfer {} {} base units of {}, {} confirmations{}{}",
+                            transfer.id,
+                            transfer.amount,
+                            crate::store::payments::asset_text(&transfer.asset),
+                            transfer.confirmations,
+                            if transfer.removed { ", REMOVED" } else { "" },
+                            transfer
+                                .credited_entry
+                                .as_ref()
+                                .map(|e| format!(", entry {e}"))
+                                .unwrap_or_default()
+                        ));
+                    }
+                    for exception in &exceptions {
+                        let state = if exception.resolved_at.is_some() {
+                            "resolved"
+                        } else {
+                            "OPEN"
+                        };
+                        text.push_str(&format!(
+                            "\nexception {} [{state}]: {}",
+                            exception.kind, exception.detail
+                        ));
+                    }
                     for posted in &entries {
                         text.push_str(&format!(
                             "\nentry {} ({}) at {}",

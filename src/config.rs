@@ -105,7 +105,7 @@ pub struct RatesConfig {
     pub coingecko_api_key: Option<String>,
     /// Kraken's API base URL.
     pub kraken_url: String,
-    /// Recorded quotes for offline runs (source `recorded`).
+    /// Recorded quotes for offline runs (source `recorded`); relative to the config file.
     pub recorded_quotes_file: Option<PathBuf>,
 }
 
@@ -237,11 +237,19 @@ impl Config {
             Some(path) => path.to_path_buf(),
             None => PathBuf::from(DEFAULT_CONFIG_FILE),
         };
-        Figment::from(Serialized::defaults(Config::default()))
-            .merge(Toml::file(file))
+        let mut config: Config = Figment::from(Serialized::defaults(Config::default()))
+            .merge(Toml::file(&file))
             .merge(Env::prefixed("PAYRECON_").only(&ENV_KEYS))
             .extract()
-            .map_err(|e| ConfigError::Invalid(e.to_string()))
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        // A relative path in a file means relative to that file, wherever payrecon runs.
+        if let (Some(quotes), Some(dir)) = (&config.rates.recorded_quotes_file, file.parent())
+            && quotes.is_relative()
+            && file.exists()
+        {
+            config.rates.recorded_quotes_file = Some(dir.join(quotes));
+        }
+        Ok(config)
     }
 }
 

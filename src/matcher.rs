@@ -140,10 +140,7 @@ pub(crate) async fn apply_event(
             seen_at_ms: *seen_at_ms,
             credited_entry: None,
         },
-        (Some(old), event) if event.tip_height() < old.tip_height => {
-            let _ = old;
-            return Ok(());
-        }
+        (Some(old), event) if event.tip_height() < old.tip_height => return Ok(()),
         (
             Some(old),
             ChainEvent::Observed {
@@ -654,27 +651,47 @@ fn usd_target(order: &Order) -> Account {
 
 /// The brief's settlement: crypto into custody, converted at the locked rate, USD to the order.
 fn settlement_entry(key: &str, intent: &PaymentIntent, order: &Order, paid: Amount) -> NewEntry {
+    let memo = format!(
+        "{} {} {} settles {} at {} USD/{}",
+        intent.id,
+        intent.method.format_amount(paid),
+        intent.method.asset(),
+        order.reference,
+        intent.rate.usd_per_unit,
+        intent.method.asset()
+    );
+    conversion_entry(
+        key,
+        memo,
+        intent,
+        paid,
+        intent.usd.cents(),
+        usd_target(order),
+    )
+}
+
+/// Crypto into custody, converted at the intent's locked rate in `fx:<method>`, and the USD
+/// credited to `credited`: the one shape every credit of a payment takes.
+fn conversion_entry(
+    key: &str,
+    memo: String,
+    intent: &PaymentIntent,
+    amount: Amount,
+    cents: i64,
+    credited: Account,
+) -> NewEntry {
     let crypto = Currency::Crypto(intent.method);
-    let units = paid.base_units() as i128;
-    let cents = i128::from(intent.usd.cents());
+    let units = amount.base_units() as i128;
     NewEntry {
         idempotency_key: key.to_owned(),
         kind: EntryKind::Payment,
         reference: Some(intent.order_ref.to_string()),
-        memo: format!(
-            "{} {} {} settles {} at {} USD/{}",
-            intent.id,
-            intent.method.format_amount(paid),
-            intent.method.asset(),
-            order.reference,
-            intent.rate.usd_per_unit,
-            intent.method.asset()
-        ),
+        memo,
         postings: vec![
             Posting::debit(Account::Custody(intent.method), crypto, units),
             Posting::credit(Account::Fx(intent.method), crypto, units),
-            Posting::debit(Account::Fx(intent.method), Currency::Usd, cents),
-            Posting::credit(usd_target(order), Currency::Usd, cents),
+            Posting::debit(Account::Fx(intent.method), Currency::Usd, i128::from(cents)),
+            Posting::credit(credited, Currency::Usd, i128::from(cents)),
         ],
     }
 }
@@ -693,28 +710,13 @@ fn extra_money_entry(
     if policy == CreditPolicy::Hold || cents == 0 {
         return hold_entry(key, intent.method, amount, reason, Some(intent));
     }
-    let crypto = Currency::Crypto(intent.method);
-    let units = amount.base_units() as i128;
-    NewEntry {
-        idempotency_key: key.to_owned(),
-        kind: EntryKind::Payment,
-        reference: Some(intent.order_ref.to_string()),
-        memo: format!(
-            "{} {} credited to the balance at the locked rate",
-            intent.method.format_amount(amount),
-            intent.method.asset()
-        ),
-        postings: vec![
-            Posting::debit(Account::Custody(intent.method), crypto, units),
-            Posting::credit(Account::Fx(intent.method), crypto, units),
-            Posting::debit(Account::Fx(intent.method), Currency::Usd, i128::from(cents)),
-            Posting::credit(
-                Account::CustomerBalance(order.account_id.clone()),
-                Currency::Usd,
-                i128::from(cents),
-            ),
-        ],
-    }
+    let memo = format!(
+        "{} {} credited to the balance at the locked rate",
+        intent.method.format_amount(amount),
+        intent.method.asset()
+    );
+    let customer = Account::CustomerBalance(order.account_id.clone());
+    conversion_entry(key, memo, intent, amount, cents, customer)
 }
 
 /// Crypto into custody, held in suspense for an operator.

@@ -69,6 +69,81 @@ on_both_databases! {
     }
 }
 
+const OFFLINE_CONFIG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/payrecon.offline.toml");
+
+on_both_databases! {
+    async fn payment_instructions_from_the_offline_example(db) {
+        let url = db.url.as_str();
+        let with_config = |args: &[&str]| -> Vec<String> {
+            let mut all = vec!["--config".to_owned(), OFFLINE_CONFIG.to_owned()];
+            all.extend(args.iter().map(|a| a.to_string()));
+            all
+        };
+        let run = |args: Vec<String>| {
+            let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+            json(url, &refs)
+        };
+        run(with_config(&["order", "create", "--reference", "R1", "--account", "42", "--gpu", "H100", "--days", "7", "--lots", "1", "--total-usd", "420"]));
+        let pay = run(with_config(&["pay", "create", "--order", "R1", "--method", "btc"]));
+        assert_eq!(pay["pay_to"], "bc1qcr8te4kr609gcawutmrza0j4xv80jy8z306fyu", "BIP84 receive 0 of the example key");
+        assert_eq!(pay["amount_decimal"], "0.00525");
+        assert_eq!(pay["status"], "awaiting_payment");
+        assert!(pay["rate"]["source"].as_str().unwrap().starts_with("file:"), "says the rate came from the file");
+        assert!(pay["payment_uri"].as_str().unwrap().starts_with("bitcoin:bc1qcr8te4kr609gcawutmrza0j4xv80jy8z306fyu?amount=0.00525"));
+        assert!(pay["deadline"].as_str().is_some());
+        let id = pay["id"].as_str().unwrap().to_owned();
+
+        let marked = run(with_config(&["pay", "mark-paid", &id]));
+        assert!(marked["marked_paid_at"].as_str().is_some());
+        let qr = run(with_config(&["pay", "qr", &id]));
+        assert!(qr["svg"].as_str().unwrap().contains("<svg"));
+        let shown = run(with_config(&["order", "show", "R1"]));
+        assert_eq!(shown["payment_intents"].as_array().unwrap().len(), 1);
+
+        let refuse = |args: &[&str]| refused(url, &with_config(args).iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(refuse(&["pay", "create", "--order", "R1", "--method", "doge"]).contains("unknown payment method \"doge\""));
+        assert!(refuse(&["pay", "create", "--order", "nope", "--method", "btc"]).contains("unknown order nope"));
+        assert!(refuse(&["pay", "show", "pi_nope"]).contains("unknown payment intent pi_nope"));
+
+        // A second intent in another method supersedes the first, which stays listed.
+        let ltc = run(with_config(&["pay", "create", "--order", "R1", "--method", "ltc"]));
+        assert!(ltc["pay_to"].as_str().unwrap().starts_with("ltc1"));
+        let shown = run(with_config(&["order", "show", "R1"]));
+        let intents = shown["payment_intents"].as_array().unwrap();
+        assert_eq!(intents.len(), 2);
+        assert_eq!(intents[0]["superseded_by"], ltc["id"]);
+    }
+}
+
+#[test]
+fn without_configured_networks_a_method_is_disabled() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("x.db").display());
+    payrecon(
+        &url,
+        &[
+            "order",
+            "create",
+            "--reference",
+            "R1",
+            "--account",
+            "42",
+            "--gpu",
+            "H100",
+            "--days",
+            "7",
+            "--lots",
+            "1",
+            "--total-usd",
+            "420",
+        ],
+    );
+    assert!(
+        refused(&url, &["pay", "create", "--order", "R1", "--method", "btc"])
+            .contains("payment method btc is not enabled")
+    );
+}
+
 #[test]
 fn an_unknown_database_scheme_is_one_clear_line() {
     assert!(refused("mysql://localhost/x", &["init"]).contains("unsupported database URL scheme"));

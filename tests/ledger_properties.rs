@@ -5,7 +5,7 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use common::{Db, TestDb, account, btc_topup_credit};
 use payrecon::Error;
@@ -54,17 +54,6 @@ fn debit(key: &str, customer: &str, cents: i128) -> NewEntry {
             Posting::credit(Account::RevenueRentals, Currency::Usd, cents),
         ],
     }
-}
-
-fn runtime() -> &'static tokio::runtime::Runtime {
-    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RUNTIME.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(4)
-            .enable_all()
-            .build()
-            .expect("runtime")
-    })
 }
 
 async fn check(db: Db, ops: Vec<Op>) {
@@ -171,11 +160,11 @@ proptest! {
 
     #[test]
     fn ledger_invariants_hold_on_sqlite(ops in prop::collection::vec(op(), 1..40)) {
-        runtime().block_on(check(Db::Sqlite, ops));
+        common::runtime().block_on(check(Db::Sqlite, ops));
     }
 
     #[test]
     fn ledger_invariants_hold_on_postgres(ops in prop::collection::vec(op(), 1..40)) {
-        runtime().block_on(check(Db::Postgres, ops));
+        common::runtime().block_on(check(Db::Postgres, ops));
     }
 }

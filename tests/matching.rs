@@ -172,6 +172,7 @@ on_both_databases! {
         clock.advance(Duration::minutes(120));
         engine.tick().await.unwrap();
         assert_eq!(engine.payment(&pay.intent.id).await.unwrap().intent.status, IntentStatus::Seen);
+        assert_eq!(engine.tick().await.unwrap(), 0, "a seen intent waits for chain events, not the clock");
         engine.apply_chain_events(&[a.observed(2, 12)]).await.unwrap();
         assert_eq!(engine.payment(&pay.intent.id).await.unwrap().intent.status, IntentStatus::Settled);
         assert_eq!(engine.available_balance(&account("42")).await.unwrap().cents(), 50_000);

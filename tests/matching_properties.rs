@@ -6,7 +6,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::sync::OnceLock;
 
 use common::payments::{Tx, config, engine, start_time};
 use common::{Db, TestDb, account, topup};
@@ -250,19 +249,8 @@ async fn check_invariants(engine: &Engine) {
     );
 }
 
-fn runtime() -> &'static tokio::runtime::Runtime {
-    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RUNTIME.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap()
-    })
-}
-
 fn same_outcome(db: Db, scenario: Scenario) {
-    runtime().block_on(async {
+    common::runtime().block_on(async {
         let clean = run(db, &scenario, false).await;
         let scrambled = run(db, &scenario, true).await;
         assert_eq!(clean.statuses, scrambled.statuses);

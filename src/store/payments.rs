@@ -129,15 +129,17 @@ pub(crate) async fn intent_id_by_watch_key(
     )
 }
 
-/// Intents whose deadline has passed while they still wait for money: each needs one more
-/// look to become expired or underpaid.
+/// Intents whose deadline has passed in a state the deadline changes: nothing received
+/// (becomes expired) or part received and confirmed (becomes underpaid). A `seen` intent waits
+/// for its confirmations, which arrive as chain events, so the clock alone never moves it and
+/// it is not selected: otherwise stuck ones would crowd every batch.
 pub(crate) async fn due_intent_ids(
     conn: &mut AnyConnection,
     now: DateTime<Utc>,
     limit: i64,
 ) -> Result<Vec<String>, StoreError> {
     Ok(sqlx::query_scalar(
-        "SELECT id FROM payment_intents WHERE status IN ('awaiting_payment', 'seen', 'confirmed') \
+        "SELECT id FROM payment_intents WHERE status IN ('awaiting_payment', 'confirmed') \
          AND deadline_ms < $1 ORDER BY deadline_ms LIMIT $2",
     )
     .bind(now.timestamp_millis())
@@ -269,8 +271,8 @@ pub struct StoredTransfer {
     pub credited_entry: Option<String>,
 }
 
-/// How an asset is written in the transfers table: a method id, or `token:<contract>`.
-pub(crate) fn asset_text(asset: &ReceivedAsset) -> String {
+/// How an asset is written (table `transfers`, reports): a method id, or `token:<contract>`.
+pub fn asset_text(asset: &ReceivedAsset) -> String {
     match asset {
         ReceivedAsset::Method { method } => method.id().to_owned(),
         ReceivedAsset::OtherToken { contract } => format!("token:{contract}"),

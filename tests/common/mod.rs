@@ -101,6 +101,18 @@ impl Drop for TestDb {
     }
 }
 
+/// One multi-threaded runtime for property tests, which drive async code from sync closures.
+pub fn runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(4)
+            .enable_all()
+            .build()
+            .expect("runtime")
+    })
+}
+
 /// Defines each test twice, as `<name>::sqlite` and `<name>::postgres`.
 #[macro_export]
 macro_rules! on_both_databases {

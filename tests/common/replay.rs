@@ -20,11 +20,12 @@ pub enum Reply {
 }
 
 type Script = Arc<Mutex<HashMap<String, (Vec<Reply>, usize)>>>;
+type Hits = Arc<Mutex<HashMap<String, usize>>>;
 
 /// A running replay server; each path answers its replies in order, then repeats the last.
 pub struct ReplayServer {
     pub base_url: String,
-    hits: Arc<Mutex<HashMap<String, usize>>>,
+    hits: Hits,
 }
 
 impl ReplayServer {
@@ -51,10 +52,7 @@ impl ReplayServer {
     }
 }
 
-async fn answer(
-    State((script, hits)): State<(Script, Arc<Mutex<HashMap<String, usize>>>)>,
-    request: Request,
-) -> Response {
+async fn answer(State((script, hits)): State<(Script, Hits)>, request: Request) -> Response {
     let path = request.uri().path().to_owned();
     *hits.lock().unwrap().entry(path.clone()).or_default() += 1;
     let reply = {

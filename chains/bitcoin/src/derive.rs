@@ -114,8 +114,7 @@ pub fn script_pubkey(address: &str) -> Result<bitcoin::ScriptBuf, DeriveError> {
 mod tests {
     use super::*;
 
-    /// BIP84's own test vector: the account key of "abandon … about", m/84'/0'/0'.
-    const BIP84_ZPUB: &str = "zpub6rFR7y4Q2AijBEqTUquhVz398htDFrtymD9xYYfG1m4wAcvPhXNfE3EfH1r1ADqtfSdVCToUG868RvUUkgDKf31mGDtKsAYz2oz2AGutZYs";
+    use payrecon_chain_core::test_vectors::BIP84_ZPUB;
 
     fn bitcoin_mainnet() -> SegwitDeriver {
         SegwitDeriver::new(

@@ -15,3 +15,5 @@ pub use method::{Asset, Method, Network, ParseMethodError, ParseNetworkError};
 
 /// Re-exported so chain crates share one secp256k1 and one base58check.
 pub use bitcoin;
+
+pub mod test_vectors;
