@@ -131,6 +131,27 @@ on_both_databases! {
         assert_eq!(suspense(&engine, SuspenseReason::Overpaid, Method::Btc).await, -75_000);
         assert_eq!(kinds(&engine.exceptions(Some(&order("T1"))).await.unwrap()), ["overpaid"]);
         sound(&engine).await;
+
+        // The event stream tells the shop what happened, in order, resumable by seq.
+        let events = engine.events_after(0, 100).await.unwrap();
+        let stream: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
+        assert_eq!(stream, ["intent_created", "exception_opened", "status_changed"]);
+        assert_eq!(events[2].detail["to"], "settled");
+        assert_eq!(events[1].detail["kind"], "overpaid");
+        assert!(engine.events_after(events[2].seq, 100).await.unwrap().is_empty());
+    }
+
+    async fn late_money_is_credited_at_the_locked_rate_by_policy(db) {
+        let (engine, clock) = engine(&db, config(|c| c.payments.late_payment_policy = CreditPolicy::CreditBalance)).await;
+        engine.create_topup(&topup("T1", "42", "500")).await.unwrap();
+        let pay = engine.create_payment(&order("T1"), Method::Btc).await.unwrap();
+        clock.advance(Duration::hours(3));
+        let late = Tx::new(Network::Bitcoin, "late", &pay.intent.watch_key, Method::Btc, 625_000, start_time() + Duration::hours(2));
+        engine.apply_chain_events(&[late.observed(2, 10)]).await.unwrap();
+        assert_eq!(engine.payment(&pay.intent.id).await.unwrap().intent.status, IntentStatus::PaidLate);
+        assert_eq!(engine.available_balance(&account("42")).await.unwrap().cents(), 50_000, "its value at the locked rate");
+        assert_eq!(engine.order(&order("T1")).await.unwrap().status, OrderStatus::Open, "the top-up itself is not settled");
+        sound(&engine).await;
     }
 
     async fn an_overpayment_is_credited_at_the_locked_rate_by_policy(db) {
