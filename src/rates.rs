@@ -136,7 +136,8 @@ pub struct RateBook {
 impl RateBook {
     /// A book over `sources`; quotes older than `max_age` are stale; a stablecoin more than
     /// `peg_band` (a fraction, 0.02 = 2 %) from 1 USD is refused; a source is asked again only
-    /// after `cache_for`.
+    /// after `cache_for`, which is capped at half of `max_age` so that a cached answer is
+    /// always refreshed before its quotes could turn stale.
     pub fn new(
         sources: Vec<Arc<dyn RateSource>>,
         max_age: chrono::Duration,
@@ -147,7 +148,7 @@ impl RateBook {
             sources,
             max_age,
             peg_band,
-            cache_for,
+            cache_for: cache_for.min(max_age / 2),
             cache: Mutex::new(BTreeMap::new()),
         }
     }
@@ -542,6 +543,40 @@ mod tests {
             CoinGecko::parse("<html>"),
             Err(RateError::Malformed { .. })
         ));
+    }
+
+    /// Quotes stamped when read, like the recorded file's.
+    #[derive(Debug)]
+    struct ReadNow;
+
+    impl RateSource for ReadNow {
+        fn name(&self) -> &str {
+            "read-now"
+        }
+        fn fetch(&self) -> BoxFuture<'_, Result<Vec<Quote>, RateError>> {
+            Box::pin(async {
+                Ok(vec![Quote {
+                    asset: Asset::Btc,
+                    usd_per_unit: Decimal::ONE_HUNDRED,
+                    source: "read-now".into(),
+                    fetched_at: Utc::now(),
+                }])
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_long_cache_never_serves_stale_quotes() {
+        let book = RateBook::new(
+            vec![Arc::new(ReadNow)],
+            chrono::Duration::seconds(300),
+            Decimal::TWO,
+            chrono::Duration::hours(1),
+        );
+        let now = Utc::now();
+        book.rate(Asset::Btc, now).await.unwrap();
+        let later = now + chrono::Duration::seconds(299);
+        assert!(book.rate(Asset::Btc, later).await.is_ok(), "refetched, not served stale");
     }
 
     #[test]
