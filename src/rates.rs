@@ -545,15 +545,16 @@ mod tests {
         ));
     }
 
-    /// Quotes stamped when read, like the recorded file's.
-    #[derive(Debug)]
-    struct ReadNow;
+    /// Quotes stamped when read, like the recorded file's; counts how often it is asked.
+    #[derive(Debug, Default)]
+    struct ReadNow(std::sync::atomic::AtomicUsize);
 
     impl RateSource for ReadNow {
         fn name(&self) -> &str {
             "read-now"
         }
         fn fetch(&self) -> BoxFuture<'_, Result<Vec<Quote>, RateError>> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             Box::pin(async {
                 Ok(vec![Quote {
                     asset: Asset::Btc,
@@ -566,17 +567,32 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_long_cache_never_serves_stale_quotes() {
+    async fn a_long_cache_is_refreshed_before_its_quotes_could_turn_stale() {
+        let source = Arc::new(ReadNow::default());
         let book = RateBook::new(
-            vec![Arc::new(ReadNow)],
+            vec![source.clone()],
             chrono::Duration::seconds(300),
             Decimal::TWO,
             chrono::Duration::hours(1),
         );
         let now = Utc::now();
         book.rate(Asset::Btc, now).await.unwrap();
-        let later = now + chrono::Duration::seconds(299);
-        assert!(book.rate(Asset::Btc, later).await.is_ok(), "refetched, not served stale");
+        book.rate(Asset::Btc, now + chrono::Duration::seconds(100))
+            .await
+            .unwrap();
+        assert_eq!(
+            source.0.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "cached"
+        );
+        book.rate(Asset::Btc, now + chrono::Duration::seconds(200))
+            .await
+            .unwrap();
+        assert_eq!(
+            source.0.load(std::sync::atomic::Ordering::SeqCst),
+            2,
+            "asked again at half the staleness limit, not after an hour"
+        );
     }
 
     #[test]
