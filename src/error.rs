@@ -45,6 +45,9 @@ pub enum Error {
     /// An address could not be derived.
     #[error(transparent)]
     Derive(#[from] payrecon_chain_core::DeriveError),
+    /// A watcher reported something no chain produces; nothing of its batch was applied.
+    #[error("invalid chain event: {0}")]
+    InvalidEvent(String),
     /// No such payment intent.
     #[error("unknown payment intent {0}")]
     IntentNotFound(String),

@@ -111,9 +111,10 @@ pub(crate) async fn apply_event(
     event: &ChainEvent,
     now: DateTime<Utc>,
 ) -> Result<(), Error> {
+    check_event(event)?;
     let id = event.transfer_id();
     let existing = payments::get_transfer(tx.conn(), id).await?;
-    let mut state = match (existing.clone(), event) {
+    let mut state = match (existing, event) {
         (None, ChainEvent::Removed { .. }) => return Ok(()),
         (
             None,
@@ -154,11 +155,10 @@ pub(crate) async fn apply_event(
                 || transfer.asset != old.asset
                 || transfer.to_address != old.to_address
             {
-                return Err(StoreError::Corrupt(format!(
-                    "transfer {} reported with other content than before",
+                return Err(Error::InvalidEvent(format!(
+                    "transfer {} reported with another amount, asset or address than before",
                     transfer.id
-                ))
-                .into());
+                )));
             }
             if *tip_height == old.tip_height && old.removed {
                 return Ok(());
@@ -197,6 +197,33 @@ pub(crate) async fn apply_event(
         Some(intent_id) => evaluate_intent(tx, policy, &intent_id, now).await,
         None => account_unmatched(tx, policy, state, now).await,
     }
+}
+
+/// Longest txid or address accepted from a watcher; real ones are at most 90 characters.
+const MAX_CHAIN_TEXT_LEN: usize = 128;
+
+/// Refuses events no real chain produces, before anything is stored.
+fn check_event(event: &ChainEvent) -> Result<(), Error> {
+    let text_ok = |text: &str| {
+        !text.is_empty()
+            && text.len() <= MAX_CHAIN_TEXT_LEN
+            && text.chars().all(|c| c.is_ascii_graphic())
+    };
+    let id = event.transfer_id();
+    if !text_ok(&id.txid) {
+        return Err(Error::InvalidEvent(format!(
+            "transfer id {:?} is not a transaction id",
+            id.txid.chars().take(40).collect::<String>()
+        )));
+    }
+    if let ChainEvent::Observed { transfer, .. } = event
+        && !text_ok(&transfer.to_address)
+    {
+        return Err(Error::InvalidEvent(format!(
+            "transfer {id} pays no valid address"
+        )));
+    }
+    Ok(())
 }
 
 /// A transfer to an address no intent owns (for Solana: to the recipient without a known

@@ -311,6 +311,24 @@ on_both_databases! {
         sound(&engine).await;
     }
 
+    async fn malformed_or_contradictory_events_are_refused_whole(db) {
+        let (engine, _clock) = engine(&db, config(|_| {})).await;
+        engine.create_topup(&topup("T1", "42", "500")).await.unwrap();
+        let pay = engine.create_payment(&order("T1"), Method::Btc).await.unwrap();
+        let good = Tx::new(Network::Bitcoin, "good", &pay.intent.watch_key, Method::Btc, 625_000, start_time());
+        let empty_txid = Tx::new(Network::Bitcoin, "", &pay.intent.watch_key, Method::Btc, 1, start_time());
+        let injection = Tx::new(Network::Bitcoin, "x'; DROP TABLE transfers;--", &pay.intent.watch_key, Method::Btc, 1, start_time());
+        for bad in [empty_txid.observed(2, 10), injection.observed(2, 10)] {
+            assert!(matches!(engine.apply_chain_events(&[good.observed(2, 10), bad]).await, Err(Error::InvalidEvent(_))));
+        }
+        assert!(engine.transfers_for(&order("T1")).await.unwrap().is_empty(), "the batch applied nothing");
+        engine.apply_chain_events(&[good.observed(0, 10)]).await.unwrap();
+        let mut changed = Tx::new(Network::Bitcoin, "good", &pay.intent.watch_key, Method::Btc, 1, start_time());
+        changed.seen_at = start_time();
+        assert!(matches!(engine.apply_chain_events(&[changed.observed(2, 11)]).await, Err(Error::InvalidEvent(_))));
+        assert_eq!(engine.trial_balance().await.unwrap().entries, 0);
+    }
+
     async fn an_unmatched_receipt_is_held_for_operators(db) {
         let (engine, _clock) = engine(&db, config(|_| {})).await;
         let stray = Tx::new(Network::Solana, "sig", "9Wz2nTsvcEFo6LjvdQ5cY3D5e8jjSj5S8Sy8jqmLAvnR", Method::Sol, 1_000_000_000, start_time());
