@@ -348,16 +348,9 @@ pub(crate) async fn evaluate_intent(
                 )
                 .await?;
                 if confirmed {
-                    let key = format!("after-settlement:{}", transfer.id);
-                    entries.push(extra_money_entry(
-                        &key,
-                        &intent,
-                        &order,
-                        transfer.amount,
-                        policy.overpayment,
-                        SuspenseReason::Overpaid,
-                    ));
-                    credited.push((index, key));
+                    let entry = after_settlement_entry(transfer, &intent, &order, policy);
+                    credited.push((index, entry.idempotency_key.clone()));
+                    entries.push(entry);
                 }
             }
         } else if transfer.seen_at_ms > deadline_ms && uncredited {
@@ -472,16 +465,9 @@ pub(crate) async fn evaluate_intent(
                         now,
                     )
                     .await?;
-                    let key = format!("after-settlement:{}", transfer.id);
-                    entries.push(extra_money_entry(
-                        &key,
-                        &intent,
-                        &order,
-                        transfer.amount,
-                        policy.overpayment,
-                        SuspenseReason::Overpaid,
-                    ));
-                    credited.push((index, key));
+                    let entry = after_settlement_entry(transfer, &intent, &order, policy);
+                    credited.push((index, entry.idempotency_key.clone()));
+                    entries.push(entry);
                 }
             }
         }
@@ -744,6 +730,24 @@ fn extra_money_entry(
     );
     let customer = Account::CustomerBalance(order.account_id.clone());
     conversion_entry(key, memo, intent, amount, cents, customer)
+}
+
+/// Money to an intent whose order is already paid: never absorbed into the order, treated as
+/// an overpayment under the overpayment policy.
+fn after_settlement_entry(
+    transfer: &StoredTransfer,
+    intent: &PaymentIntent,
+    order: &Order,
+    policy: &MatchPolicy,
+) -> NewEntry {
+    extra_money_entry(
+        &format!("after-settlement:{}", transfer.id),
+        intent,
+        order,
+        transfer.amount,
+        policy.overpayment,
+        SuspenseReason::Overpaid,
+    )
 }
 
 /// Crypto into custody, held in suspense for an operator.
