@@ -6,7 +6,10 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use payrecon_chain_bitcoin::{SegwitDeriver, UtxoChain};
-use payrecon_chain_core::{AccountXpub, AddressDeriver, ChainEvent, DeriveError, Method, Network};
+use payrecon_chain_core::{
+    AccountXpub, AddressDeriver, BlockId, ChainCursor, ChainEvent, DeriveError, MAX_CHECKPOINTS,
+    Method, Network,
+};
 use payrecon_chain_ethereum::EthereumDeriver;
 use payrecon_chain_solana::SolanaPayDeriver;
 use payrecon_chain_tron::TronDeriver;
@@ -374,17 +377,67 @@ impl Engine {
         self.payment(intent_id).await
     }
 
-    /// Applies chain events from a watcher, in one transaction: all or none.
+    /// Applies chain events, in one transaction: all or none.
     pub async fn apply_chain_events(&self, events: &[ChainEvent]) -> Result<(), Error> {
+        self.apply(events, None).await
+    }
+
+    /// Applies a watcher's events and moves its cursor in the same transaction: after a crash
+    /// the watcher resumes from the cursor and finds nothing missing and nothing doubled.
+    pub async fn apply_chain_events_at(
+        &self,
+        network: Network,
+        events: &[ChainEvent],
+        cursor: &ChainCursor,
+    ) -> Result<(), Error> {
+        if let Some(stray) = events.iter().find(|e| e.transfer_id().network != network) {
+            return Err(Error::InvalidEvent(format!(
+                "the {network} watcher reported a transfer on {}",
+                stray.transfer_id().network
+            )));
+        }
+        let hash_ok = |block: &BlockId| {
+            !block.hash.is_empty()
+                && block.hash.len() <= 128
+                && block.hash.chars().all(|c| c.is_ascii_graphic())
+        };
+        if cursor.checkpoints.len() > MAX_CHECKPOINTS
+            || !hash_ok(&cursor.tip)
+            || !cursor
+                .checkpoints
+                .iter()
+                .all(|b| hash_ok(b) && b.height < cursor.tip.height)
+        {
+            return Err(Error::InvalidEvent(format!(
+                "the {network} cursor must name its tip and at most {MAX_CHECKPOINTS} lower checkpoints"
+            )));
+        }
+        self.apply(events, Some((network, cursor))).await
+    }
+
+    async fn apply(
+        &self,
+        events: &[ChainEvent],
+        cursor: Option<(Network, &ChainCursor)>,
+    ) -> Result<(), Error> {
         let now = self.now();
         let settings = self.payment_settings();
         let mut tx = self.store().begin_write().await?;
         for event in events {
             matcher::apply_event(&mut tx, &settings.policy, event, now).await?;
         }
+        if let Some((network, cursor)) = cursor {
+            crate::store::cursors::put(tx.conn(), network, cursor, now).await?;
+        }
         tx.commit().await?;
         self.notify_events();
         Ok(())
+    }
+
+    /// Where `network`'s watcher committed its last batch, if anywhere.
+    pub async fn watcher_cursor(&self, network: Network) -> Result<Option<ChainCursor>, Error> {
+        let mut conn = self.store().pool().acquire().await?;
+        Ok(crate::store::cursors::get(&mut conn, network).await?)
     }
 
     /// Moves intents whose deadline passed to expired or underpaid. Call it periodically;

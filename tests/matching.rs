@@ -329,6 +329,38 @@ on_both_databases! {
         assert_eq!(engine.trial_balance().await.unwrap().entries, 0);
     }
 
+    async fn the_watcher_cursor_moves_with_its_events_or_not_at_all(db) {
+        use payrecon_chain_core::{BlockId, ChainCursor};
+        let (engine, _clock) = engine(&db, config(|_| {})).await;
+        engine.create_topup(&topup("T1", "42", "500")).await.unwrap();
+        let pay = engine.create_payment(&order("T1"), Method::Btc).await.unwrap();
+        let block = |height: u64| BlockId { height, hash: format!("{height:064x}") };
+        let cursor = |height: u64| ChainCursor { tip: block(height), checkpoints: (height - 3..height).map(block).collect() };
+        assert_eq!(engine.watcher_cursor(Network::Bitcoin).await.unwrap(), None);
+
+        let a = Tx::new(Network::Bitcoin, "a", &pay.intent.watch_key, Method::Btc, 625_000, start_time());
+        engine.apply_chain_events_at(Network::Bitcoin, &[a.observed(2, 101)], &cursor(101)).await.unwrap();
+        assert_eq!(engine.watcher_cursor(Network::Bitcoin).await.unwrap(), Some(cursor(101)));
+        assert_eq!(engine.available_balance(&account("42")).await.unwrap().cents(), 50_000);
+
+        // A batch that fails moves neither the ledger nor the cursor: the watcher redoes it.
+        let bad = Tx::new(Network::Bitcoin, "", &pay.intent.watch_key, Method::Btc, 1, start_time());
+        let b = Tx::new(Network::Bitcoin, "b", &pay.intent.watch_key, Method::Btc, 1_000, start_time());
+        assert!(engine.apply_chain_events_at(Network::Bitcoin, &[b.observed(2, 102), bad.observed(2, 102)], &cursor(102)).await.is_err());
+        assert_eq!(engine.watcher_cursor(Network::Bitcoin).await.unwrap(), Some(cursor(101)));
+        assert_eq!(engine.transfers_for(&order("T1")).await.unwrap().len(), 1);
+
+        let eth = Tx::new(Network::Ethereum, "0xe", &pay.intent.watch_key, Method::Eth, 1, start_time());
+        assert!(matches!(
+            engine.apply_chain_events_at(Network::Bitcoin, &[eth.observed(1, 5)], &cursor(103)).await,
+            Err(Error::InvalidEvent(_))
+        ));
+        let no_hash = ChainCursor { tip: BlockId { height: 104, hash: String::new() }, checkpoints: vec![] };
+        assert!(matches!(engine.apply_chain_events_at(Network::Bitcoin, &[], &no_hash).await, Err(Error::InvalidEvent(_))));
+        assert_eq!(engine.watcher_cursor(Network::Bitcoin).await.unwrap(), Some(cursor(101)));
+        assert_eq!(engine.watcher_cursor(Network::Ethereum).await.unwrap(), None, "one cursor per network");
+    }
+
     async fn an_unmatched_receipt_is_held_for_operators(db) {
         let (engine, _clock) = engine(&db, config(|_| {})).await;
         let stray = Tx::new(Network::Solana, "sig", "9Wz2nTsvcEFo6LjvdQ5cY3D5e8jjSj5S8Sy8jqmLAvnR", Method::Sol, 1_000_000_000, start_time());

@@ -6,6 +6,7 @@
 //! losslessly on both. Where the dialects differ (row locks), the statement comes in two
 //! spellings side by side.
 
+pub mod cursors;
 pub mod ledger;
 pub mod orders;
 pub mod payments;
@@ -29,7 +30,7 @@ const POSTGRES_MAX_CONNECTIONS: u32 = 16;
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The schema, in order. Each version has one script per database.
-const MIGRATIONS: [(i64, &str, &str, &str); 2] = [
+const MIGRATIONS: [(i64, &str, &str, &str); 3] = [
     (
         1,
         "foundation",
@@ -41,6 +42,12 @@ const MIGRATIONS: [(i64, &str, &str, &str); 2] = [
         "payments",
         include_str!("../../migrations/sqlite/0002_payments.sql"),
         include_str!("../../migrations/postgres/0002_payments.sql"),
+    ),
+    (
+        3,
+        "watcher cursors",
+        include_str!("../../migrations/sqlite/0003_watcher_cursors.sql"),
+        include_str!("../../migrations/postgres/0003_watcher_cursors.sql"),
     ),
 ];
 

@@ -99,3 +99,26 @@ impl ChainEvent {
         }
     }
 }
+
+/// Most recent blocks a cursor remembers: enough to find where any realistic reorg rejoins.
+pub const MAX_CHECKPOINTS: usize = 256;
+
+/// A block by height and hash.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockId {
+    /// Height.
+    pub height: u64,
+    /// Hash, as the chain's explorers print it.
+    pub hash: String,
+}
+
+/// How far a watcher has processed its chain: committed in the same transaction as the events
+/// it produced (like a reth stage checkpoint), so a restart resumes exactly there.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChainCursor {
+    /// The last block processed.
+    pub tip: BlockId,
+    /// Recent blocks below it, oldest first: after a reorg the watcher rejoins at the highest
+    /// one whose hash the chain still has (BDK's checkpoints), and unwinds what lay above.
+    pub checkpoints: Vec<BlockId>,
+}

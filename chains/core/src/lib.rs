@@ -10,7 +10,9 @@ mod method;
 
 pub use amount::{Amount, ParseAmountError, ParseAmountErrorKind};
 pub use derive::{AccountXpub, AddressDeriver, DeriveError, DerivedAddress, evm_account_bytes};
-pub use event::{ChainEvent, ReceivedAsset, Transfer, TransferId};
+pub use event::{
+    BlockId, ChainCursor, ChainEvent, MAX_CHECKPOINTS, ReceivedAsset, Transfer, TransferId,
+};
 pub use method::{Asset, Method, Network, ParseMethodError, ParseNetworkError};
 
 /// Re-exported so chain crates share one secp256k1 and one base58check.
