@@ -217,14 +217,6 @@ impl Method {
         }
     }
 
-    /// Whether the asset is a token contract rather than the network's native coin.
-    pub const fn is_token(self) -> bool {
-        matches!(
-            self,
-            Method::UsdtErc20 | Method::UsdcErc20 | Method::UsdtTrc20
-        )
-    }
-
     /// Parses a decimal amount of this method's asset, refusing more decimals than it has.
     pub fn parse_amount(self, decimal: &str) -> Result<crate::Amount, crate::ParseAmountError> {
         crate::Amount::from_decimal_str(decimal, self.decimals())
@@ -306,6 +298,20 @@ mod tests {
             assert_eq!(method.decimals(), decimals);
         }
         assert_ne!(Method::UsdtErc20, Method::UsdtTrc20);
+        let units: Vec<&str> = Method::ALL.iter().map(|m| m.base_unit()).collect();
+        assert_eq!(
+            units,
+            [
+                "satoshi",
+                "wei",
+                "token unit",
+                "token unit",
+                "sun",
+                "token unit",
+                "lamport",
+                "litoshi"
+            ]
+        );
     }
 
     #[test]
