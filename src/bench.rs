@@ -266,6 +266,9 @@ async fn payments_engine(url: &str, scratch: &std::path::Path) -> anyhow::Result
         network: "mainnet".into(),
         confirmations: 2,
         confirmation_tiers: Vec::new(),
+        electrum_url: None,
+        genesis_hash: None,
+        poll_interval_ms: 2000,
     });
     Ok(Engine::from_config(&config).await?)
 }

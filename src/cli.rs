@@ -56,6 +56,9 @@ enum Command {
     /// The journal.
     #[command(subcommand)]
     Ledger(LedgerCommand),
+    /// Run the watchers of every network with a node configured, and expire intents past
+    /// their deadline, until interrupted (Ctrl-C or SIGTERM).
+    Serve,
     /// Throughput benchmarks of the hot paths; prints figures, changes nothing else.
     #[command(subcommand)]
     Bench(crate::bench::BenchCommand),
@@ -175,6 +178,29 @@ pub fn main() -> ExitCode {
             eprintln!("error: {}", one_line(&error));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Ctrl-C, or SIGTERM where there is one.
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
     }
 }
 
@@ -413,6 +439,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 &serde_json::json!({ "intent": intent, "svg": svg }),
                 || svg.clone(),
             )
+        }
+        Command::Serve => {
+            let (stop, shutdown) = tokio::sync::watch::channel(false);
+            tokio::spawn(async move {
+                wait_for_signal().await;
+                tracing::warn!("shutting down");
+                let _ = stop.send(true);
+            });
+            crate::serve::serve(engine, &config, shutdown).await?;
+            Ok(())
         }
         Command::Bench(_) => unreachable!("handled before opening the engine"),
     }

@@ -154,6 +154,17 @@ pub struct UtxoConfig {
     /// More confirmations for larger payments.
     #[serde(default)]
     pub confirmation_tiers: Vec<ConfirmationTier>,
+    /// The Electrum server `payrecon serve` watches this network through:
+    /// `tcp://host:port` or `ssl://host:port`. Without it no watcher runs for the network.
+    #[serde(default)]
+    pub electrum_url: Option<String>,
+    /// The server must serve this genesis block; defaults to the network's own.
+    #[serde(default)]
+    pub genesis_hash: Option<String>,
+    /// Pause between scans, in milliseconds (new intents and tip notifications are picked up
+    /// at the next scan).
+    #[serde(default = "poll_interval_ms")]
+    pub poll_interval_ms: u32,
 }
 
 /// `[networks.ethereum]`.
@@ -213,6 +224,9 @@ fn mainnet() -> String {
 }
 fn ethereum_mainnet() -> u64 {
     1
+}
+fn poll_interval_ms() -> u32 {
+    2000
 }
 fn one() -> u32 {
     1

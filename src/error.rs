@@ -54,6 +54,14 @@ pub enum Error {
     /// The configuration cannot be used.
     #[error("configuration: {0}")]
     Config(String),
+    /// A watcher stopped because its chain data source cannot be trusted.
+    #[error("the {network} watcher stopped: {reason}")]
+    WatcherStopped {
+        /// The network.
+        network: payrecon_chain_core::Network,
+        /// What the data source did.
+        reason: String,
+    },
     /// The database failed.
     #[error(transparent)]
     Store(#[from] StoreError),

@@ -2,8 +2,9 @@
 //!
 //! The shop embeds [`Engine`]: it records rental orders and balance top-ups, keeps each
 //! customer's USD balance in a double-entry [`ledger`], and settles orders from that balance.
-//! Later stages add payment instructions, chain watchers and the matcher; money always flows
-//! one way: watcher -> chain event -> matcher -> ledger -> reports.
+//! Payment instructions give each order a fresh address and a locked amount; chain watchers
+//! report what arrives and the matcher settles it. Money always flows one way:
+//! watcher -> chain event -> matcher -> ledger -> reports.
 
 pub mod bench;
 pub mod cli;
@@ -18,7 +19,9 @@ pub mod money;
 pub mod order;
 pub mod payments;
 pub mod rates;
+pub mod serve;
 pub mod store;
+pub mod watcher;
 
 pub use engine::{BalancePayment, Created, Engine, TrialBalance};
 pub use error::Error;

@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use payrecon_chain_bitcoin::{SegwitDeriver, UtxoChain};
 use payrecon_chain_core::{
     AccountXpub, AddressDeriver, BlockId, ChainCursor, ChainEvent, DeriveError, MAX_CHECKPOINTS,
-    Method, Network,
+    Method, Network, WatchView,
 };
 use payrecon_chain_ethereum::EthereumDeriver;
 use payrecon_chain_solana::SolanaPayDeriver;
@@ -27,7 +27,7 @@ use crate::rates::{CoinGecko, Kraken, RateBook, RateSource, RecordedQuotes};
 use crate::store::payments::{self, ExceptionRecord, IntentEvent};
 
 /// Intents evaluated per `tick` call at most, so one call stays short.
-const TICK_BATCH: i64 = 500;
+pub const TICK_BATCH: usize = 500;
 
 /// Everything the engine needs to make and match payment instructions.
 #[derive(Debug)]
@@ -446,7 +446,7 @@ impl Engine {
         let now = self.now();
         let settings = self.payment_settings();
         let mut tx = self.store().begin_write().await?;
-        let due = payments::due_intent_ids(tx.conn(), now, TICK_BATCH).await?;
+        let due = payments::due_intent_ids(tx.conn(), now, TICK_BATCH as i64).await?;
         for id in &due {
             matcher::evaluate_intent(&mut tx, &settings.policy, id, now).await?;
         }
@@ -459,6 +459,33 @@ impl Engine {
     pub async fn watch_keys(&self, network: Network) -> Result<Vec<String>, Error> {
         let mut conn = self.store().pool().acquire().await?;
         Ok(payments::watch_keys(&mut conn, network, self.now()).await?)
+    }
+
+    /// What `network`'s watcher diffs the chain against, read in one transaction: the keys to
+    /// follow, the transfers already recorded to them, its cursor and the engine's clock.
+    pub async fn watch_view(&self, network: Network) -> Result<WatchView, Error> {
+        let now = self.now();
+        let settle_depth = self
+            .payment_settings()
+            .policy
+            .confirmations
+            .get(&network)
+            .map_or(1, |rule| {
+                rule.tiers
+                    .iter()
+                    .map(|tier| tier.confirmations)
+                    .fold(rule.confirmations, u32::max)
+            });
+        let mut tx = self.store().pool().begin().await?;
+        let view = WatchView {
+            watch_keys: payments::watch_keys(&mut tx, network, now).await?,
+            known: payments::known_transfers(&mut tx, network, now).await?,
+            cursor: crate::store::cursors::get(&mut tx, network).await?,
+            now_ms: now.timestamp_millis(),
+            settle_depth,
+        };
+        tx.commit().await?;
+        Ok(view)
     }
 
     /// Every transfer to any address of the order's intents, old and superseded ones too.

@@ -1,7 +1,9 @@
 //! SQL for payment intents, derivation counters, transfers, exceptions and intent events.
 
 use chrono::{DateTime, Utc};
-use payrecon_chain_core::{Amount, Method, Network, ReceivedAsset, TransferId};
+use payrecon_chain_core::{
+    Amount, KnownTransfer, Method, Network, ReceivedAsset, Transfer, TransferId,
+};
 use sqlx::{AnyConnection, Row};
 
 use super::orders::millis;
@@ -162,6 +164,40 @@ pub(crate) async fn watch_keys(
     .bind(now.timestamp_millis())
     .fetch_all(conn)
     .await?)
+}
+
+/// Transfers not removed that paid a watch key of `network` still inside its monitoring
+/// window: what a watcher diffs the chain against.
+pub(crate) async fn known_transfers(
+    conn: &mut AnyConnection,
+    network: Network,
+    now: DateTime<Utc>,
+) -> Result<Vec<KnownTransfer>, StoreError> {
+    sqlx::query(
+        "SELECT t.network, t.txid, t.position, t.to_address, t.asset, t.amount_base, t.intent_id, t.confirmations, t.removed, t.tip_height, t.seen_at_ms, t.credited_entry \
+         FROM transfers t JOIN payment_intents i ON i.id = t.intent_id \
+         WHERE t.network = $1 AND t.removed = 0 AND i.monitor_until_ms > $2",
+    )
+    .bind(network.as_str())
+    .bind(now.timestamp_millis())
+    .fetch_all(conn)
+    .await?
+    .iter()
+    .map(|row| {
+        let stored = decode_transfer(row)?;
+        Ok(KnownTransfer {
+            transfer: Transfer {
+                id: stored.id,
+                to_address: stored.to_address,
+                asset: stored.asset,
+                amount: stored.amount,
+            },
+            confirmations: stored.confirmations,
+            tip_height: stored.tip_height,
+            seen_at_ms: stored.seen_at_ms,
+        })
+    })
+    .collect()
 }
 
 /// Records the customer's "I have paid" once; later calls keep the first time.

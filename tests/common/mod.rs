@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod payments;
+pub mod regtest;
 pub mod replay;
 
 use payrecon::Engine;

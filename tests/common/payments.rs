@@ -76,10 +76,19 @@ fn toml_config(text: &str) -> Config {
 
 /// An engine on `db` with the example networks, fixed rates and a manual clock.
 pub async fn engine(db: &TestDb, config: Config) -> (Engine, Arc<ManualClock>) {
+    engine_with_prices(db, config, PRICES).await
+}
+
+/// An engine on `db` pricing assets at `prices`.
+pub async fn engine_with_prices(
+    db: &TestDb,
+    config: Config,
+    prices: &'static [(Asset, &'static str)],
+) -> (Engine, Arc<ManualClock>) {
     let clock = Arc::new(ManualClock::new(start_time()));
     let mut settings = PaymentSettings::from_config(&config).unwrap();
     settings.rates = Some(Arc::new(RateBook::new(
-        vec![Arc::new(FixedRates(PRICES))],
+        vec![Arc::new(FixedRates(prices))],
         chrono::Duration::minutes(5),
         Decimal::new(2, 2),
         chrono::Duration::zero(),

@@ -7,6 +7,7 @@ mod amount;
 mod derive;
 mod event;
 mod method;
+mod scan;
 
 pub use amount::{Amount, ParseAmountError, ParseAmountErrorKind};
 pub use derive::{AccountXpub, AddressDeriver, DeriveError, DerivedAddress, evm_account_bytes};
@@ -14,6 +15,7 @@ pub use event::{
     BlockId, ChainCursor, ChainEvent, MAX_CHECKPOINTS, ReceivedAsset, Transfer, TransferId,
 };
 pub use method::{Asset, Method, Network, ParseMethodError, ParseNetworkError};
+pub use scan::{ChainScanner, KnownTransfer, ScanBatch, ScanError, WatchView};
 
 /// Re-exported so chain crates share one secp256k1 and one base58check.
 pub use bitcoin;

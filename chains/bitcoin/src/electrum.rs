@@ -1,0 +1,676 @@
+//! The Bitcoin and Litecoin scanner, over an Electrum server.
+//!
+//! Electrum indexes by script: the scanner subscribes to the script hash of every watched
+//! address and to the chain tip. A script's status changes whenever its history does (a
+//! payment enters the mempool, is mined, is reorged or replaced), so after the first full read
+//! only changed scripts are read again; a new tip only moves confirmations. Every scan diffs
+//! the histories against what the engine has committed, which makes a scan repeatable and a
+//! restart exact: a transfer the engine knows and the server no longer lists is removed.
+//!
+//! Trust: like any Electrum wallet without header proof-of-work checks, the scanner trusts its
+//! server for what is on the chain; run your own server. It checks what it can: the server's
+//! genesis block is the configured chain's, and every transaction hashes to its id.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::str::FromStr;
+use std::time::Duration;
+
+use electrum_client::{Client, ConfigBuilder, ElectrumApi, Error as ElectrumError};
+use payrecon_chain_core::bitcoin::block::Header;
+use payrecon_chain_core::bitcoin::{self, BlockHash, ScriptBuf, Transaction, Txid};
+use payrecon_chain_core::{
+    BlockId, ChainCursor, ChainEvent, ChainScanner, KnownTransfer, Method, Network, ReceivedAsset,
+    ScanBatch, ScanError, Transfer, TransferId, WatchView,
+};
+
+use crate::{UtxoChain, UtxoNetwork, script_pubkey};
+
+/// Recent block hashes kept for the cursor, below the tip.
+const KEPT_CHECKPOINTS: u64 = 64;
+
+/// Block times remembered for dating transfers first seen already confirmed.
+const KEPT_BLOCK_TIMES: usize = 4096;
+
+/// Litecoin's genesis blocks (rust-bitcoin knows only Bitcoin's).
+const LITECOIN_GENESIS: [(UtxoNetwork, &str); 3] = [
+    (
+        UtxoNetwork::Mainnet,
+        "12a765e31ffd4059bada1e25190f6e98c99d9714d334efa41a195a7e7e04bfe2",
+    ),
+    (
+        UtxoNetwork::Testnet,
+        "4966625a4b2851d9fdee139e56211a0d88575f59ed816ff5e6a63deb4e3e29a0",
+    ),
+    (
+        UtxoNetwork::Regtest,
+        "530827f38f93b43ed12af0b3ad25a288dc02ed74d6d7857862df51fc56c416f9",
+    ),
+];
+
+/// Where and how to reach one network's Electrum server.
+#[derive(Clone, Debug)]
+pub struct ElectrumSettings {
+    /// `tcp://host:port` or `ssl://host:port`.
+    pub url: String,
+    /// Bitcoin or Litecoin.
+    pub chain: UtxoChain,
+    /// Mainnet, testnet or regtest: decides the expected genesis block.
+    pub network: UtxoNetwork,
+    /// Overrides the expected genesis block hash (for signet or a custom test chain).
+    pub genesis_hash: Option<String>,
+    /// Socket timeout of one request.
+    pub timeout: Duration,
+    /// Scripts or transactions per batched request.
+    pub batch_size: usize,
+}
+
+impl ElectrumSettings {
+    /// Settings with a 30 s timeout and batches of 500.
+    pub fn new(url: impl Into<String>, chain: UtxoChain, network: UtxoNetwork) -> ElectrumSettings {
+        ElectrumSettings {
+            url: url.into(),
+            chain,
+            network,
+            genesis_hash: None,
+            timeout: Duration::from_secs(30),
+            batch_size: 500,
+        }
+    }
+
+    fn network_id(&self) -> Network {
+        match self.chain {
+            UtxoChain::Bitcoin => Network::Bitcoin,
+            UtxoChain::Litecoin => Network::Litecoin,
+        }
+    }
+
+    fn method(&self) -> Method {
+        match self.chain {
+            UtxoChain::Bitcoin => Method::Btc,
+            UtxoChain::Litecoin => Method::Ltc,
+        }
+    }
+
+    /// The genesis block hash the server must serve.
+    pub fn expected_genesis(&self) -> Result<BlockHash, ScanError> {
+        let configured = self.genesis_hash.as_deref().map(str::to_owned);
+        let text = match (configured, self.chain) {
+            (Some(hash), _) => hash,
+            (None, UtxoChain::Bitcoin) => {
+                let network = match self.network {
+                    UtxoNetwork::Mainnet => bitcoin::Network::Bitcoin,
+                    UtxoNetwork::Testnet => bitcoin::Network::Testnet,
+                    UtxoNetwork::Regtest => bitcoin::Network::Regtest,
+                };
+                return Ok(bitcoin::constants::genesis_block(network).block_hash());
+            }
+            (None, UtxoChain::Litecoin) => LITECOIN_GENESIS
+                .iter()
+                .find(|(network, _)| *network == self.network)
+                .map(|(_, hash)| (*hash).to_owned())
+                .unwrap_or_default(),
+        };
+        BlockHash::from_str(&text)
+            .map_err(|e| ScanError::Fatal(format!("genesis hash {text:?}: {e}")))
+    }
+}
+
+/// Scans one UTXO network through one Electrum server.
+pub struct ElectrumScanner {
+    settings: ElectrumSettings,
+    session: Option<Session>,
+}
+
+impl ElectrumScanner {
+    /// A scanner that connects on its first scan.
+    pub fn new(settings: ElectrumSettings) -> ElectrumScanner {
+        ElectrumScanner {
+            settings,
+            session: None,
+        }
+    }
+}
+
+impl ChainScanner for ElectrumScanner {
+    fn network(&self) -> Network {
+        self.settings.network_id()
+    }
+
+    async fn scan(&mut self, view: &WatchView) -> Result<ScanBatch, ScanError> {
+        let settings = self.settings.clone();
+        let session = self.session.take();
+        let view = view.clone();
+        let (session, batch) = tokio::task::spawn_blocking(move || {
+            let mut session = match session {
+                Some(session) => session,
+                None => Session::connect(&settings, view.cursor.as_ref())?,
+            };
+            let batch = session.scan(&settings, &view)?;
+            Ok::<_, ScanError>((session, batch))
+        })
+        .await
+        .map_err(|e| ScanError::Transient(format!("scanner task: {e}")))??;
+        self.session = Some(session);
+        Ok(batch)
+    }
+
+    fn reset(&mut self) {
+        self.session = None;
+    }
+}
+
+/// A script the scanner follows, and its history once read.
+struct Watched {
+    key: String,
+    history: Option<Vec<(Txid, i32)>>,
+}
+
+/// One connection's state: dropped on any failure, rebuilt by a full read.
+struct Session {
+    client: Client,
+    tip_height: u64,
+    tip_hash: BlockHash,
+    /// Recent blocks up to the tip: hash and time by height.
+    recent: BTreeMap<u64, (BlockHash, u32)>,
+    /// Older block times, for dating transfers first seen already confirmed.
+    block_times: BTreeMap<u64, u32>,
+    scripts: HashMap<ScriptBuf, Watched>,
+    /// Outputs of every transaction in a followed history (a transaction never changes).
+    outputs: HashMap<Txid, Vec<(ScriptBuf, u64)>>,
+    /// The tip moved other than by extension since the last scan: read every history again.
+    reorged: bool,
+}
+
+impl Session {
+    fn connect(
+        settings: &ElectrumSettings,
+        cursor: Option<&ChainCursor>,
+    ) -> Result<Session, ScanError> {
+        let config = ConfigBuilder::new()
+            .timeout(Some(settings.timeout))
+            .retry(0)
+            .build();
+        let client = Client::from_config(&settings.url, config).map_err(classify)?;
+        let expected = settings.expected_genesis()?;
+        let genesis = client.block_header(0).map_err(classify)?.block_hash();
+        if genesis != expected {
+            return Err(ScanError::Fatal(format!(
+                "{} serves the chain with genesis block {genesis}, not {:?} {:?} ({expected})",
+                settings.url, settings.chain, settings.network
+            )));
+        }
+        let tip = client.block_headers_subscribe().map_err(classify)?;
+        let tip_height = tip.height as u64;
+        if let Some(cursor) = cursor
+            && cursor.tip.height > tip_height
+        {
+            return Err(ScanError::Transient(format!(
+                "{} is at height {tip_height}, behind the {} already processed",
+                settings.url, cursor.tip.height
+            )));
+        }
+        let mut session = Session {
+            client,
+            tip_height,
+            tip_hash: tip.header.block_hash(),
+            recent: BTreeMap::new(),
+            block_times: BTreeMap::new(),
+            scripts: HashMap::new(),
+            outputs: HashMap::new(),
+            reorged: false,
+        };
+        session.reload_recent()?;
+        if let Some(cursor) = cursor
+            && session
+                .recent
+                .get(&cursor.tip.height)
+                .map(|(h, _)| h.to_string())
+                != Some(cursor.tip.hash.clone())
+            && cursor.tip.height + KEPT_CHECKPOINTS > tip_height
+        {
+            tracing::warn!(
+                network = %settings.network_id(),
+                height = cursor.tip.height,
+                "the block last processed is no longer on the chain: a reorg happened while stopped"
+            );
+        }
+        tracing::info!(network = %settings.network_id(), url = %settings.url, tip = tip_height, "connected to Electrum server");
+        Ok(session)
+    }
+
+    /// Reads the recent headers up to the tip again.
+    fn reload_recent(&mut self) -> Result<(), ScanError> {
+        let low = self.tip_height.saturating_sub(KEPT_CHECKPOINTS);
+        let heights: Vec<u32> = (low..=self.tip_height)
+            .map(height_u32)
+            .collect::<Result<_, _>>()?;
+        let headers = self.client.batch_block_header(heights).map_err(classify)?;
+        self.recent = (low..=self.tip_height)
+            .zip(headers)
+            .map(|(height, header)| (height, (header.block_hash(), header.time)))
+            .collect();
+        if self.recent.get(&self.tip_height).map(|(h, _)| *h) != Some(self.tip_hash) {
+            return Err(ScanError::Transient(
+                "the tip moved while reading headers".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Follows the newest tip notification: an extension appends, anything else is a reorg.
+    fn follow_tip(&mut self) -> Result<(), ScanError> {
+        self.client.ping().map_err(classify)?;
+        let mut newest = None;
+        while let Some(notification) = self.client.block_headers_pop().map_err(classify)? {
+            newest = Some(notification);
+        }
+        let Some(notification) = newest else {
+            return Ok(());
+        };
+        let (height, hash) = (notification.height as u64, notification.header.block_hash());
+        if hash == self.tip_hash {
+            return Ok(());
+        }
+        let extends = height > self.tip_height && {
+            let heights: Vec<u32> = (self.tip_height + 1..=height)
+                .map(height_u32)
+                .collect::<Result<_, _>>()?;
+            let headers = self.client.batch_block_header(heights).map_err(classify)?;
+            let links = headers
+                .iter()
+                .try_fold(self.tip_hash, |parent, header: &Header| {
+                    (header.prev_blockhash == parent).then(|| header.block_hash())
+                });
+            if links == Some(hash) {
+                for (h, header) in (self.tip_height + 1..).zip(&headers) {
+                    self.recent.insert(h, (header.block_hash(), header.time));
+                }
+                true
+            } else {
+                false
+            }
+        };
+        let old_tip = self.tip_height;
+        self.tip_height = height;
+        self.tip_hash = hash;
+        if extends {
+            let keep_from = height.saturating_sub(KEPT_CHECKPOINTS);
+            self.recent = self.recent.split_off(&keep_from);
+        } else {
+            let before = std::mem::take(&mut self.recent);
+            self.reload_recent()?;
+            let fork = before
+                .iter()
+                .rev()
+                .find(|(h, (hash, _))| self.recent.get(h).map(|(x, _)| x) == Some(hash))
+                .map(|(h, _)| *h);
+            tracing::warn!(old_tip, new_tip = height, fork = ?fork, "chain reorganisation: reading every history again");
+            self.block_times.clear();
+            self.reorged = true;
+        }
+        Ok(())
+    }
+
+    /// Subscribes new keys, drops keys no longer watched, and returns the scripts whose
+    /// history must be read.
+    fn sync_subscriptions(
+        &mut self,
+        settings: &ElectrumSettings,
+        keys: &[String],
+    ) -> Result<Vec<ScriptBuf>, ScanError> {
+        let mut wanted = HashMap::with_capacity(keys.len());
+        for key in keys {
+            let script = script_pubkey(key).map_err(|e| {
+                ScanError::Fatal(format!("watch key {key:?} is not a segwit address: {e}"))
+            })?;
+            wanted.insert(script, key);
+        }
+        let gone: Vec<ScriptBuf> = self
+            .scripts
+            .keys()
+            .filter(|s| !wanted.contains_key(*s))
+            .cloned()
+            .collect();
+        for script in gone {
+            // Servers before protocol 1.4.2 cannot unsubscribe; their notifications are ignored.
+            if let Err(e) = self.client.script_unsubscribe(&script) {
+                tracing::debug!(error = %e, "unsubscribe refused");
+            }
+            self.scripts.remove(&script);
+        }
+        let mut to_read = Vec::new();
+        let fresh: Vec<(ScriptBuf, String)> = wanted
+            .into_iter()
+            .filter(|(s, _)| !self.scripts.contains_key(s))
+            .map(|(s, k)| (s, k.clone()))
+            .collect();
+        for chunk in fresh.chunks(settings.batch_size.max(1)) {
+            let statuses = self
+                .client
+                .batch_script_subscribe(chunk.iter().map(|(s, _)| s.as_script()))
+                .map_err(classify)?;
+            for ((script, key), status) in chunk.iter().zip(statuses) {
+                let history = match status {
+                    Some(_) => {
+                        to_read.push(script.clone());
+                        None
+                    }
+                    None => Some(Vec::new()),
+                };
+                self.scripts.insert(
+                    script.clone(),
+                    Watched {
+                        key: key.clone(),
+                        history,
+                    },
+                );
+            }
+        }
+        let reread_all = std::mem::take(&mut self.reorged);
+        for (script, watched) in &self.scripts {
+            let mut changed = false;
+            while self.client.script_pop(script).map_err(classify)?.is_some() {
+                changed = true;
+            }
+            if (changed || reread_all) && watched.history.is_some() {
+                to_read.push(script.clone());
+            }
+        }
+        Ok(to_read)
+    }
+
+    fn read_histories(
+        &mut self,
+        settings: &ElectrumSettings,
+        scripts: &[ScriptBuf],
+    ) -> Result<(), ScanError> {
+        for chunk in scripts.chunks(settings.batch_size.max(1)) {
+            let histories = self
+                .client
+                .batch_script_get_history(chunk.iter().map(|s| s.as_script()))
+                .map_err(classify)?;
+            if histories.len() != chunk.len() {
+                return Err(ScanError::Fatal(format!(
+                    "asked for {} histories, the server answered {}",
+                    chunk.len(),
+                    histories.len()
+                )));
+            }
+            for (script, history) in chunk.iter().zip(histories) {
+                if let Some(watched) = self.scripts.get_mut(script) {
+                    watched.history =
+                        Some(history.into_iter().map(|h| (h.tx_hash, h.height)).collect());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Fetches the transactions not read yet, checking each hashes to its id.
+    fn read_transactions(&mut self, settings: &ElectrumSettings) -> Result<(), ScanError> {
+        let referenced: HashSet<Txid> = self
+            .scripts
+            .values()
+            .flat_map(|w| w.history.iter().flatten().map(|(txid, _)| *txid))
+            .collect();
+        self.outputs.retain(|txid, _| referenced.contains(txid));
+        let missing: Vec<Txid> = referenced
+            .into_iter()
+            .filter(|txid| !self.outputs.contains_key(txid))
+            .collect();
+        for chunk in missing.chunks(settings.batch_size.max(1)) {
+            let raws = self
+                .client
+                .batch_transaction_get_raw(chunk)
+                .map_err(classify)?;
+            if raws.len() != chunk.len() {
+                return Err(ScanError::Fatal(format!(
+                    "asked for {} transactions, the server answered {}",
+                    chunk.len(),
+                    raws.len()
+                )));
+            }
+            for (txid, raw) in chunk.iter().zip(raws) {
+                let tx: Transaction = bitcoin::consensus::deserialize(&raw).map_err(|e| {
+                    ScanError::Fatal(format!("transaction {txid} does not decode: {e}"))
+                })?;
+                if tx.compute_txid() != *txid {
+                    return Err(ScanError::Fatal(format!(
+                        "the server answered transaction {} when asked for {txid}",
+                        tx.compute_txid()
+                    )));
+                }
+                let outputs = tx
+                    .output
+                    .into_iter()
+                    .map(|out| (out.script_pubkey, out.value.to_sat()))
+                    .collect();
+                self.outputs.insert(*txid, outputs);
+            }
+        }
+        Ok(())
+    }
+
+    /// The time of the block at `height`, from memory or the server.
+    fn block_times_for(&mut self, heights: &HashSet<u64>) -> Result<(), ScanError> {
+        let missing: Vec<u64> = heights
+            .iter()
+            .copied()
+            .filter(|h| !self.recent.contains_key(h) && !self.block_times.contains_key(h))
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let asked: Vec<u32> = missing
+            .iter()
+            .copied()
+            .map(height_u32)
+            .collect::<Result<_, _>>()?;
+        let headers = self.client.batch_block_header(asked).map_err(classify)?;
+        for (height, header) in missing.into_iter().zip(headers) {
+            self.block_times.insert(height, header.time);
+        }
+        while self.block_times.len() > KEPT_BLOCK_TIMES {
+            self.block_times.pop_first();
+        }
+        Ok(())
+    }
+
+    fn block_time_ms(&self, height: u64) -> Option<i64> {
+        self.recent
+            .get(&height)
+            .map(|(_, time)| *time)
+            .or_else(|| self.block_times.get(&height).copied())
+            .map(|time| i64::from(time) * 1000)
+    }
+
+    fn scan(
+        &mut self,
+        settings: &ElectrumSettings,
+        view: &WatchView,
+    ) -> Result<ScanBatch, ScanError> {
+        self.follow_tip()?;
+        let to_read = self.sync_subscriptions(settings, &view.watch_keys)?;
+        self.read_histories(settings, &to_read)?;
+        self.read_transactions(settings)?;
+        tracing::debug!(
+            tip = self.tip_height,
+            followed = self.scripts.len(),
+            read = to_read.len(),
+            "scan"
+        );
+
+        let network = settings.network_id();
+        let method = settings.method();
+        let known: HashMap<&TransferId, &KnownTransfer> =
+            view.known.iter().map(|k| (&k.transfer.id, k)).collect();
+        let mut found = Vec::new();
+        for (script, watched) in &self.scripts {
+            for (txid, height) in watched.history.iter().flatten() {
+                let outputs = self.outputs.get(txid).ok_or_else(|| {
+                    ScanError::Transient(format!("transaction {txid} was not read"))
+                })?;
+                for (vout, (out_script, value)) in outputs.iter().enumerate() {
+                    if out_script != script {
+                        continue;
+                    }
+                    let id = TransferId {
+                        network,
+                        txid: txid.to_string(),
+                        position: u32::try_from(vout).map_err(|_| {
+                            ScanError::Fatal(format!("transaction {txid} has too many outputs"))
+                        })?,
+                    };
+                    let block_height = u64::try_from(*height).ok().filter(|h| *h > 0);
+                    found.push((id, watched.key.clone(), *value, block_height));
+                }
+            }
+        }
+        let new_heights: HashSet<u64> = found
+            .iter()
+            .filter(|(id, ..)| !known.contains_key(id))
+            .filter_map(|(.., height)| *height)
+            .collect();
+        self.block_times_for(&new_heights)?;
+
+        let tip_height = found
+            .iter()
+            .filter_map(|(.., height)| *height)
+            .fold(self.tip_height, u64::max);
+        let mut events = Vec::new();
+        let mut present = HashSet::new();
+        for (id, key, value, block_height) in found {
+            let confirmations =
+                block_height.map_or(0, |h| u32::try_from(tip_height + 1 - h).unwrap_or(u32::MAX));
+            let previous = known.get(&id);
+            let changed = match previous {
+                None => true,
+                Some(k) => {
+                    k.block_height() != block_height
+                        || (k.confirmations != confirmations && k.confirmations < view.settle_depth)
+                }
+            };
+            if changed {
+                let seen_at_ms = match (previous, block_height) {
+                    (Some(k), _) => k.seen_at_ms,
+                    (None, Some(h)) => self
+                        .block_time_ms(h)
+                        .map_or(view.now_ms, |t| t.min(view.now_ms)),
+                    (None, None) => view.now_ms,
+                };
+                events.push(ChainEvent::Observed {
+                    transfer: Transfer {
+                        id: id.clone(),
+                        to_address: key,
+                        asset: ReceivedAsset::Method { method },
+                        amount: value.into(),
+                    },
+                    confirmations,
+                    seen_at_ms,
+                    tip_height,
+                });
+            }
+            present.insert(id);
+        }
+        let followed: HashSet<&str> = self
+            .scripts
+            .values()
+            .filter(|w| w.history.is_some())
+            .map(|w| w.key.as_str())
+            .collect();
+        for gone in view.known.iter().filter(|k| {
+            followed.contains(k.transfer.to_address.as_str()) && !present.contains(&k.transfer.id)
+        }) {
+            events.push(ChainEvent::Removed {
+                id: gone.transfer.id.clone(),
+                tip_height,
+            });
+        }
+        Ok(ScanBatch {
+            events,
+            cursor: self.cursor(),
+            more: false,
+        })
+    }
+
+    fn cursor(&self) -> ChainCursor {
+        let block = |height: u64, hash: &BlockHash| BlockId {
+            height,
+            hash: hash.to_string(),
+        };
+        ChainCursor {
+            tip: block(self.tip_height, &self.tip_hash),
+            checkpoints: self
+                .recent
+                .range(..self.tip_height)
+                .map(|(height, (hash, _))| block(*height, hash))
+                .collect(),
+        }
+    }
+}
+
+fn height_u32(height: u64) -> Result<u32, ScanError> {
+    u32::try_from(height)
+        .map_err(|_| ScanError::Fatal(format!("block height {height} out of range")))
+}
+
+/// Connection trouble is temporary; an answer that does not parse is not.
+fn classify(error: ElectrumError) -> ScanError {
+    match error {
+        ElectrumError::AllAttemptsErrored(errors) if !errors.is_empty() => {
+            let last = errors.into_iter().next_back().expect("not empty");
+            classify(last)
+        }
+        ElectrumError::JSON(_)
+        | ElectrumError::Hex(_)
+        | ElectrumError::Bitcoin(_)
+        | ElectrumError::InvalidResponse(_) => {
+            ScanError::Fatal(format!("the Electrum server answered garbage: {error}"))
+        }
+        ElectrumError::InvalidDNSNameError(_) | ElectrumError::MissingDomain => {
+            ScanError::Fatal(format!("Electrum URL: {error}"))
+        }
+        other => ScanError::Transient(format!("Electrum: {other}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bitcoin_genesis_comes_from_rust_bitcoin() {
+        let settings = ElectrumSettings::new("tcp://x:1", UtxoChain::Bitcoin, UtxoNetwork::Mainnet);
+        assert_eq!(
+            settings.expected_genesis().unwrap().to_string(),
+            "000000000019d6689c085ae165831e934ff763ae46a2a6c172b3f1b60a8ce26f"
+        );
+    }
+
+    #[test]
+    fn a_configured_genesis_wins_and_must_parse() {
+        let mut settings =
+            ElectrumSettings::new("tcp://x:1", UtxoChain::Litecoin, UtxoNetwork::Mainnet);
+        assert_eq!(
+            settings.expected_genesis().unwrap().to_string(),
+            LITECOIN_GENESIS[0].1
+        );
+        settings.genesis_hash = Some("zz".into());
+        assert!(matches!(
+            settings.expected_genesis(),
+            Err(ScanError::Fatal(_))
+        ));
+    }
+
+    #[test]
+    fn garbage_is_fatal_and_a_dropped_socket_is_not() {
+        let garbage = ElectrumError::InvalidResponse(serde_json::json!({"x": 1}));
+        assert!(matches!(classify(garbage), ScanError::Fatal(_)));
+        let dropped =
+            ElectrumError::IOError(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert!(matches!(
+            classify(ElectrumError::AllAttemptsErrored(vec![dropped])),
+            ScanError::Transient(_)
+        ));
+    }
+}

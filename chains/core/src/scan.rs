@@ -1,0 +1,86 @@
+//! The contract between a chain's scanner and the engine's watcher loop.
+//!
+//! A scanner is stateless as far as money goes: each call gets what the engine has committed
+//! (the keys to follow, the transfers it already knows, its cursor) and answers with events
+//! and the cursor to commit with them. Because every scan is diffed against the database and
+//! not against the scanner's memory, a scan whose events were lost (crash, failed commit) is
+//! simply repeated, and a restarted scanner finds exactly what is missing.
+
+use std::future::Future;
+
+use crate::{ChainCursor, ChainEvent, Network, Transfer};
+
+/// A transfer the engine has recorded and not seen removed, with its newest state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KnownTransfer {
+    /// The transfer.
+    pub transfer: Transfer,
+    /// Confirmations at the newest observation (0 = unconfirmed).
+    pub confirmations: u32,
+    /// The tip height of that observation.
+    pub tip_height: u64,
+    /// When it was first seen, Unix milliseconds.
+    pub seen_at_ms: i64,
+}
+
+impl KnownTransfer {
+    /// The block height the transfer was in at its newest observation, if confirmed.
+    pub fn block_height(&self) -> Option<u64> {
+        (self.confirmations > 0).then(|| self.tip_height + 1 - u64::from(self.confirmations))
+    }
+}
+
+/// What the engine hands a scanner for one scan.
+#[derive(Clone, Debug, Default)]
+pub struct WatchView {
+    /// Watch keys to follow now: open intents and those inside their monitoring window.
+    pub watch_keys: Vec<String>,
+    /// Transfers already recorded to those keys, not removed.
+    pub known: Vec<KnownTransfer>,
+    /// Where the last committed scan ended.
+    pub cursor: Option<ChainCursor>,
+    /// The engine's clock, Unix milliseconds: the time of a transfer first seen unconfirmed.
+    pub now_ms: i64,
+    /// Confirmations beyond which the matcher needs no more updates of a transfer's depth.
+    /// Removals are still reported at any depth.
+    pub settle_depth: u32,
+}
+
+/// What one scan found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScanBatch {
+    /// New or changed observations and removals, to apply in one transaction.
+    pub events: Vec<ChainEvent>,
+    /// The cursor to commit with them.
+    pub cursor: ChainCursor,
+    /// The scanner is behind and has more to do right away (do not wait before the next scan).
+    pub more: bool,
+}
+
+/// Why a scan failed, which decides what the watcher loop does next.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ScanError {
+    /// The node or server is unreachable, slow or refused for now: reconnect and retry with
+    /// backoff. Nothing was skipped.
+    #[error("temporary failure: {0}")]
+    Transient(String),
+    /// The node or server answered something that cannot be trusted (garbage, the wrong
+    /// chain, a transaction that does not hash to its id): stop this network's watcher.
+    #[error("refusing the chain data source: {0}")]
+    Fatal(String),
+}
+
+/// A chain's scanner, driven by the engine's watcher loop.
+pub trait ChainScanner: Send {
+    /// The network it scans.
+    fn network(&self) -> Network;
+
+    /// One scan: find what changed since the view's known state.
+    fn scan(
+        &mut self,
+        view: &WatchView,
+    ) -> impl Future<Output = Result<ScanBatch, ScanError>> + Send;
+
+    /// Drops connections and session state after a failure; the next scan starts afresh.
+    fn reset(&mut self);
+}

@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# Local chain nodes for the tests and for trying payrecon: Litecoin Core in regtest behind a
+# real ElectrumX server, both on loopback, installed on first use (Debian's litecoind, PyPI's
+# e-x). Everything lives under $DEVNET_DIR.
+#
+#   scripts/devnet.sh up                      start (fresh chain) or reuse; prints `export` lines
+#   scripts/devnet.sh down                    stop everything started by `up`
+#   scripts/devnet.sh electrumx-start DIR PORT   one more ElectrumX over the same node
+#   scripts/devnet.sh electrumx-stop DIR         stop that one (its index stays in DIR)
+#
+# Pitfalls handled here: the real litecoind binary is /usr/lib/litecoin/litecoind (the /usr/bin
+# wrapper writes ~/.litecoin); -conf must be absolute; ElectrumX needs DB_ENGINE=leveldb with
+# plyvel, ALLOW_ROOT as root, fast polling and no per-session cost limits for tests, and opens
+# its port only once it has caught up with the node.
+set -euo pipefail
+
+DEVNET_DIR=${DEVNET_DIR:-/tmp/payrecon-devnet}
+LTC_RPC_PORT=${LTC_RPC_PORT:-19443}
+LTC_P2P_PORT=${LTC_P2P_PORT:-19444}
+ELECTRUM_PORT=${ELECTRUM_PORT:-50001}
+LTC_DIR=$DEVNET_DIR/ltc
+VENV=$DEVNET_DIR/venv-electrumx
+SCRIPT=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
+
+log() { echo "devnet: $*" >&2; }
+
+cli() { litecoin-cli -conf="$LTC_DIR/litecoin.conf" -datadir="$LTC_DIR/data" "$@"; }
+
+install() {
+  if ! command -v litecoind >/dev/null; then
+    log "installing litecoind (Debian package)"
+    apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq litecoind >&2
+  fi
+  if [ ! -x "$VENV/bin/electrumx_server" ]; then
+    log "installing ElectrumX (PyPI e-x 2.0.0 with plyvel)"
+    python3 -m venv "$VENV"
+    "$VENV/bin/pip" install -q e-x==2.0.0 plyvel==1.5.1 >&2
+  fi
+}
+
+alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+start_litecoind() {
+  rm -rf "$LTC_DIR"
+  mkdir -p "$LTC_DIR/data"
+  cat > "$LTC_DIR/litecoin.conf" <<CONF
+regtest=1
+server=1
+daemon=1
+txindex=1
+fallbackfee=0.0001
+walletrbf=1
+# Litecoin Core refuses BIP125 replacements unless told (tests replace transactions).
+mempoolreplacement=1
+listen=0
+discover=0
+dnsseed=0
+printtoconsole=0
+[regtest]
+rpcuser=user
+rpcpassword=pass
+rpcbind=127.0.0.1
+rpcallowip=127.0.0.1
+rpcport=$LTC_RPC_PORT
+port=$LTC_P2P_PORT
+CONF
+  local daemon=/usr/lib/litecoin/litecoind
+  [ -x "$daemon" ] || daemon=litecoind
+  "$daemon" -conf="$LTC_DIR/litecoin.conf" -datadir="$LTC_DIR/data" -pid="$LTC_DIR/litecoind.pid"
+  for _ in $(seq 1 150); do cli getblockcount >/dev/null 2>&1 && break; sleep 0.2; done
+  cli getblockcount >/dev/null
+  cli -named createwallet wallet_name=miner >/dev/null
+  # Coinbase outputs mature after 100 blocks: 101 leaves the miner one spendable coinbase per
+  # block mined from here on. Litecoin activates MWEB at height 432; tests stay far below it.
+  cli -rpcwallet=miner generatetoaddress 150 "$(cli -rpcwallet=miner getnewaddress '' bech32)" >/dev/null
+  log "litecoind regtest up at height $(cli getblockcount)"
+}
+
+# electrumx_start DIR PORT: ElectrumX over the node, listening on 127.0.0.1:PORT.
+electrumx_start() {
+  local dir=$1 port=$2
+  mkdir -p "$dir/db"
+  env -i PATH="$PATH" HOME="$HOME" \
+    COIN=Litecoin NET=regtest \
+    DAEMON_URL="http://user:pass@127.0.0.1:$LTC_RPC_PORT/" \
+    DB_DIRECTORY="$dir/db" DB_ENGINE=leveldb \
+    SERVICES="tcp://127.0.0.1:$port" \
+    PEER_DISCOVERY=off PEER_ANNOUNCE= \
+    LOG_LEVEL=info CACHE_MB=100 \
+    DAEMON_POLL_INTERVAL_BLOCKS=100 DAEMON_POLL_INTERVAL_MEMPOOL=100 \
+    COST_SOFT_LIMIT=0 COST_HARD_LIMIT=0 REQUEST_SLEEP=0 INITIAL_CONCURRENT=1000 \
+    MAX_SEND=10000000 \
+    ALLOW_ROOT="$([ "$(id -u)" = 0 ] && echo 1)" \
+    "$VENV/bin/electrumx_server" >> "$dir/electrumx.log" 2>&1 &
+  echo $! > "$dir/electrumx.pid"
+  for _ in $(seq 1 300); do
+    alive "$dir/electrumx.pid" || { tail -30 "$dir/electrumx.log" >&2; log "ElectrumX died"; exit 1; }
+    if python3 - "$port" <<'PY' 2>/dev/null
+import json, socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=1)
+s.sendall(b'{"jsonrpc":"2.0","id":1,"method":"server.version","params":["probe","1.4"]}\n')
+json.loads(s.makefile().readline())["result"]
+PY
+    then log "ElectrumX up on 127.0.0.1:$port"; return 0; fi
+    sleep 0.2
+  done
+  tail -30 "$dir/electrumx.log" >&2
+  log "ElectrumX did not open its port"
+  exit 1
+}
+
+electrumx_stop() {
+  local dir=$1
+  if alive "$dir/electrumx.pid"; then
+    local pid
+    pid=$(cat "$dir/electrumx.pid")
+    kill "$pid"
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
+  fi
+  rm -f "$dir/electrumx.pid"
+}
+
+print_env() {
+  echo "export PAYRECON_TEST_LTC_RPC=http://user:pass@127.0.0.1:$LTC_RPC_PORT"
+  echo "export PAYRECON_TEST_ELECTRUM=tcp://127.0.0.1:$ELECTRUM_PORT"
+  echo "export PAYRECON_TEST_DEVNET=$SCRIPT"
+}
+
+case "${1:-}" in
+  up)
+    install
+    if alive "$LTC_DIR/litecoind.pid" && alive "$DEVNET_DIR/electrumx/electrumx.pid"; then
+      log "already running"
+    else
+      "$SCRIPT" down
+      mkdir -p "$DEVNET_DIR"
+      start_litecoind
+      rm -rf "$DEVNET_DIR/electrumx"
+      electrumx_start "$DEVNET_DIR/electrumx" "$ELECTRUM_PORT"
+    fi
+    print_env
+    ;;
+  down)
+    electrumx_stop "$DEVNET_DIR/electrumx"
+    if alive "$LTC_DIR/litecoind.pid"; then
+      pid=$(cat "$LTC_DIR/litecoind.pid")
+      cli stop >/dev/null 2>&1 || kill "$pid"
+      for _ in $(seq 1 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    fi
+    ;;
+  electrumx-start) electrumx_start "$2" "$3" ;;
+  electrumx-stop) electrumx_stop "$2" ;;
+  *)
+    echo "usage: $0 up | down | electrumx-start DIR PORT | electrumx-stop DIR" >&2
+    exit 2
+    ;;
+esac

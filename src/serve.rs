@@ -1,0 +1,103 @@
+//! `payrecon serve`: the long-running process. It starts a watcher for every network whose
+//! node is configured and moves intents past their deadlines, until asked to stop.
+
+use std::time::Duration;
+
+use payrecon_chain_bitcoin::{ElectrumScanner, ElectrumSettings, UtxoChain};
+use payrecon_chain_core::{DeriveError, Network};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::config::{Config, UtxoConfig};
+use crate::engine::Engine;
+use crate::error::Error;
+use crate::watcher::{Watcher, WatcherOptions};
+
+/// How often intents past their deadline are looked at.
+const TICK_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The Electrum scanner settings of a configured UTXO network, if it names a server.
+pub fn electrum_settings(
+    network: Network,
+    config: &UtxoConfig,
+) -> Result<Option<ElectrumSettings>, Error> {
+    let Some(url) = &config.electrum_url else {
+        return Ok(None);
+    };
+    let chain = match network {
+        Network::Litecoin => UtxoChain::Litecoin,
+        _ => UtxoChain::Bitcoin,
+    };
+    let utxo_network = config
+        .network
+        .parse()
+        .map_err(|e: DeriveError| Error::Config(format!("networks.{network}.network: {e}")))?;
+    let mut settings = ElectrumSettings::new(url.clone(), chain, utxo_network);
+    settings.genesis_hash = config.genesis_hash.clone();
+    settings
+        .expected_genesis()
+        .map_err(|e| Error::Config(format!("networks.{network}.genesis_hash: {e}")))?;
+    Ok(Some(settings))
+}
+
+/// The watcher options of a network polled every `poll_interval_ms`.
+fn options(poll_interval_ms: u32) -> WatcherOptions {
+    WatcherOptions {
+        poll_interval: Duration::from_millis(u64::from(poll_interval_ms.max(50))),
+        ..WatcherOptions::default()
+    }
+}
+
+/// Runs the configured watchers and the deadline ticker until `shutdown` turns true. A watcher
+/// that refuses its data source stops alone; the other networks keep running.
+pub async fn serve(
+    engine: Engine,
+    config: &Config,
+    shutdown: watch::Receiver<bool>,
+) -> Result<(), Error> {
+    let mut tasks = JoinSet::new();
+    for (network, utxo) in [
+        (Network::Bitcoin, &config.networks.bitcoin),
+        (Network::Litecoin, &config.networks.litecoin),
+    ] {
+        let Some(utxo) = utxo else { continue };
+        let Some(settings) = electrum_settings(network, utxo)? else {
+            tracing::info!(%network, "no electrum_url: not watching");
+            continue;
+        };
+        tracing::info!(%network, url = %settings.url, "starting watcher");
+        let watcher = Watcher::new(
+            engine.clone(),
+            ElectrumScanner::new(settings),
+            options(utxo.poll_interval_ms),
+        );
+        tasks.spawn(watcher.run(shutdown.clone()));
+    }
+    tasks.spawn(tick_until(engine, shutdown));
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => tracing::error!(%error, "a task of serve stopped"),
+            Err(error) => tracing::error!(%error, "a task of serve panicked"),
+        }
+    }
+    Ok(())
+}
+
+/// Moves intents past their deadline every few seconds.
+async fn tick_until(engine: Engine, mut shutdown: watch::Receiver<bool>) -> Result<(), Error> {
+    loop {
+        if *shutdown.borrow() {
+            return Ok(());
+        }
+        match engine.tick().await {
+            Ok(looked_at) if looked_at == crate::payments::TICK_BATCH => continue,
+            Ok(_) => {}
+            Err(error) => tracing::warn!(%error, "deadline tick failed; retrying"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(TICK_INTERVAL) => {}
+            _ = shutdown.changed() => {}
+        }
+    }
+}

@@ -1,0 +1,237 @@
+//! The watcher loop: one per network. It reads what the engine has committed, lets the chain's
+//! scanner find what changed, and commits the events with the scanner's cursor in one
+//! transaction. Failures of the node are retried with backoff and never skip data; an answer
+//! that cannot be trusted stops this network's watcher and says why.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use payrecon_chain_core::{BlockId, ChainScanner, Network, ScanError};
+use serde::Serialize;
+use tokio::sync::watch;
+
+use crate::engine::Engine;
+use crate::error::Error;
+
+/// How often to scan and how to back off.
+#[derive(Clone, Debug)]
+pub struct WatcherOptions {
+    /// Pause between scans when nothing is pending. New intents wake the watcher earlier.
+    pub poll_interval: Duration,
+    /// First pause after a failure; doubled per consecutive failure.
+    pub min_backoff: Duration,
+    /// Longest pause after failures.
+    pub max_backoff: Duration,
+}
+
+impl Default for WatcherOptions {
+    fn default() -> WatcherOptions {
+        WatcherOptions {
+            poll_interval: Duration::from_secs(2),
+            min_backoff: Duration::from_millis(500),
+            max_backoff: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What a watcher is doing, for logs, health checks and operators.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "state")]
+pub enum WatcherState {
+    /// Not scanned yet.
+    Starting,
+    /// The last scan succeeded.
+    Running,
+    /// The last scans failed; retrying.
+    Retrying {
+        /// Failures in a row.
+        failures: u32,
+        /// The newest failure.
+        error: String,
+    },
+    /// Stopped for good: the data source cannot be trusted, or shutdown was asked.
+    Stopped {
+        /// Why, or `None` after a requested shutdown.
+        error: Option<String>,
+    },
+}
+
+/// A watcher's health at one moment.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct WatcherStatus {
+    /// The network.
+    pub network: Network,
+    /// Running, retrying or stopped.
+    #[serde(flatten)]
+    pub state: WatcherState,
+    /// The chain tip of the last committed scan.
+    pub tip: Option<BlockId>,
+    /// When the last scan succeeded.
+    pub last_scan_at: Option<DateTime<Utc>>,
+    /// Events committed since start.
+    pub events_applied: u64,
+}
+
+/// One network's watcher: a scanner driven against the engine.
+pub struct Watcher<S> {
+    engine: Engine,
+    scanner: S,
+    options: WatcherOptions,
+    status: watch::Sender<WatcherStatus>,
+}
+
+/// What one round did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Round {
+    /// Events committed.
+    pub events: usize,
+    /// The scanner has more to do right away.
+    pub more: bool,
+}
+
+impl<S: ChainScanner> Watcher<S> {
+    /// A watcher for the scanner's network.
+    pub fn new(engine: Engine, scanner: S, options: WatcherOptions) -> Watcher<S> {
+        let status = watch::Sender::new(WatcherStatus {
+            network: scanner.network(),
+            state: WatcherState::Starting,
+            tip: None,
+            last_scan_at: None,
+            events_applied: 0,
+        });
+        Watcher {
+            engine,
+            scanner,
+            options,
+            status,
+        }
+    }
+
+    /// Follows this watcher's health.
+    pub fn status(&self) -> watch::Receiver<WatcherStatus> {
+        self.status.subscribe()
+    }
+
+    /// One scan and its commit. A failed round changed nothing: repeating it is safe.
+    pub async fn round(&mut self) -> Result<Round, ScanError> {
+        let network = self.scanner.network();
+        let view = self
+            .engine
+            .watch_view(network)
+            .await
+            .map_err(engine_failure)?;
+        let batch = self.scanner.scan(&view).await?;
+        let events = batch.events.len();
+        if events > 0 || view.cursor.as_ref() != Some(&batch.cursor) {
+            self.engine
+                .apply_chain_events_at(network, &batch.events, &batch.cursor)
+                .await
+                .map_err(engine_failure)?;
+        }
+        if events > 0 {
+            tracing::info!(%network, events, tip = batch.cursor.tip.height, "chain events committed");
+        }
+        self.status.send_modify(|status| {
+            status.state = WatcherState::Running;
+            status.tip = Some(batch.cursor.tip.clone());
+            status.last_scan_at = Some(Utc::now());
+            status.events_applied += events as u64;
+        });
+        Ok(Round {
+            events,
+            more: batch.more,
+        })
+    }
+
+    /// Runs rounds until `shutdown` turns true or the data source is refused.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<(), Error> {
+        let network = self.scanner.network();
+        let mut wake = self.engine.subscribe();
+        let mut failures: u32 = 0;
+        loop {
+            if *shutdown.borrow() {
+                self.status
+                    .send_modify(|s| s.state = WatcherState::Stopped { error: None });
+                return Ok(());
+            }
+            let pause = match self.round().await {
+                Ok(round) => {
+                    failures = 0;
+                    // Our own commit notified every subscriber, us included.
+                    while wake.try_recv().is_ok() {}
+                    if round.more {
+                        continue;
+                    }
+                    self.options.poll_interval
+                }
+                Err(ScanError::Fatal(reason)) => {
+                    tracing::error!(%network, %reason, "watcher stopped");
+                    self.status.send_modify(|s| {
+                        s.state = WatcherState::Stopped {
+                            error: Some(reason.clone()),
+                        }
+                    });
+                    return Err(Error::WatcherStopped { network, reason });
+                }
+                Err(ScanError::Transient(reason)) => {
+                    failures = failures.saturating_add(1);
+                    self.scanner.reset();
+                    let pause = backoff(&self.options, failures);
+                    tracing::warn!(%network, %reason, failures, retry_in = ?pause, "watcher round failed");
+                    self.status.send_modify(|s| {
+                        s.state = WatcherState::Retrying {
+                            failures,
+                            error: reason.clone(),
+                        }
+                    });
+                    tokio::select! {
+                        _ = tokio::time::sleep(pause) => {}
+                        _ = shutdown.changed() => {}
+                    }
+                    continue;
+                }
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = wake.recv() => {}
+                _ = shutdown.changed() => {}
+            }
+        }
+    }
+}
+
+/// The pause after `failures` failures in a row: doubling from the minimum, capped.
+fn backoff(options: &WatcherOptions, failures: u32) -> Duration {
+    let factor = 1u32 << failures.saturating_sub(1).min(16);
+    options
+        .min_backoff
+        .saturating_mul(factor)
+        .min(options.max_backoff)
+}
+
+/// A batch the engine refuses is a scanner bug: stop. Anything else (the database) is retried.
+fn engine_failure(error: Error) -> ScanError {
+    match error {
+        Error::InvalidEvent(reason) => {
+            ScanError::Fatal(format!("the engine refused the batch: {reason}"))
+        }
+        other => ScanError::Transient(format!("engine: {other}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_and_is_capped() {
+        let options = WatcherOptions {
+            poll_interval: Duration::from_secs(1),
+            min_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(1),
+        };
+        let pauses: Vec<u128> = (1..=6).map(|n| backoff(&options, n).as_millis()).collect();
+        assert_eq!(pauses, [100, 200, 400, 800, 1000, 1000]);
+        assert_eq!(backoff(&options, u32::MAX), Duration::from_secs(1));
+    }
+}

@@ -1,0 +1,366 @@
+//! Test support for the Litecoin regtest node behind ElectrumX (scripts/devnet.sh).
+//!
+//! Tests that mine, reorg or replace transactions change what every other test would see, so
+//! each holds [`Chain::lock`] for its whole run. Every test derives its addresses below a fresh
+//! random account key, so no test sees another's payments.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use payrecon::Engine;
+use payrecon::clock::ManualClock;
+use payrecon::config::{Config, UtxoConfig};
+use payrecon::watcher::{Watcher, WatcherOptions};
+use payrecon_chain_bitcoin::{ElectrumScanner, ElectrumSettings, UtxoChain, UtxoNetwork};
+use payrecon_chain_core::bitcoin::bip32::{DerivationPath, Xpriv, Xpub};
+use payrecon_chain_core::bitcoin::secp256k1::Secp256k1;
+use payrecon_chain_core::{Asset, Method, Network};
+use serde_json::{Value, json};
+use tokio::sync::{Mutex, MutexGuard, watch};
+use tokio::task::JoinHandle;
+
+use super::TestDb;
+
+/// Litecoin activates MWEB at this height; block 432 needs a peg-in in the mempool.
+const MWEB_ACTIVATION: u64 = 432;
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is not set: run the tests with scripts/test.sh, which starts the regtest node and ElectrumX (scripts/devnet.sh up)")
+    })
+}
+
+/// The regtest node, its miner wallet and the Electrum server in front of it.
+pub struct Chain {
+    http: reqwest::Client,
+    rpc_url: String,
+    pub electrum_url: String,
+    _guard: MutexGuard<'static, ()>,
+}
+
+static CHAIN: Mutex<()> = Mutex::const_new(());
+
+impl Chain {
+    /// Exclusive use of the chain for one test.
+    pub async fn lock() -> Chain {
+        let _ = tracing_subscriber::fmt()
+            .with_test_writer()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_env("PAYRECON_LOG")
+                    .unwrap_or_else(|_| "info".into()),
+            )
+            .try_init();
+        let guard = CHAIN.lock().await;
+        Chain {
+            http: reqwest::Client::new(),
+            rpc_url: env("PAYRECON_TEST_LTC_RPC"),
+            electrum_url: env("PAYRECON_TEST_ELECTRUM"),
+            _guard: guard,
+        }
+    }
+
+    /// A JSON-RPC call to the node (`wallet` routes it to the miner wallet).
+    pub async fn call(&self, wallet: bool, method: &str, params: Value) -> Value {
+        let url = if wallet {
+            format!("{}/wallet/miner", self.rpc_url)
+        } else {
+            self.rpc_url.clone()
+        };
+        let (user_pass, host) = url
+            .strip_prefix("http://")
+            .and_then(|rest| rest.split_once('@'))
+            .expect("rpc url http://user:pass@host");
+        let (user, pass) = user_pass.split_once(':').expect("user:pass");
+        let response: Value = self
+            .http
+            .post(format!("http://{host}"))
+            .basic_auth(user, Some(pass))
+            .header("content-type", "application/json")
+            .body(
+                json!({"jsonrpc": "1.0", "id": "t", "method": method, "params": params})
+                    .to_string(),
+            )
+            .send()
+            .await
+            .expect("node reachable")
+            .bytes()
+            .await
+            .map(|body| serde_json::from_slice(&body).expect("node answers JSON"))
+            .expect("node answers");
+        if !response["error"].is_null() {
+            panic!("{method} {params}: {}", response["error"]);
+        }
+        response["result"].clone()
+    }
+
+    pub async fn height(&self) -> u64 {
+        self.call(false, "getblockcount", json!([]))
+            .await
+            .as_u64()
+            .unwrap()
+    }
+
+    pub async fn best_hash(&self) -> String {
+        self.call(false, "getbestblockhash", json!([]))
+            .await
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    /// A fresh address of the miner wallet.
+    pub async fn wallet_address(&self) -> String {
+        self.call(true, "getnewaddress", json!(["", "bech32"]))
+            .await
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    /// Mines `n` blocks to a fresh wallet address; returns the new height.
+    pub async fn mine(&self, n: u64) -> u64 {
+        let height = self.height().await;
+        assert!(
+            height + n < MWEB_ACTIVATION,
+            "the test chain reached Litecoin's MWEB activation: restart it with scripts/devnet.sh down && scripts/devnet.sh up"
+        );
+        let to = self.wallet_address().await;
+        self.call(true, "generatetoaddress", json!([n, to])).await;
+        self.height().await
+    }
+
+    /// Hashes of the blocks mined by the last `mine`-like call, from the tip down.
+    pub async fn block_hash(&self, height: u64) -> String {
+        self.call(false, "getblockhash", json!([height]))
+            .await
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    /// Sends `amount` LTC (a decimal string) to `address`, opting into replacement.
+    pub async fn send(&self, address: &str, amount: &str) -> String {
+        self.call(
+            true,
+            "sendtoaddress",
+            json!([address, amount, "", "", false, true]),
+        )
+        .await
+        .as_str()
+        .unwrap()
+        .to_owned()
+    }
+
+    /// One transaction paying every `(address, amount)`.
+    pub async fn send_many(&self, outputs: &[(&str, &str)]) -> String {
+        let map: serde_json::Map<String, Value> = outputs
+            .iter()
+            .map(|(a, v)| ((*a).to_owned(), json!(v)))
+            .collect();
+        self.call(true, "sendmany", json!(["", map]))
+            .await
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    /// Funds, signs and sends a transaction with exactly these outputs (several to one
+    /// address allowed, which `sendmany` refuses).
+    pub async fn send_outputs(&self, outputs: &[(&str, u64)]) -> String {
+        use payrecon_chain_core::bitcoin::{Amount, TxOut, consensus};
+        let outputs: Vec<TxOut> = outputs
+            .iter()
+            .map(|(address, sats)| TxOut {
+                value: Amount::from_sat(*sats),
+                script_pubkey: payrecon_chain_bitcoin::script_pubkey(address).unwrap(),
+            })
+            .collect();
+        // Version 2, no inputs, the outputs, lock time 0, in the legacy layout: rust-bitcoin
+        // writes an input-less transaction with a segwit marker, which the node refuses.
+        let unfunded = format!(
+            "0200000000{}00000000",
+            consensus::encode::serialize_hex(&outputs)
+        );
+        let funded = self
+            .call(true, "fundrawtransaction", json!([unfunded]))
+            .await;
+        self.sign_and_send(funded["hex"].as_str().unwrap()).await
+    }
+
+    async fn sign_and_send(&self, hex: &str) -> String {
+        let signed = self
+            .call(true, "signrawtransactionwithwallet", json!([hex]))
+            .await;
+        assert_eq!(signed["complete"], json!(true), "{signed}");
+        self.call(false, "sendrawtransaction", json!([signed["hex"]]))
+            .await
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    /// A confirmed wallet coin of exactly `amount` LTC, for building conflicting spends.
+    pub async fn coin(&self, amount: &str) -> (String, u32) {
+        let address = self.wallet_address().await;
+        let txid = self.send(&address, amount).await;
+        self.mine(1).await;
+        let unspent = self
+            .call(true, "listunspent", json!([1, 9_999_999, [address]]))
+            .await;
+        let coin = &unspent[0];
+        assert_eq!(coin["txid"], json!(txid));
+        (txid, coin["vout"].as_u64().unwrap() as u32)
+    }
+
+    /// Spends `coin` entirely to `address` minus `fee` (decimal strings), signalling
+    /// replaceability: two calls with the same coin conflict, the higher fee wins.
+    pub async fn spend_coin(
+        &self,
+        coin: &(String, u32),
+        address: &str,
+        amount: &str,
+        change: &str,
+    ) -> String {
+        let change_address = self.wallet_address().await;
+        let raw = self
+            .call(
+                false,
+                "createrawtransaction",
+                json!([
+                    [{"txid": coin.0, "vout": coin.1}],
+                    [{address: amount}, {change_address: change}],
+                    0,
+                    true
+                ]),
+            )
+            .await;
+        self.sign_and_send(raw.as_str().unwrap()).await
+    }
+
+    /// Takes the block at `height` and everything above it out of the active chain.
+    pub async fn invalidate(&self, height: u64) {
+        let hash = self.block_hash(height).await;
+        self.call(false, "invalidateblock", json!([hash])).await;
+    }
+
+    /// Waits until the engine's watcher has committed the node's current tip.
+    pub async fn wait_synced(&self, engine: &Engine, network: Network) {
+        let best = self.best_hash().await;
+        eventually("the watcher to reach the node's tip", || async {
+            engine
+                .watcher_cursor(network)
+                .await
+                .unwrap()
+                .is_some_and(|cursor| cursor.tip.hash == best)
+        })
+        .await;
+    }
+}
+
+/// Waits up to a minute for `condition`; a liveness bound, not a performance check.
+pub async fn eventually<F, Fut>(what: &str, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !condition().await {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A fresh random account key on m/84'/2'/0': no other test or run derives its addresses.
+pub fn fresh_account_xpub() -> String {
+    let secp = Secp256k1::new();
+    let seed: [u8; 32] = *uuid::Uuid::new_v4()
+        .as_bytes()
+        .repeat(2)
+        .first_chunk()
+        .unwrap();
+    let master = Xpriv::new_master(payrecon_chain_core::bitcoin::NetworkKind::Test, &seed).unwrap();
+    let path: DerivationPath = "m/84'/2'/0'".parse().unwrap();
+    let account = master.derive_priv(&secp, &path).unwrap();
+    Xpub::from_priv(&secp, &account).to_string()
+}
+
+/// The Litecoin regtest network section, with a fresh key and `confirmations`.
+pub fn litecoin(xpub: &str, electrum_url: &str, confirmations: u32) -> UtxoConfig {
+    UtxoConfig {
+        xpub: xpub.to_owned(),
+        network: "regtest".into(),
+        confirmations,
+        confirmation_tiers: Vec::new(),
+        electrum_url: Some(electrum_url.to_owned()),
+        genesis_hash: None,
+        poll_interval_ms: 50,
+    }
+}
+
+/// An engine for LTC on regtest with a fresh key: LTC at 100 USD, the clock at the real now
+/// (block times are real), moved by hand.
+pub async fn ltc_engine(
+    db: &TestDb,
+    chain: &Chain,
+    confirmations: u32,
+    xpub: &str,
+    tweak: impl FnOnce(&mut Config),
+) -> (Engine, Arc<ManualClock>) {
+    let config = super::payments::config(|config| {
+        config.payments.enabled_methods = vec![Method::Ltc];
+        config.networks.litecoin = Some(litecoin(xpub, &chain.electrum_url, confirmations));
+        tweak(config);
+    });
+    let (engine, clock) =
+        super::payments::engine_with_prices(db, config, &[(Asset::Ltc, "100")]).await;
+    clock.advance(chrono::Utc::now() - super::payments::start_time());
+    (engine, clock)
+}
+
+/// Fast polling for tests.
+pub fn fast() -> WatcherOptions {
+    WatcherOptions {
+        poll_interval: Duration::from_millis(50),
+        min_backoff: Duration::from_millis(100),
+        max_backoff: Duration::from_millis(500),
+    }
+}
+
+/// A running watcher and the switch that stops it.
+pub struct Running {
+    pub task: JoinHandle<Result<(), payrecon::Error>>,
+    pub stop: watch::Sender<bool>,
+    pub status: watch::Receiver<payrecon::watcher::WatcherStatus>,
+}
+
+impl Running {
+    /// Asks the watcher to stop and waits for it.
+    pub async fn stop(self) -> Result<(), payrecon::Error> {
+        let _ = self.stop.send(true);
+        self.task.await.expect("watcher task")
+    }
+}
+
+/// Starts the Litecoin watcher of `engine` against `url`.
+pub fn watch_litecoin(engine: &Engine, url: &str) -> Running {
+    watch(
+        engine,
+        ElectrumSettings::new(url, UtxoChain::Litecoin, UtxoNetwork::Regtest),
+    )
+}
+
+/// Starts a watcher with these scanner settings.
+pub fn watch(engine: &Engine, settings: ElectrumSettings) -> Running {
+    let watcher = Watcher::new(engine.clone(), ElectrumScanner::new(settings), fast());
+    let status = watcher.status();
+    let (stop, shutdown) = watch::channel(false);
+    Running {
+        task: tokio::spawn(watcher.run(shutdown)),
+        stop,
+        status,
+    }
+}
