@@ -1,15 +1,31 @@
 #!/usr/bin/env bash
-# The whole test suite, on SQLite and PostgreSQL. PostgreSQL comes from DATABASE_URL when it is
-# set; otherwise a throwaway server is started for this run and removed after it.
+# The whole test suite, on SQLite and PostgreSQL, against the real chain nodes.
+# - PostgreSQL comes from DATABASE_URL when it is set; otherwise a throwaway server is started
+#   for this run and removed after it.
+# - The Litecoin regtest node and ElectrumX come from PAYRECON_TEST_LTC_RPC /
+#   PAYRECON_TEST_ELECTRUM when set; otherwise scripts/devnet.sh installs (first run) and starts
+#   them for this run and stops them after it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+cleanup=()
+finish() { for step in "${cleanup[@]}"; do eval "$step" || true; done; }
+trap finish EXIT
+
 if [ -z "${DATABASE_URL:-}" ]; then
   eval "$(scripts/postgres-throwaway.sh start)"
-  trap 'scripts/postgres-throwaway.sh stop' EXIT
+  cleanup+=("scripts/postgres-throwaway.sh stop")
   echo "using a throwaway PostgreSQL: $DATABASE_URL"
 else
   echo "using PostgreSQL from DATABASE_URL"
+fi
+
+if [ -z "${PAYRECON_TEST_ELECTRUM:-}" ]; then
+  eval "$(scripts/devnet.sh up)"
+  cleanup+=("scripts/devnet.sh down")
+  echo "using a fresh Litecoin regtest node behind ElectrumX: $PAYRECON_TEST_ELECTRUM"
+else
+  echo "using the Electrum server from PAYRECON_TEST_ELECTRUM"
 fi
 
 cargo test --workspace --locked

@@ -1,0 +1,262 @@
+//! The Electrum watcher under faults, against the real regtest node and ElectrumX: killed
+//! mid-stream and restarted, its server stopped and restarted, a server that answers garbage
+//! or serves another chain, and Bitcoin and Litecoin watched side by side.
+
+mod common;
+
+use std::time::Duration;
+
+use common::regtest::{
+    Chain, eventually, fresh_account_xpub, litecoin, ltc_engine, watch, watch_litecoin,
+};
+use common::{TestDb, topup};
+use payrecon::Engine;
+use payrecon::intent::IntentStatus;
+use payrecon::order::OrderRef;
+use payrecon::watcher::WatcherState;
+use payrecon_chain_bitcoin::{ElectrumSettings, UtxoChain, UtxoNetwork};
+use payrecon_chain_core::{Asset, Method, Network};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+fn order(r: &str) -> OrderRef {
+    OrderRef::new(r).unwrap()
+}
+
+async fn status(engine: &Engine, intent: &str) -> IntentStatus {
+    engine.payment(intent).await.unwrap().intent.status
+}
+
+/// What two runs must agree on: every account's balance, every order's intents' states, and
+/// every transfer's fate. Journal keys name intent ids, which differ between databases.
+async fn ledger_summary(engine: &Engine, orders: &[&str]) -> String {
+    let trial = engine.trial_balance().await.unwrap();
+    assert!(trial.is_sound(), "{trial:?}");
+    let mut lines = vec![format!("{:?}", trial.accounts)];
+    for reference in orders {
+        for pay in engine.payments_for(&order(reference)).await.unwrap() {
+            lines.push(format!("{reference} {} {:?}", pay.intent.pay_to, pay.intent.status));
+        }
+        let mut transfers: Vec<String> = engine
+            .transfers_for(&order(reference))
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|t| format!("{} {} removed={} credited={}", t.id, t.amount, t.removed, t.credited_entry.is_some()))
+            .collect();
+        transfers.sort();
+        lines.extend(transfers);
+        let mut exceptions: Vec<String> = engine
+            .exceptions(Some(&order(reference)))
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.kind)
+            .collect();
+        exceptions.sort();
+        lines.push(format!("{reference} exceptions {exceptions:?}"));
+    }
+    lines.join("\n")
+}
+
+on_both_databases! {
+    async fn a_watcher_killed_mid_stream_ends_with_the_ledger_of_an_uninterrupted_run(db) {
+        let chain = Chain::lock().await;
+        let xpub = fresh_account_xpub();
+        let steady_db = TestDb::new(db.db).await;
+        let (steady, _) = ltc_engine(&steady_db, &chain, 2, &xpub, |_| {}).await;
+        let (killed, _) = ltc_engine(&db, &chain, 2, &xpub, |_| {}).await;
+        let orders = ["T1", "T2", "T3", "T4"];
+        let mut addresses = Vec::new();
+        for (i, reference) in orders.iter().enumerate() {
+            let request = topup(reference, &format!("4{i}"), "100");
+            steady.create_topup(&request).await.unwrap();
+            killed.create_topup(&request).await.unwrap();
+            let a = steady.create_payment(&order(reference), Method::Ltc).await.unwrap();
+            let b = killed.create_payment(&order(reference), Method::Ltc).await.unwrap();
+            assert_eq!(a.intent.pay_to, b.intent.pay_to, "one key, one derivation sequence");
+            addresses.push(a.intent.pay_to);
+        }
+        let uninterrupted = watch_litecoin(&steady, &chain.electrum_url);
+        let mut victim = watch_litecoin(&killed, &chain.electrum_url);
+
+        // Exact, two parts, over: each step followed by a kill at some point of the watcher's
+        // work and a restart.
+        let steps: [(&str, &str); 5] = [(&addresses[0], "1"), (&addresses[1], "0.3"), (&addresses[1], "0.7"), (&addresses[2], "1.2"), (&addresses[3], "1")];
+        for (n, (address, amount)) in steps.iter().enumerate() {
+            chain.send(address, amount).await;
+            if n % 2 == 1 {
+                chain.mine(1).await;
+            }
+            tokio::time::sleep(Duration::from_millis(100 * (n as u64 + 1))).await;
+            victim.task.abort();
+            let _ = victim.task.await;
+            victim = watch_litecoin(&killed, &chain.electrum_url);
+        }
+        chain.mine(2).await;
+        for engine in [&steady, &killed] {
+            chain.wait_synced(engine, Network::Litecoin).await;
+            for reference in orders {
+                let id = engine.payments_for(&order(reference)).await.unwrap()[0].intent.id.clone();
+                eventually("every top-up settled", || async { status(engine, &id).await == IntentStatus::Settled }).await;
+            }
+        }
+        uninterrupted.stop().await.unwrap();
+        victim.stop().await.unwrap();
+        assert_eq!(ledger_summary(&killed, &orders).await, ledger_summary(&steady, &orders).await);
+    }
+}
+
+/// The Electrum server goes away mid-test (a real ElectrumX of this test's own, stopped and
+/// started again over its kept index): the watcher retries, reconnects and loses nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_watcher_survives_its_electrum_server_restarting() {
+    let chain = Chain::lock().await;
+    let devnet = std::env::var("PAYRECON_TEST_DEVNET").expect("PAYRECON_TEST_DEVNET (scripts/test.sh)");
+    let dir = tempfile::tempdir().unwrap();
+    let port = 50_011;
+    let electrumx = |action: &'static str| {
+        let devnet = devnet.clone();
+        let dir = dir.path().to_path_buf();
+        async move {
+            let mut command = tokio::process::Command::new(devnet);
+            command.arg(action).arg(&dir);
+            if action == "electrumx-start" {
+                command.arg(port.to_string());
+            }
+            let output = command.output().await.expect("devnet script runs");
+            assert!(output.status.success(), "{action}: {}", String::from_utf8_lossy(&output.stderr));
+        }
+    };
+    electrumx("electrumx-start").await;
+    let url = format!("tcp://127.0.0.1:{port}");
+
+    let db = TestDb::new(common::Db::Sqlite).await;
+    let (engine, _) = ltc_engine(&db, &chain, 1, &fresh_account_xpub(), |_| {}).await;
+    engine.create_topup(&topup("T1", "41", "100")).await.unwrap();
+    engine.create_topup(&topup("T2", "42", "100")).await.unwrap();
+    let one = engine.create_payment(&order("T1"), Method::Ltc).await.unwrap();
+    let two = engine.create_payment(&order("T2"), Method::Ltc).await.unwrap();
+    let mut watcher = watch_litecoin(&engine, &url);
+    chain.send(&one.intent.pay_to, "1").await;
+    eventually("the first payment seen", || async { status(&engine, &one.intent.id).await == IntentStatus::Seen }).await;
+
+    electrumx("electrumx-stop").await;
+    chain.mine(1).await;
+    chain.send(&two.intent.pay_to, "1").await;
+    chain.mine(1).await;
+    watcher.status.wait_for(|s| matches!(s.state, WatcherState::Retrying { .. })).await.unwrap();
+    assert_eq!(status(&engine, &two.intent.id).await, IntentStatus::AwaitingPayment, "nothing is invented while the server is away");
+
+    electrumx("electrumx-start").await;
+    for pay in [&one, &two] {
+        eventually("settled after the server is back", || async { status(&engine, &pay.intent.id).await == IntentStatus::Settled }).await;
+    }
+    watcher.status.wait_for(|s| s.state == WatcherState::Running).await.unwrap();
+    assert_eq!(engine.available_balance(&common::account("42")).await.unwrap().cents(), 10_000);
+    watcher.stop.send(true).unwrap();
+    watcher.task.await.unwrap().unwrap();
+    electrumx("electrumx-stop").await;
+}
+
+/// Bitcoin and Litecoin watchers run side by side. Bitcoin's code path runs against the same
+/// server: an Electrum script hash depends only on the script, and the configured genesis is
+/// this chain's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bitcoin_and_litecoin_are_watched_side_by_side() {
+    let chain = Chain::lock().await;
+    let db = TestDb::new(common::Db::Sqlite).await;
+    let ltc_regtest_genesis = chain.block_hash(0).await;
+    let config = common::payments::config(|config| {
+        config.payments.enabled_methods = vec![Method::Btc, Method::Ltc];
+        config.networks.litecoin = Some(litecoin(&fresh_account_xpub(), &chain.electrum_url, 1));
+        let mut bitcoin = litecoin(&fresh_account_xpub(), &chain.electrum_url, 1);
+        bitcoin.genesis_hash = Some(ltc_regtest_genesis.clone());
+        config.networks.bitcoin = Some(bitcoin);
+    });
+    let (engine, clock) = common::payments::engine_with_prices(&db, config, &[(Asset::Ltc, "100"), (Asset::Btc, "100000")]).await;
+    clock.advance(chrono::Utc::now() - common::payments::start_time());
+    engine.create_topup(&topup("B1", "42", "100")).await.unwrap();
+    engine.create_topup(&topup("L1", "42", "100")).await.unwrap();
+    let btc = engine.create_payment(&order("B1"), Method::Btc).await.unwrap();
+    let ltc = engine.create_payment(&order("L1"), Method::Ltc).await.unwrap();
+    assert!(btc.intent.pay_to.starts_with("bcrt1q"), "{}", btc.intent.pay_to);
+    assert_eq!(btc.amount_decimal, "0.001");
+
+    let mut btc_settings = ElectrumSettings::new(chain.electrum_url.clone(), UtxoChain::Bitcoin, UtxoNetwork::Regtest);
+    btc_settings.genesis_hash = Some(ltc_regtest_genesis);
+    let btc_watcher = watch(&engine, btc_settings);
+    let ltc_watcher = watch_litecoin(&engine, &chain.electrum_url);
+    chain.send_outputs(&[(&btc.intent.pay_to, 100_000)]).await;
+    chain.send(&ltc.intent.pay_to, "1").await;
+    chain.mine(1).await;
+    for pay in [&btc, &ltc] {
+        eventually("both settled", || async { status(&engine, &pay.intent.id).await == IntentStatus::Settled }).await;
+    }
+    assert_eq!(engine.available_balance(&common::account("42")).await.unwrap().cents(), 20_000);
+    btc_watcher.stop().await.unwrap();
+    ltc_watcher.stop().await.unwrap();
+}
+
+/// A fake Electrum server answering each request line with `answer(method)`.
+async fn fake_server(answer: fn(&str) -> String) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("tcp://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let (read, mut write) = socket.into_split();
+                let mut lines = BufReader::new(read).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    let request: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+                    let method = request["method"].as_str().unwrap_or_default().to_owned();
+                    let body = answer(&method).replace("$ID", &request["id"].to_string());
+                    if write.write_all(format!("{body}\n").as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    url
+}
+
+async fn stopped_watcher_error(url: &str) -> String {
+    let db = TestDb::new(common::Db::Sqlite).await;
+    let config = common::payments::config(|config| {
+        config.payments.enabled_methods = vec![Method::Ltc];
+        config.networks.litecoin = Some(litecoin(&fresh_account_xpub(), url, 1));
+    });
+    let (engine, _) = common::payments::engine(&db, config).await;
+    engine.create_topup(&topup("T1", "42", "100")).await.unwrap();
+    engine.create_payment(&order("T1"), Method::Ltc).await.unwrap();
+    let watcher = watch_litecoin(&engine, url);
+    let outcome = tokio::time::timeout(Duration::from_secs(60), watcher.task).await.expect("the watcher stops by itself").unwrap();
+    assert_eq!(engine.watcher_cursor(Network::Litecoin).await.unwrap(), None, "nothing was committed");
+    assert_eq!(engine.trial_balance().await.unwrap().entries, 0);
+    outcome.expect_err("a refused data source is an error").to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_server_answering_garbage_stops_the_watcher_with_a_clear_error() {
+    let url = fake_server(|_| "<html>502 Bad Gateway</html>".into()).await;
+    let error = stopped_watcher_error(&url).await;
+    assert!(error.contains("litecoin watcher stopped") && error.contains("garbage"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_server_of_another_chain_stops_the_watcher_with_a_clear_error() {
+    fn answer(method: &str) -> String {
+        use payrecon_chain_core::bitcoin::{Network, consensus, constants};
+        match method {
+            "server.version" => r#"{"jsonrpc":"2.0","id":$ID,"result":["ElectrumX 1.16","1.4"]}"#.into(),
+            // Bitcoin mainnet's genesis header where Litecoin regtest's is expected.
+            _ => format!(
+                r#"{{"jsonrpc":"2.0","id":$ID,"result":"{}"}}"#,
+                consensus::encode::serialize_hex(&constants::genesis_block(Network::Bitcoin).header)
+            ),
+        }
+    }
+    let url = fake_server(answer).await;
+    let error = stopped_watcher_error(&url).await;
+    assert!(error.contains("genesis block 000000000019d6689c085ae165831e934ff763ae46a2a6c172b3f1b60a8ce26f"), "{error}");
+}
