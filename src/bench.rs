@@ -55,6 +55,22 @@ pub enum BenchCommand {
         #[arg(long)]
         scratch_database: Option<String>,
     },
+    /// The Litecoin watcher over a real Electrum server: addresses followed from a cold start
+    /// (a restart's full resync) and a steady scan, for fresh intents below a random key.
+    Electrum {
+        /// The Electrum server, e.g. tcp://127.0.0.1:50001 (scripts/devnet.sh up).
+        #[arg(long)]
+        electrum_url: String,
+        /// Litecoin network the server serves: mainnet, testnet or regtest.
+        #[arg(long, default_value = "regtest")]
+        network: String,
+        /// Watched addresses (one open intent each).
+        #[arg(long, default_value_t = 10_000)]
+        addresses: usize,
+        /// A database the benchmark may fill. Default: a fresh temporary SQLite file.
+        #[arg(long)]
+        scratch_database: Option<String>,
+    },
 }
 
 /// One measured workload.
@@ -96,6 +112,39 @@ pub async fn run(command: BenchCommand, _config: &Config, json: bool) -> anyhow:
                 || {
                     let mut text =
                         format!("payments on {backend} ({})\n", crate::cli::redact(&url));
+                    for line in &lines {
+                        text.push_str(&format!(
+                            "{:<44} {:>8} items   {:>8} ms {:>9} per second\n",
+                            line.workload, line.entries, line.elapsed_ms, line.entries_per_second
+                        ));
+                    }
+                    text
+                },
+            )
+        }
+        BenchCommand::Electrum {
+            electrum_url,
+            network,
+            addresses,
+            scratch_database,
+        } => {
+            anyhow::ensure!(addresses > 0, "--addresses must be positive");
+            let scratch_dir = tempfile::tempdir().context("creating a scratch directory")?;
+            let url = scratch_database.unwrap_or_else(|| {
+                format!("sqlite://{}", scratch_dir.path().join("bench.db").display())
+            });
+            let config = electrum_config(&url, scratch_dir.path(), &electrum_url, &network)?;
+            let engine = Engine::from_config(&config).await?;
+            let lines = electrum(&engine, &config, addresses).await?;
+            let backend = format!("{:?}", engine.store().backend()).to_lowercase();
+            crate::cli::emit(
+                json,
+                &serde_json::json!({ "backend": backend, "results": lines }),
+                || {
+                    let mut text = format!(
+                        "electrum watcher on {backend} ({}), server {electrum_url}\n",
+                        crate::cli::redact(&url)
+                    );
                     for line in &lines {
                         text.push_str(&format!(
                             "{:<44} {:>8} items   {:>8} ms {:>9} per second\n",
@@ -359,6 +408,113 @@ async fn payments(
         trial.entries as usize == intents,
         "every intent settled exactly once"
     );
+    Ok(lines)
+}
+
+/// A Litecoin configuration below a fresh random account key, so the benchmark's addresses
+/// have no history but its own.
+fn electrum_config(
+    url: &str,
+    scratch: &std::path::Path,
+    electrum_url: &str,
+    network: &str,
+) -> anyhow::Result<Config> {
+    use payrecon_chain_core::bitcoin::bip32::{DerivationPath, Xpriv, Xpub};
+    let quotes = scratch.join("quotes.json");
+    std::fs::write(&quotes, r#"{"quotes":{"LTC":"100"}}"#)?;
+    let secp = payrecon_chain_core::bitcoin::secp256k1::Secp256k1::new();
+    let seed = [
+        *uuid::Uuid::new_v4().as_bytes(),
+        *uuid::Uuid::new_v4().as_bytes(),
+    ]
+    .concat();
+    let master = Xpriv::new_master(payrecon_chain_core::bitcoin::NetworkKind::Test, &seed)?;
+    let path: DerivationPath = "m/84'/2'/0'".parse()?;
+    let xpub = Xpub::from_priv(&secp, &master.derive_priv(&secp, &path)?);
+    let mut config = Config {
+        database_url: url.to_owned(),
+        ..Config::default()
+    };
+    config.payments.enabled_methods = vec![Method::Ltc];
+    config.rates.sources = vec!["recorded".into()];
+    config.rates.recorded_quotes_file = Some(quotes);
+    config.rates.cache_seconds = 3600;
+    config.networks.litecoin = Some(crate::config::UtxoConfig {
+        xpub: xpub.to_string(),
+        network: network.to_owned(),
+        confirmations: 2,
+        confirmation_tiers: Vec::new(),
+        electrum_url: Some(electrum_url.to_owned()),
+        genesis_hash: None,
+        poll_interval_ms: 2000,
+    });
+    Ok(config)
+}
+
+async fn electrum(
+    engine: &Engine,
+    config: &Config,
+    addresses: usize,
+) -> anyhow::Result<Vec<BenchLine>> {
+    let run_id = uuid::Uuid::new_v4().simple().to_string();
+    let progress = progress_bar(addresses as u64, "intents");
+    spread(addresses, 4, |i| {
+        let (engine, progress) = (engine.clone(), progress.clone());
+        let reference = crate::order::OrderRef::new(format!("e{}-{i}", &run_id[..8]));
+        async move {
+            let reference = reference?;
+            let request = crate::order::TopupRequest {
+                reference: reference.to_string(),
+                account_id: format!("c{}", i % BENCH_CUSTOMERS),
+                amount_usd: crate::money::Usd::from_dollars(100),
+            };
+            engine.create_topup(&request).await?;
+            engine.create_payment(&reference, Method::Ltc).await?;
+            progress.inc(1);
+            anyhow::Ok(())
+        }
+    })
+    .await?;
+    progress.finish_and_clear();
+
+    let utxo = config
+        .networks
+        .litecoin
+        .as_ref()
+        .context("litecoin configured")?;
+    let settings = crate::serve::electrum_settings(Network::Litecoin, utxo)?
+        .context("electrum_url configured")?;
+    let new_watcher = || {
+        crate::watcher::Watcher::new(
+            engine.clone(),
+            payrecon_chain_bitcoin::ElectrumScanner::new(settings.clone()),
+            crate::watcher::WatcherOptions::default(),
+        )
+    };
+    let mut lines = Vec::new();
+    let mut watcher = new_watcher();
+    let started = Instant::now();
+    watcher.round().await?;
+    lines.push(line(
+        "first scan: connect, subscribe, read all",
+        addresses,
+        started.elapsed(),
+    ));
+    let started = Instant::now();
+    watcher.round().await?;
+    lines.push(line(
+        "steady scan, nothing new",
+        addresses,
+        started.elapsed(),
+    ));
+    drop(watcher);
+    let started = Instant::now();
+    new_watcher().round().await?;
+    lines.push(line(
+        "restart: full resync of every address",
+        addresses,
+        started.elapsed(),
+    ));
     Ok(lines)
 }
 

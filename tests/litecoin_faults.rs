@@ -34,14 +34,25 @@ async fn ledger_summary(engine: &Engine, orders: &[&str]) -> String {
     let mut lines = vec![format!("{:?}", trial.accounts)];
     for reference in orders {
         for pay in engine.payments_for(&order(reference)).await.unwrap() {
-            lines.push(format!("{reference} {} {:?}", pay.intent.pay_to, pay.intent.status));
+            lines.push(format!(
+                "{reference} {} {:?}",
+                pay.intent.pay_to, pay.intent.status
+            ));
         }
         let mut transfers: Vec<String> = engine
             .transfers_for(&order(reference))
             .await
             .unwrap()
             .into_iter()
-            .map(|t| format!("{} {} removed={} credited={}", t.id, t.amount, t.removed, t.credited_entry.is_some()))
+            .map(|t| {
+                format!(
+                    "{} {} removed={} credited={}",
+                    t.id,
+                    t.amount,
+                    t.removed,
+                    t.credited_entry.is_some()
+                )
+            })
             .collect();
         transfers.sort();
         lines.extend(transfers);
@@ -111,7 +122,8 @@ on_both_databases! {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_watcher_survives_its_electrum_server_restarting() {
     let chain = Chain::lock().await;
-    let devnet = std::env::var("PAYRECON_TEST_DEVNET").expect("PAYRECON_TEST_DEVNET (scripts/test.sh)");
+    let devnet =
+        std::env::var("PAYRECON_TEST_DEVNET").expect("PAYRECON_TEST_DEVNET (scripts/test.sh)");
     let dir = tempfile::tempdir().unwrap();
     let port = 50_011;
     let electrumx = |action: &'static str| {
@@ -124,7 +136,11 @@ async fn the_watcher_survives_its_electrum_server_restarting() {
                 command.arg(port.to_string());
             }
             let output = command.output().await.expect("devnet script runs");
-            assert!(output.status.success(), "{action}: {}", String::from_utf8_lossy(&output.stderr));
+            assert!(
+                output.status.success(),
+                "{action}: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
         }
     };
     electrumx("electrumx-start").await;
@@ -132,27 +148,64 @@ async fn the_watcher_survives_its_electrum_server_restarting() {
 
     let db = TestDb::new(common::Db::Sqlite).await;
     let (engine, _) = ltc_engine(&db, &chain, 1, &fresh_account_xpub(), |_| {}).await;
-    engine.create_topup(&topup("T1", "41", "100")).await.unwrap();
-    engine.create_topup(&topup("T2", "42", "100")).await.unwrap();
-    let one = engine.create_payment(&order("T1"), Method::Ltc).await.unwrap();
-    let two = engine.create_payment(&order("T2"), Method::Ltc).await.unwrap();
+    engine
+        .create_topup(&topup("T1", "41", "100"))
+        .await
+        .unwrap();
+    engine
+        .create_topup(&topup("T2", "42", "100"))
+        .await
+        .unwrap();
+    let one = engine
+        .create_payment(&order("T1"), Method::Ltc)
+        .await
+        .unwrap();
+    let two = engine
+        .create_payment(&order("T2"), Method::Ltc)
+        .await
+        .unwrap();
     let mut watcher = watch_litecoin(&engine, &url);
     chain.send(&one.intent.pay_to, "1").await;
-    eventually("the first payment seen", || async { status(&engine, &one.intent.id).await == IntentStatus::Seen }).await;
+    eventually("the first payment seen", || async {
+        status(&engine, &one.intent.id).await == IntentStatus::Seen
+    })
+    .await;
 
     electrumx("electrumx-stop").await;
     chain.mine(1).await;
     chain.send(&two.intent.pay_to, "1").await;
     chain.mine(1).await;
-    watcher.status.wait_for(|s| matches!(s.state, WatcherState::Retrying { .. })).await.unwrap();
-    assert_eq!(status(&engine, &two.intent.id).await, IntentStatus::AwaitingPayment, "nothing is invented while the server is away");
+    watcher
+        .status
+        .wait_for(|s| matches!(s.state, WatcherState::Retrying { .. }))
+        .await
+        .unwrap();
+    assert_eq!(
+        status(&engine, &two.intent.id).await,
+        IntentStatus::AwaitingPayment,
+        "nothing is invented while the server is away"
+    );
 
     electrumx("electrumx-start").await;
     for pay in [&one, &two] {
-        eventually("settled after the server is back", || async { status(&engine, &pay.intent.id).await == IntentStatus::Settled }).await;
+        eventually("settled after the server is back", || async {
+            status(&engine, &pay.intent.id).await == IntentStatus::Settled
+        })
+        .await;
     }
-    watcher.status.wait_for(|s| s.state == WatcherState::Running).await.unwrap();
-    assert_eq!(engine.available_balance(&common::account("42")).await.unwrap().cents(), 10_000);
+    watcher
+        .status
+        .wait_for(|s| s.state == WatcherState::Running)
+        .await
+        .unwrap();
+    assert_eq!(
+        engine
+            .available_balance(&common::account("42"))
+            .await
+            .unwrap()
+            .cents(),
+        10_000
+    );
     watcher.stop.send(true).unwrap();
     watcher.task.await.unwrap().unwrap();
     electrumx("electrumx-stop").await;
@@ -173,16 +226,41 @@ async fn bitcoin_and_litecoin_are_watched_side_by_side() {
         bitcoin.genesis_hash = Some(ltc_regtest_genesis.clone());
         config.networks.bitcoin = Some(bitcoin);
     });
-    let (engine, clock) = common::payments::engine_with_prices(&db, config, &[(Asset::Ltc, "100"), (Asset::Btc, "100000")]).await;
+    let (engine, clock) = common::payments::engine_with_prices(
+        &db,
+        config,
+        &[(Asset::Ltc, "100"), (Asset::Btc, "100000")],
+    )
+    .await;
     clock.advance(chrono::Utc::now() - common::payments::start_time());
-    engine.create_topup(&topup("B1", "42", "100")).await.unwrap();
-    engine.create_topup(&topup("L1", "42", "100")).await.unwrap();
-    let btc = engine.create_payment(&order("B1"), Method::Btc).await.unwrap();
-    let ltc = engine.create_payment(&order("L1"), Method::Ltc).await.unwrap();
-    assert!(btc.intent.pay_to.starts_with("bcrt1q"), "{}", btc.intent.pay_to);
+    engine
+        .create_topup(&topup("B1", "42", "100"))
+        .await
+        .unwrap();
+    engine
+        .create_topup(&topup("L1", "42", "100"))
+        .await
+        .unwrap();
+    let btc = engine
+        .create_payment(&order("B1"), Method::Btc)
+        .await
+        .unwrap();
+    let ltc = engine
+        .create_payment(&order("L1"), Method::Ltc)
+        .await
+        .unwrap();
+    assert!(
+        btc.intent.pay_to.starts_with("bcrt1q"),
+        "{}",
+        btc.intent.pay_to
+    );
     assert_eq!(btc.amount_decimal, "0.001");
 
-    let mut btc_settings = ElectrumSettings::new(chain.electrum_url.clone(), UtxoChain::Bitcoin, UtxoNetwork::Regtest);
+    let mut btc_settings = ElectrumSettings::new(
+        chain.electrum_url.clone(),
+        UtxoChain::Bitcoin,
+        UtxoNetwork::Regtest,
+    );
     btc_settings.genesis_hash = Some(ltc_regtest_genesis);
     let btc_watcher = watch(&engine, btc_settings);
     let ltc_watcher = watch_litecoin(&engine, &chain.electrum_url);
@@ -190,9 +268,19 @@ async fn bitcoin_and_litecoin_are_watched_side_by_side() {
     chain.send(&ltc.intent.pay_to, "1").await;
     chain.mine(1).await;
     for pay in [&btc, &ltc] {
-        eventually("both settled", || async { status(&engine, &pay.intent.id).await == IntentStatus::Settled }).await;
+        eventually("both settled", || async {
+            status(&engine, &pay.intent.id).await == IntentStatus::Settled
+        })
+        .await;
     }
-    assert_eq!(engine.available_balance(&common::account("42")).await.unwrap().cents(), 20_000);
+    assert_eq!(
+        engine
+            .available_balance(&common::account("42"))
+            .await
+            .unwrap()
+            .cents(),
+        20_000
+    );
     btc_watcher.stop().await.unwrap();
     ltc_watcher.stop().await.unwrap();
 }
@@ -207,10 +295,15 @@ async fn fake_server(answer: fn(&str) -> String) -> String {
                 let (read, mut write) = socket.into_split();
                 let mut lines = BufReader::new(read).lines();
                 while let Ok(Some(line)) = lines.next_line().await {
-                    let request: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+                    let request: serde_json::Value =
+                        serde_json::from_str(&line).unwrap_or_default();
                     let method = request["method"].as_str().unwrap_or_default().to_owned();
                     let body = answer(&method).replace("$ID", &request["id"].to_string());
-                    if write.write_all(format!("{body}\n").as_bytes()).await.is_err() {
+                    if write
+                        .write_all(format!("{body}\n").as_bytes())
+                        .await
+                        .is_err()
+                    {
                         return;
                     }
                 }
@@ -227,20 +320,38 @@ async fn stopped_watcher_error(url: &str) -> String {
         config.networks.litecoin = Some(litecoin(&fresh_account_xpub(), url, 1));
     });
     let (engine, _) = common::payments::engine(&db, config).await;
-    engine.create_topup(&topup("T1", "42", "100")).await.unwrap();
-    engine.create_payment(&order("T1"), Method::Ltc).await.unwrap();
+    engine
+        .create_topup(&topup("T1", "42", "100"))
+        .await
+        .unwrap();
+    engine
+        .create_payment(&order("T1"), Method::Ltc)
+        .await
+        .unwrap();
     let watcher = watch_litecoin(&engine, url);
-    let outcome = tokio::time::timeout(Duration::from_secs(60), watcher.task).await.expect("the watcher stops by itself").unwrap();
-    assert_eq!(engine.watcher_cursor(Network::Litecoin).await.unwrap(), None, "nothing was committed");
+    let outcome = tokio::time::timeout(Duration::from_secs(60), watcher.task)
+        .await
+        .expect("the watcher stops by itself")
+        .unwrap();
+    assert_eq!(
+        engine.watcher_cursor(Network::Litecoin).await.unwrap(),
+        None,
+        "nothing was committed"
+    );
     assert_eq!(engine.trial_balance().await.unwrap().entries, 0);
-    outcome.expect_err("a refused data source is an error").to_string()
+    outcome
+        .expect_err("a refused data source is an error")
+        .to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_server_answering_garbage_stops_the_watcher_with_a_clear_error() {
     let url = fake_server(|_| "<html>502 Bad Gateway</html>".into()).await;
     let error = stopped_watcher_error(&url).await;
-    assert!(error.contains("litecoin watcher stopped") && error.contains("garbage"), "{error}");
+    assert!(
+        error.contains("litecoin watcher stopped") && error.contains("garbage"),
+        "{error}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -248,15 +359,106 @@ async fn a_server_of_another_chain_stops_the_watcher_with_a_clear_error() {
     fn answer(method: &str) -> String {
         use payrecon_chain_core::bitcoin::{Network, consensus, constants};
         match method {
-            "server.version" => r#"{"jsonrpc":"2.0","id":$ID,"result":["ElectrumX 1.16","1.4"]}"#.into(),
+            "server.version" => {
+                r#"{"jsonrpc":"2.0","id":$ID,"result":["ElectrumX 1.16","1.4"]}"#.into()
+            }
             // Bitcoin mainnet's genesis header where Litecoin regtest's is expected.
             _ => format!(
                 r#"{{"jsonrpc":"2.0","id":$ID,"result":"{}"}}"#,
-                consensus::encode::serialize_hex(&constants::genesis_block(Network::Bitcoin).header)
+                consensus::encode::serialize_hex(
+                    &constants::genesis_block(Network::Bitcoin).header
+                )
             ),
         }
     }
     let url = fake_server(answer).await;
     let error = stopped_watcher_error(&url).await;
-    assert!(error.contains("genesis block 000000000019d6689c085ae165831e934ff763ae46a2a6c172b3f1b60a8ce26f"), "{error}");
+    assert!(
+        error.contains(
+            "genesis block 000000000019d6689c085ae165831e934ff763ae46a2a6c172b3f1b60a8ce26f"
+        ),
+        "{error}"
+    );
+}
+
+/// `payrecon serve` from the command line: a top-up paid from the regtest wallet is seen,
+/// confirmed and credited by the watcher it starts; SIGTERM stops it cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn payrecon_serve_watches_and_credits_a_top_up() {
+    let chain = Chain::lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let quotes = dir.path().join("quotes.json");
+    std::fs::write(&quotes, r#"{"quotes":{"LTC":"100"}}"#).unwrap();
+    let config = dir.path().join("payrecon.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "database_url = \"sqlite://{db}\"\n[payments]\nenabled_methods = [\"ltc\"]\n\
+             [rates]\nsources = [\"recorded\"]\nrecorded_quotes_file = \"{quotes}\"\n\
+             [networks.litecoin]\nxpub = \"{xpub}\"\nnetwork = \"regtest\"\nconfirmations = 1\n\
+             electrum_url = \"{url}\"\npoll_interval_ms = 100\n",
+            db = dir.path().join("serve.db").display(),
+            quotes = quotes.display(),
+            xpub = fresh_account_xpub(),
+            url = chain.electrum_url,
+        ),
+    )
+    .unwrap();
+    let cli = |args: &[&str]| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_payrecon"))
+            .arg("--config")
+            .arg(&config)
+            .arg("--json")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&output.stdout).unwrap()
+    };
+    cli(&[
+        "topup",
+        "create",
+        "--reference",
+        "T1",
+        "--account",
+        "42",
+        "--amount-usd",
+        "100",
+    ]);
+    let pay = cli(&["pay", "create", "--order", "T1", "--method", "ltc"]);
+    let (intent, address) = (
+        pay["id"].as_str().unwrap().to_owned(),
+        pay["pay_to"].as_str().unwrap().to_owned(),
+    );
+
+    let serve = std::process::Command::new(env!("CARGO_BIN_EXE_payrecon"))
+        .arg("--config")
+        .arg(&config)
+        .arg("serve")
+        .spawn()
+        .unwrap();
+    chain.send(&address, "1").await;
+    chain.mine(1).await;
+    eventually("serve to credit the top-up", || async {
+        cli(&["pay", "show", &intent])["status"] == "settled"
+    })
+    .await;
+    assert_eq!(cli(&["balance", "42"])["available_usd"], "100.00");
+
+    let stopped = std::process::Command::new("kill")
+        .args(["-TERM", &serve.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(stopped.success());
+    let exit = tokio::task::spawn_blocking(move || {
+        let mut serve = serve;
+        serve.wait().unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(exit.success(), "serve exits cleanly on SIGTERM: {exit:?}");
 }

@@ -28,6 +28,10 @@ use crate::{UtxoChain, UtxoNetwork, script_pubkey};
 /// Recent block hashes kept for the cursor, below the tip.
 const KEPT_CHECKPOINTS: u64 = 64;
 
+/// Transactions per batched request: raw transactions are large, and a server caps the size
+/// of one answer (ElectrumX: MAX_SEND, 1 MB by default).
+const TRANSACTIONS_PER_BATCH: usize = 100;
+
 /// Block times remembered for dating transfers first seen already confirmed.
 const KEPT_BLOCK_TIMES: usize = 4096;
 
@@ -60,12 +64,14 @@ pub struct ElectrumSettings {
     pub genesis_hash: Option<String>,
     /// Socket timeout of one request.
     pub timeout: Duration,
-    /// Scripts or transactions per batched request.
+    /// Scripts per batched subscribe or history request. Servers answer a session's later
+    /// requests more slowly (ElectrumX: about a second each), so fewer, larger batches resync
+    /// faster.
     pub batch_size: usize,
 }
 
 impl ElectrumSettings {
-    /// Settings with a 30 s timeout and batches of 500.
+    /// Settings with a 30 s timeout and batches of 1000 scripts.
     pub fn new(url: impl Into<String>, chain: UtxoChain, network: UtxoNetwork) -> ElectrumSettings {
         ElectrumSettings {
             url: url.into(),
@@ -73,7 +79,7 @@ impl ElectrumSettings {
             network,
             genesis_hash: None,
             timeout: Duration::from_secs(30),
-            batch_size: 500,
+            batch_size: 1000,
         }
     }
 
@@ -407,7 +413,7 @@ impl Session {
     }
 
     /// Fetches the transactions not read yet, checking each hashes to its id.
-    fn read_transactions(&mut self, settings: &ElectrumSettings) -> Result<(), ScanError> {
+    fn read_transactions(&mut self) -> Result<(), ScanError> {
         let referenced: HashSet<Txid> = self
             .scripts
             .values()
@@ -418,7 +424,7 @@ impl Session {
             .into_iter()
             .filter(|txid| !self.outputs.contains_key(txid))
             .collect();
-        for chunk in missing.chunks(settings.batch_size.max(1)) {
+        for chunk in missing.chunks(TRANSACTIONS_PER_BATCH) {
             let raws = self
                 .client
                 .batch_transaction_get_raw(chunk)
@@ -492,7 +498,7 @@ impl Session {
         self.follow_tip()?;
         let to_read = self.sync_subscriptions(settings, &view.watch_keys)?;
         self.read_histories(settings, &to_read)?;
-        self.read_transactions(settings)?;
+        self.read_transactions()?;
         tracing::debug!(
             tip = self.tip_height,
             followed = self.scripts.len(),
