@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Local chain nodes for the tests and for trying payrecon: Litecoin Core in regtest behind a
-# real ElectrumX server, both on loopback, installed on first use (Debian's litecoind, PyPI's
-# e-x). Everything lives under $DEVNET_DIR.
+# Local chain nodes for the tests and for trying payrecon, all on loopback and installed on first
+# use: Litecoin Core in regtest behind a real ElectrumX server (Debian's litecoind, PyPI's e-x),
+# and anvil for Ethereum (npm's @foundry-rs/anvil-linux-amd64). Everything lives under
+# $DEVNET_DIR.
 #
 #   scripts/devnet.sh up                      start (fresh chain) or reuse; prints `export` lines
 #   scripts/devnet.sh down                    stop everything started by `up`
@@ -18,8 +19,12 @@ DEVNET_DIR=${DEVNET_DIR:-/tmp/payrecon-devnet}
 LTC_RPC_PORT=${LTC_RPC_PORT:-19443}
 LTC_P2P_PORT=${LTC_P2P_PORT:-19444}
 ELECTRUM_PORT=${ELECTRUM_PORT:-50001}
+ANVIL_PORT=${ANVIL_PORT:-8545}
+ANVIL_VERSION=1.7.1
 LTC_DIR=$DEVNET_DIR/ltc
 VENV=$DEVNET_DIR/venv-electrumx
+NPM_DIR=$DEVNET_DIR/npm
+ANVIL=$NPM_DIR/node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil
 SCRIPT=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 
 log() { echo "devnet: $*" >&2; }
@@ -37,6 +42,33 @@ install() {
     python3 -m venv "$VENV"
     "$VENV/bin/pip" install -q e-x==2.0.0 plyvel==1.5.1 >&2
   fi
+  if [ ! -x "$ANVIL" ]; then
+    log "installing anvil $ANVIL_VERSION (npm)"
+    mkdir -p "$NPM_DIR"
+    [ -f "$NPM_DIR/package.json" ] || echo '{"name":"payrecon-devnet","private":true}' > "$NPM_DIR/package.json"
+    (cd "$NPM_DIR" && npm install --no-audit --no-fund --silent "@foundry-rs/anvil-linux-amd64@$ANVIL_VERSION" >&2)
+  fi
+}
+
+# Blocks are mined only when asked (anvil_mine), so tests decide what each block holds.
+start_anvil() {
+  mkdir -p "$DEVNET_DIR/anvil"
+  "$ANVIL" --host 127.0.0.1 --port "$ANVIL_PORT" --chain-id 31337 --no-mining \
+    --accounts 5 --balance 1000000 > "$DEVNET_DIR/anvil/anvil.log" 2>&1 &
+  echo $! > "$DEVNET_DIR/anvil/anvil.pid"
+  for _ in $(seq 1 100); do
+    if python3 - "$ANVIL_PORT" <<'PY' 2>/dev/null
+import json, sys, urllib.request
+body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}).encode()
+request = urllib.request.Request(f"http://127.0.0.1:{sys.argv[1]}", body, {"Content-Type": "application/json"})
+json.load(urllib.request.urlopen(request, timeout=1))["result"]
+PY
+    then log "anvil up on 127.0.0.1:$ANVIL_PORT"; return 0; fi
+    sleep 0.1
+  done
+  cat "$DEVNET_DIR/anvil/anvil.log" >&2
+  log "anvil did not start"
+  exit 1
 }
 
 alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
@@ -125,13 +157,15 @@ electrumx_stop() {
 print_env() {
   echo "export PAYRECON_TEST_LTC_RPC=http://user:pass@127.0.0.1:$LTC_RPC_PORT"
   echo "export PAYRECON_TEST_ELECTRUM=tcp://127.0.0.1:$ELECTRUM_PORT"
+  echo "export PAYRECON_TEST_ETH_RPC=http://127.0.0.1:$ANVIL_PORT"
   echo "export PAYRECON_TEST_DEVNET=$SCRIPT"
 }
 
 case "${1:-}" in
   up)
     install
-    if alive "$LTC_DIR/litecoind.pid" && alive "$DEVNET_DIR/electrumx/electrumx.pid"; then
+    if alive "$LTC_DIR/litecoind.pid" && alive "$DEVNET_DIR/electrumx/electrumx.pid" \
+      && alive "$DEVNET_DIR/anvil/anvil.pid"; then
       log "already running"
     else
       "$SCRIPT" down
@@ -139,11 +173,13 @@ case "${1:-}" in
       start_litecoind
       rm -rf "$DEVNET_DIR/electrumx"
       electrumx_start "$DEVNET_DIR/electrumx" "$ELECTRUM_PORT"
+      start_anvil
     fi
     print_env
     ;;
   down)
     electrumx_stop "$DEVNET_DIR/electrumx"
+    if alive "$DEVNET_DIR/anvil/anvil.pid"; then kill "$(cat "$DEVNET_DIR/anvil/anvil.pid")"; fi
     if alive "$LTC_DIR/litecoind.pid"; then
       pid=$(cat "$LTC_DIR/litecoind.pid")
       cli stop >/dev/null 2>&1 || kill "$pid"

@@ -2,9 +2,9 @@
 # The whole test suite, on SQLite and PostgreSQL, against the real chain nodes.
 # - PostgreSQL comes from DATABASE_URL when it is set; otherwise a throwaway server is started
 #   for this run and removed after it.
-# - The Litecoin regtest node and ElectrumX come from PAYRECON_TEST_LTC_RPC /
-#   PAYRECON_TEST_ELECTRUM when set; otherwise scripts/devnet.sh installs (first run) and starts
-#   them for this run and stops them after it.
+# - The Litecoin regtest node, ElectrumX and anvil come from PAYRECON_TEST_LTC_RPC,
+#   PAYRECON_TEST_ELECTRUM and PAYRECON_TEST_ETH_RPC when all are set; otherwise
+#   scripts/devnet.sh installs (first run) and starts them for this run and stops them after it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,12 +20,12 @@ else
   echo "using PostgreSQL from DATABASE_URL"
 fi
 
-if [ -z "${PAYRECON_TEST_ELECTRUM:-}" ]; then
+if [ -z "${PAYRECON_TEST_ELECTRUM:-}" ] || [ -z "${PAYRECON_TEST_LTC_RPC:-}" ] || [ -z "${PAYRECON_TEST_ETH_RPC:-}" ]; then
   eval "$(scripts/devnet.sh up)"
   cleanup+=("scripts/devnet.sh down")
-  echo "using a fresh Litecoin regtest node behind ElectrumX: $PAYRECON_TEST_ELECTRUM"
+  echo "using fresh local nodes: Litecoin regtest behind ElectrumX at $PAYRECON_TEST_ELECTRUM, anvil at $PAYRECON_TEST_ETH_RPC"
 else
-  echo "using the Electrum server from PAYRECON_TEST_ELECTRUM"
+  echo "using the nodes from PAYRECON_TEST_ELECTRUM, PAYRECON_TEST_LTC_RPC and PAYRECON_TEST_ETH_RPC"
 fi
 
 cargo test --workspace --locked

@@ -187,6 +187,30 @@ pub struct EthereumConfig {
     /// USDC's contract.
     #[serde(default = "usdc_erc20")]
     pub usdc_contract: String,
+    /// The JSON-RPC node (HTTP) `payrecon serve` watches through; without it no watcher runs.
+    #[serde(default)]
+    pub rpc_url: Option<String>,
+    /// `depth` (count `confirmations` blocks) or `finalized` (wait for the node's finalized
+    /// block).
+    #[serde(default)]
+    pub finality: EthereumFinality,
+    /// First block to scan on the very first start (default: the head at that time).
+    #[serde(default)]
+    pub start_block: Option<u64>,
+    /// Pause between scans when caught up, in milliseconds.
+    #[serde(default = "poll_interval_ms")]
+    pub poll_interval_ms: u32,
+}
+
+/// When an Ethereum payment counts as final.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EthereumFinality {
+    /// After `confirmations` blocks.
+    #[default]
+    Depth,
+    /// Once the node's `finalized` block includes it.
+    Finalized,
 }
 
 /// `[networks.tron]`.

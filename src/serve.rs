@@ -3,12 +3,14 @@
 
 use std::time::Duration;
 
+use alloy_primitives::Address;
 use payrecon_chain_bitcoin::{ElectrumScanner, ElectrumSettings, UtxoChain};
 use payrecon_chain_core::{DeriveError, Network};
+use payrecon_chain_ethereum::{EthereumScanner, EthereumSettings, Finality};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::config::{Config, UtxoConfig};
+use crate::config::{Config, EthereumConfig, EthereumFinality, UtxoConfig};
 use crate::engine::Engine;
 use crate::error::Error;
 use crate::watcher::{Watcher, WatcherOptions};
@@ -37,6 +39,29 @@ pub fn electrum_settings(
     settings
         .expected_genesis()
         .map_err(|e| Error::Config(format!("networks.{network}.genesis_hash: {e}")))?;
+    Ok(Some(settings))
+}
+
+/// The Ethereum scanner settings, if a node is configured.
+pub fn ethereum_settings(config: &EthereumConfig) -> Result<Option<EthereumSettings>, Error> {
+    let Some(url) = &config.rpc_url else {
+        return Ok(None);
+    };
+    let contract = |name: &str, text: &str| -> Result<Address, Error> {
+        text.parse()
+            .map_err(|e| Error::Config(format!("networks.ethereum.{name}: {e}")))
+    };
+    let mut settings = EthereumSettings::new(
+        url.clone(),
+        config.chain_id,
+        contract("usdt_contract", &config.usdt_contract)?,
+        contract("usdc_contract", &config.usdc_contract)?,
+    );
+    settings.finality = match config.finality {
+        EthereumFinality::Depth => Finality::Depth,
+        EthereumFinality::Finalized => Finality::Finalized,
+    };
+    settings.start_block = config.start_block;
     Ok(Some(settings))
 }
 
@@ -72,6 +97,20 @@ pub async fn serve(
             options(utxo.poll_interval_ms),
         );
         tasks.spawn(watcher.run(shutdown.clone()));
+    }
+    if let Some(ethereum) = &config.networks.ethereum {
+        match ethereum_settings(ethereum)? {
+            Some(settings) => {
+                tracing::info!(url = %settings.url, "starting the ethereum watcher");
+                let watcher = Watcher::new(
+                    engine.clone(),
+                    EthereumScanner::new(settings),
+                    options(ethereum.poll_interval_ms),
+                );
+                tasks.spawn(watcher.run(shutdown.clone()));
+            }
+            None => tracing::info!("no networks.ethereum.rpc_url: not watching ethereum"),
+        }
     }
     tasks.spawn(tick_until(engine, shutdown));
     while let Some(joined) = tasks.join_next().await {

@@ -6,6 +6,7 @@
 
 #![allow(dead_code)]
 
+pub mod anvil;
 pub mod payments;
 pub mod regtest;
 pub mod replay;

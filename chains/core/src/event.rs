@@ -17,7 +17,8 @@ pub struct TransferId {
     pub network: Network,
     /// Transaction hash or signature, as the chain's explorers print it.
     pub txid: String,
-    /// Output index (UTXO chains), log index (token transfers) or 0 (one transfer per tx).
+    /// Output index (UTXO chains); on Ethereum 0 for the native value and log index + 1 for
+    /// a token transfer, so one transaction carrying both never collides.
     pub position: u32,
 }
 

@@ -1,6 +1,8 @@
-//! Ethereum: ETH, USDT and USDC. BIP44 coin 60 receive addresses (watch-only, EIP-55) and,
-//! later, the alloy watcher.
+//! Ethereum: ETH, USDT and USDC. BIP44 coin 60 receive addresses (watch-only, EIP-55) and the
+//! block scanner that finds payments to them.
 
 mod derive;
+mod watch;
 
 pub use derive::EthereumDeriver;
+pub use watch::{EthereumScanner, EthereumSettings, Finality, TRANSFER_TOPIC};

@@ -1,0 +1,267 @@
+//! Test support for the anvil Ethereum node (scripts/devnet.sh), which mines only when asked.
+//!
+//! Tests that mine or reorg hold [`Anvil::lock`] for their whole run; each derives its
+//! addresses below a fresh random key.
+
+use std::sync::Arc;
+
+use payrecon::Engine;
+use payrecon::clock::ManualClock;
+use payrecon::config::{Config, EthereumConfig, EthereumFinality};
+use payrecon::watcher::Watcher;
+use payrecon_chain_core::bitcoin::bip32::{DerivationPath, Xpriv, Xpub};
+use payrecon_chain_core::bitcoin::secp256k1::Secp256k1;
+use payrecon_chain_core::{Asset, Method, Network};
+use payrecon_chain_ethereum::{EthereumScanner, EthereumSettings};
+use serde_json::{Value, json};
+use tokio::sync::{Mutex, MutexGuard, watch};
+
+use super::TestDb;
+use super::regtest::{Running, eventually, fast};
+
+static ANVIL: Mutex<()> = Mutex::const_new(());
+
+/// The anvil node and its first (funded, unlocked) account.
+pub struct Anvil {
+    http: reqwest::Client,
+    pub url: String,
+    pub funder: String,
+    pub other: String,
+    _guard: MutexGuard<'static, ()>,
+}
+
+/// Three deployed 6-decimal tokens: USDT, USDC and a fake.
+pub struct Tokens {
+    pub usdt: String,
+    pub usdc: String,
+    pub fake: String,
+}
+
+impl Anvil {
+    pub async fn lock() -> Anvil {
+        let guard = ANVIL.lock().await;
+        let url = std::env::var("PAYRECON_TEST_ETH_RPC").unwrap_or_else(|_| {
+            panic!("PAYRECON_TEST_ETH_RPC is not set: run the tests with scripts/test.sh, which starts anvil (scripts/devnet.sh up)")
+        });
+        let mut anvil = Anvil {
+            http: reqwest::Client::new(),
+            url,
+            funder: String::new(),
+            other: String::new(),
+            _guard: guard,
+        };
+        let accounts = anvil.call("eth_accounts", json!([])).await;
+        anvil.funder = accounts[0].as_str().unwrap().to_owned();
+        anvil.other = accounts[1].as_str().unwrap().to_owned();
+        anvil
+    }
+
+    pub async fn call(&self, method: &str, params: Value) -> Value {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+        let response: Value = self
+            .http
+            .post(&self.url)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .expect("anvil reachable")
+            .bytes()
+            .await
+            .map(|b| serde_json::from_slice(&b).expect("anvil answers JSON"))
+            .expect("anvil answers");
+        if !response["error"].is_null() {
+            panic!("{method} {params}: {}", response["error"]);
+        }
+        response["result"].clone()
+    }
+
+    pub async fn mine(&self, blocks: u64) {
+        self.call("anvil_mine", json!([format!("0x{blocks:x}")]))
+            .await;
+    }
+
+    pub async fn head(&self) -> u64 {
+        let head = self.call("eth_blockNumber", json!([])).await;
+        u64::from_str_radix(head.as_str().unwrap().trim_start_matches("0x"), 16).unwrap()
+    }
+
+    pub async fn head_hash(&self) -> String {
+        self.call("eth_getBlockByNumber", json!(["latest", false]))
+            .await["hash"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    /// Stamps the next block no earlier than `unix_seconds` (and after its parent).
+    pub async fn next_block_at_least(&self, unix_seconds: i64) {
+        let latest = self
+            .call("eth_getBlockByNumber", json!(["latest", false]))
+            .await;
+        let parent = i64::from_str_radix(
+            latest["timestamp"]
+                .as_str()
+                .unwrap()
+                .trim_start_matches("0x"),
+            16,
+        )
+        .unwrap();
+        let at = unix_seconds.max(parent + 1);
+        self.call("evm_setNextBlockTimestamp", json!([at])).await;
+    }
+
+    /// Sends `wei` from the funder; mined with the next block.
+    pub async fn send_eth(&self, to: &str, wei: u128) -> String {
+        let tx =
+            json!({"from": self.funder, "to": to, "value": format!("0x{wei:x}"), "gas": "0x5208"});
+        self.call("eth_sendTransaction", json!([tx]))
+            .await
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    /// Calls `transfer(to, amount)` on `token` from `from`, with a fixed gas limit so a
+    /// reverting call is still mined (and fails).
+    pub async fn send_token_from(&self, from: &str, token: &str, to: &str, amount: u128) -> String {
+        let data = format!(
+            "0xa9059cbb{:0>64}{amount:064x}",
+            to.trim_start_matches("0x").to_lowercase()
+        );
+        let tx = json!({"from": from, "to": token, "data": data, "gas": "0x30000"});
+        self.call("eth_sendTransaction", json!([tx]))
+            .await
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    pub async fn send_token(&self, token: &str, to: &str, amount: u128) -> String {
+        let funder = self.funder.clone();
+        self.send_token_from(&funder, token, to, amount).await
+    }
+
+    pub async fn receipt(&self, tx: &str) -> Value {
+        self.call("eth_getTransactionReceipt", json!([tx])).await
+    }
+
+    /// Deploys the fixture token three times (mined).
+    pub async fn tokens(&self) -> Tokens {
+        let bytecode = include_str!("../../fixtures/ethereum/TestToken.bin").trim();
+        let mut deployed = Vec::new();
+        for _ in 0..3 {
+            let data = format!("0x{bytecode}{:064x}", 1_000_000_000_000_000u128);
+            let tx = json!({"from": self.funder, "data": data, "gas": "0x200000"});
+            let hash = self.call("eth_sendTransaction", json!([tx])).await;
+            deployed.push(hash.as_str().unwrap().to_owned());
+        }
+        self.mine(1).await;
+        let mut addresses = Vec::new();
+        for hash in deployed {
+            let receipt = self.receipt(&hash).await;
+            assert_eq!(receipt["status"], json!("0x1"), "{receipt}");
+            addresses.push(receipt["contractAddress"].as_str().unwrap().to_owned());
+        }
+        Tokens {
+            usdt: addresses[0].clone(),
+            usdc: addresses[1].clone(),
+            fake: addresses[2].clone(),
+        }
+    }
+
+    /// Replaces the last `depth` blocks with empty ones: what they carried is gone.
+    pub async fn reorg(&self, depth: u64) {
+        self.call("anvil_reorg", json!({"depth": depth, "tx_block_pairs": []}))
+            .await;
+    }
+
+    /// Waits until the engine's Ethereum watcher has committed anvil's head.
+    pub async fn wait_synced(&self, engine: &Engine) {
+        let head = self.head_hash().await;
+        eventually("the ethereum watcher to reach anvil's head", || async {
+            engine
+                .watcher_cursor(Network::Ethereum)
+                .await
+                .unwrap()
+                .is_some_and(|c| c.tip.hash == head)
+        })
+        .await;
+    }
+}
+
+/// A fresh random account key on m/44'/60'/0'.
+pub fn fresh_ethereum_xpub() -> String {
+    let secp = Secp256k1::new();
+    let seed = [
+        *uuid::Uuid::new_v4().as_bytes(),
+        *uuid::Uuid::new_v4().as_bytes(),
+    ]
+    .concat();
+    let master = Xpriv::new_master(payrecon_chain_core::bitcoin::NetworkKind::Main, &seed).unwrap();
+    let path: DerivationPath = "m/44'/60'/0'".parse().unwrap();
+    Xpub::from_priv(&secp, &master.derive_priv(&secp, &path).unwrap()).to_string()
+}
+
+/// The Ethereum network section for anvil with `tokens`.
+pub fn ethereum(anvil: &Anvil, tokens: &Tokens, xpub: &str, confirmations: u32) -> EthereumConfig {
+    EthereumConfig {
+        xpub: xpub.to_owned(),
+        chain_id: 31337,
+        confirmations,
+        confirmation_tiers: Vec::new(),
+        usdt_contract: tokens.usdt.clone(),
+        usdc_contract: tokens.usdc.clone(),
+        rpc_url: Some(anvil.url.clone()),
+        finality: EthereumFinality::Depth,
+        start_block: None,
+        poll_interval_ms: 50,
+    }
+}
+
+/// An engine for ETH, USDT and USDC on anvil: ETH at 2000 USD, the stablecoins at 1, the clock
+/// at the real now, moved by hand.
+pub async fn eth_engine(
+    db: &TestDb,
+    anvil: &Anvil,
+    tokens: &Tokens,
+    xpub: &str,
+    confirmations: u32,
+) -> (Engine, Arc<ManualClock>) {
+    let config = super::payments::config(|config: &mut Config| {
+        config.payments.enabled_methods = vec![Method::Eth, Method::UsdtErc20, Method::UsdcErc20];
+        config.networks.ethereum = Some(ethereum(anvil, tokens, xpub, confirmations));
+    });
+    let (engine, clock) = super::payments::engine_with_prices(
+        db,
+        config,
+        &[(Asset::Eth, "2000"), (Asset::Usdt, "1"), (Asset::Usdc, "1")],
+    )
+    .await;
+    clock.advance(chrono::Utc::now() - super::payments::start_time());
+    (engine, clock)
+}
+
+/// Starts the Ethereum watcher of `engine`; without a cursor yet it scans from `start_block`.
+pub fn watch_ethereum(
+    engine: &Engine,
+    anvil: &Anvil,
+    tokens: &Tokens,
+    start_block: u64,
+) -> Running {
+    let mut settings = EthereumSettings::new(
+        anvil.url.clone(),
+        31337,
+        tokens.usdt.parse().unwrap(),
+        tokens.usdc.parse().unwrap(),
+    );
+    settings.start_block = Some(start_block);
+    let watcher = Watcher::new(engine.clone(), EthereumScanner::new(settings), fast());
+    let status = watcher.status();
+    let (stop, shutdown) = watch::channel(false);
+    Running {
+        task: tokio::spawn(watcher.run(shutdown)),
+        stop,
+        status,
+    }
+}
