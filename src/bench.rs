@@ -55,6 +55,23 @@ pub enum BenchCommand {
         #[arg(long)]
         scratch_database: Option<String>,
     },
+    /// The Ethereum scanner over a real node that mines on request (anvil): fills blocks with
+    /// ETH and token transfers, then times scanning them while watching many addresses.
+    Ethereum {
+        /// The node, e.g. http://127.0.0.1:8545 (scripts/devnet.sh up). It must accept
+        /// `eth_sendTransaction` from its first account and `anvil_mine`.
+        #[arg(long)]
+        rpc_url: String,
+        /// Watched addresses.
+        #[arg(long, default_value_t = 100_000)]
+        addresses: usize,
+        /// Busy blocks to scan.
+        #[arg(long, default_value_t = 5)]
+        blocks: usize,
+        /// ETH transfers and token transfers per block (each).
+        #[arg(long, default_value_t = 200)]
+        transfers_per_block: usize,
+    },
     /// The Litecoin watcher over a real Electrum server: addresses followed from a cold start
     /// (a restart's full resync) and a steady scan, for fresh intents below a random key.
     Electrum {
@@ -121,6 +138,28 @@ pub async fn run(command: BenchCommand, _config: &Config, json: bool) -> anyhow:
                     text
                 },
             )
+        }
+        BenchCommand::Ethereum {
+            rpc_url,
+            addresses,
+            blocks,
+            transfers_per_block,
+        } => {
+            anyhow::ensure!(
+                addresses > 0 && blocks > 0 && transfers_per_block > 0,
+                "counts must be positive"
+            );
+            let lines = ethereum(&rpc_url, addresses, blocks, transfers_per_block).await?;
+            crate::cli::emit(json, &serde_json::json!({ "results": lines }), || {
+                let mut text = format!("ethereum scanner against {rpc_url}\n");
+                for line in &lines {
+                    text.push_str(&format!(
+                        "{:<44} {:>8} items   {:>8} ms {:>9} per second\n",
+                        line.workload, line.entries, line.elapsed_ms, line.entries_per_second
+                    ));
+                }
+                text
+            })
         }
         BenchCommand::Electrum {
             electrum_url,
@@ -516,6 +555,149 @@ async fn electrum(
         started.elapsed(),
     ));
     Ok(lines)
+}
+
+/// One JSON-RPC call to an Ethereum node.
+async fn eth_call(
+    client: &reqwest::Client,
+    url: &str,
+    method: &str,
+    params: serde_json::Value,
+) -> anyhow::Result<serde_json::Value> {
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+    let bytes = client
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await?
+        .bytes()
+        .await?;
+    let mut answer: serde_json::Value = serde_json::from_slice(&bytes)?;
+    anyhow::ensure!(answer["error"].is_null(), "{method}: {}", answer["error"]);
+    Ok(answer["result"].take())
+}
+
+async fn ethereum(
+    url: &str,
+    addresses: usize,
+    blocks: usize,
+    transfers_per_block: usize,
+) -> anyhow::Result<Vec<BenchLine>> {
+    use payrecon_chain_core::{BlockId, ChainCursor, ChainScanner, WatchView};
+    use payrecon_chain_ethereum::{EthereumScanner, EthereumSettings};
+    let client = reqwest::Client::new();
+    let call = |method: &'static str, params: serde_json::Value| {
+        let client = client.clone();
+        async move { eth_call(&client, url, method, params).await }
+    };
+    let funder = call("eth_accounts", serde_json::json!([])).await?[0]
+        .as_str()
+        .context("the node has an account")?
+        .to_owned();
+    let chain_id = u64::from_str_radix(
+        call("eth_chainId", serde_json::json!([]))
+            .await?
+            .as_str()
+            .context("chain id")?
+            .trim_start_matches("0x"),
+        16,
+    )?;
+    let bytecode = include_str!("../fixtures/ethereum/TestToken.bin").trim();
+    let deploy = serde_json::json!({"from": funder, "gas": "0x200000",
+        "data": format!("0x{bytecode}{:064x}", u128::MAX >> 8)});
+    let deployed = call("eth_sendTransaction", serde_json::json!([deploy])).await?;
+    call("anvil_mine", serde_json::json!(["0x1"])).await?;
+    let token =
+        call("eth_getTransactionReceipt", serde_json::json!([deployed])).await?["contractAddress"]
+            .as_str()
+            .context("token deployed")?
+            .to_owned();
+    let start = call("eth_blockNumber", serde_json::json!([])).await?;
+    let start = u64::from_str_radix(
+        start.as_str().context("height")?.trim_start_matches("0x"),
+        16,
+    )?;
+    let start_hash = call(
+        "eth_getBlockByNumber",
+        serde_json::json!([format!("0x{start:x}"), false]),
+    )
+    .await?["hash"]
+        .as_str()
+        .context("hash")?
+        .to_owned();
+
+    // Busy blocks: every transfer pays a fresh address; one in ten of them is watched.
+    let random_address = || {
+        format!(
+            "0x{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..32].repeat(2)[..40]
+        )
+    };
+    let mut watched: Vec<String> = Vec::with_capacity(addresses);
+    let progress = progress_bar((blocks * transfers_per_block * 2) as u64, "transfers");
+    for _ in 0..blocks {
+        for i in 0..transfers_per_block {
+            let (to_eth, to_token) = (random_address(), random_address());
+            if i % 10 == 0 {
+                watched.push(to_eth.clone());
+                watched.push(to_token.clone());
+            }
+            let eth =
+                serde_json::json!({"from": funder, "to": to_eth, "value": "0x1", "gas": "0x5208"});
+            call("eth_sendTransaction", serde_json::json!([eth])).await?;
+            let data = format!("0xa9059cbb{:0>64}{:064x}", &to_token[2..], 1_000_000u128);
+            let transfer =
+                serde_json::json!({"from": funder, "to": token, "data": data, "gas": "0x20000"});
+            call("eth_sendTransaction", serde_json::json!([transfer])).await?;
+            progress.inc(2);
+        }
+        call("anvil_mine", serde_json::json!(["0x1"])).await?;
+    }
+    progress.finish_and_clear();
+    while watched.len() < addresses {
+        watched.push(random_address());
+    }
+    watched.truncate(addresses.max(1));
+
+    let mut settings = EthereumSettings::new(url, chain_id, token.parse()?, token.parse()?);
+    settings.max_blocks_per_scan = blocks as u64;
+    let mut scanner = EthereumScanner::new(settings);
+    let view = WatchView {
+        watch_keys: watched,
+        known: Vec::new(),
+        cursor: Some(ChainCursor {
+            tip: BlockId {
+                height: start,
+                hash: start_hash,
+            },
+            checkpoints: Vec::new(),
+        }),
+        now_ms: chrono::Utc::now().timestamp_millis(),
+        settle_depth: 12,
+    };
+    let started = Instant::now();
+    let batch = scanner.scan(&view).await?;
+    let elapsed = started.elapsed();
+    anyhow::ensure!(
+        batch.cursor.tip.height == start + blocks as u64,
+        "the scan covered every busy block"
+    );
+    Ok(vec![
+        line(
+            &format!("blocks scanned, {addresses} watched"),
+            blocks,
+            elapsed,
+        ),
+        line(
+            &format!(
+                "transfers found of {} sent",
+                blocks * transfers_per_block * 2
+            ),
+            batch.events.len(),
+            elapsed,
+        ),
+    ])
 }
 
 /// Runs `work(i)` for every `i` below `count` on `concurrency` tasks; results in `i` order.

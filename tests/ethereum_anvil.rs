@@ -156,6 +156,9 @@ on_both_databases! {
 
         // The last three blocks are replaced by empty ones: both payments are gone.
         anvil.reorg(3).await;
+        // The watcher first sees the new branch at the old height: what it finds there is
+        // newer than what it committed at that height, and must not be taken for a replay.
+        anvil.wait_synced(&engine).await;
         anvil.mine(1).await;
         wait_status(&engine, &credited.intent.id, IntentStatus::ReorgedAfterCredit).await;
         wait_status(&engine, &early.intent.id, IntentStatus::AwaitingPayment).await;

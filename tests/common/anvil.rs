@@ -39,6 +39,7 @@ pub struct Tokens {
 
 impl Anvil {
     pub async fn lock() -> Anvil {
+        super::regtest::init_logs();
         let guard = ANVIL.lock().await;
         let url = std::env::var("PAYRECON_TEST_ETH_RPC").unwrap_or_else(|_| {
             panic!("PAYRECON_TEST_ETH_RPC is not set: run the tests with scripts/test.sh, which starts anvil (scripts/devnet.sh up)")

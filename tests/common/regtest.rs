@@ -44,13 +44,7 @@ static CHAIN: Mutex<()> = Mutex::const_new(());
 impl Chain {
     /// Exclusive use of the chain for one test.
     pub async fn lock() -> Chain {
-        let _ = tracing_subscriber::fmt()
-            .with_test_writer()
-            .with_env_filter(
-                tracing_subscriber::EnvFilter::try_from_env("PAYRECON_LOG")
-                    .unwrap_or_else(|_| "info".into()),
-            )
-            .try_init();
+        init_logs();
         let guard = CHAIN.lock().await;
         Chain {
             http: reqwest::Client::new(),
@@ -256,6 +250,17 @@ impl Chain {
         })
         .await;
     }
+}
+
+/// Sends the engine's logs to the test output (shown for failing tests).
+pub fn init_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("PAYRECON_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .try_init();
 }
 
 /// Waits up to a minute for `condition`; a liveness bound, not a performance check.

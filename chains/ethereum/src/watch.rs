@@ -18,6 +18,7 @@ use alloy::primitives::{Address, B256, U256, b256};
 use alloy::providers::{Provider, ProviderBuilder, RootProvider};
 use alloy::rpc::types::{Filter, Log};
 use alloy::transports::{RpcError, TransportErrorKind};
+use futures_util::{StreamExt as _, TryStreamExt as _};
 use payrecon_chain_core::{
     Amount, BlockId, ChainCursor, ChainEvent, ChainScanner, KnownTransfer, Method, Network,
     ReceivedAsset, ScanBatch, ScanError, Transfer, TransferId, WatchView,
@@ -26,6 +27,9 @@ use payrecon_chain_core::{
 /// `keccak256("Transfer(address,address,uint256)")`, topic 0 of every ERC-20 transfer.
 pub const TRANSFER_TOPIC: B256 =
     b256!("ddf252ad1be2c89b69c2b068fc378daa952ba7f163c4a11628f55a4df523b3ef");
+
+/// Blocks requested at once while catching up.
+const BLOCKS_IN_FLIGHT: usize = 8;
 
 /// Recent block ids kept in the cursor for finding a fork point.
 const KEPT_CHECKPOINTS: usize = 64;
@@ -200,15 +204,24 @@ impl ChainScanner for EthereumScanner {
         let mut blocks: BTreeMap<u64, ScannedBlock> = BTreeMap::new();
         let mut found: Vec<(Transfer, u64)> = Vec::new();
         if from <= to {
-            for height in from..=to {
-                let block = provider
-                    .get_block_by_number(BlockNumberOrTag::Number(height))
-                    .full()
-                    .await
-                    .map_err(classify)?
-                    .ok_or_else(|| {
-                        ScanError::Transient(format!("block {height} is not served yet"))
-                    })?;
+            let fetched: Vec<_> = futures_util::stream::iter(from..=to)
+                .map(|height| {
+                    let provider = provider.clone();
+                    async move {
+                        provider
+                            .get_block_by_number(BlockNumberOrTag::Number(height))
+                            .full()
+                            .await
+                            .map_err(classify)?
+                            .ok_or_else(|| {
+                                ScanError::Transient(format!("block {height} is not served yet"))
+                            })
+                    }
+                })
+                .buffered(BLOCKS_IN_FLIGHT)
+                .try_collect()
+                .await?;
+            for (height, block) in (from..=to).zip(fetched) {
                 let scanned = ScannedBlock {
                     hash: block.header.hash,
                     parent: block.header.parent_hash,
@@ -227,36 +240,51 @@ impl ChainScanner for EthereumScanner {
                         "block {height} does not extend the block before it: the chain moved during the scan"
                     )));
                 }
+                let mut candidates = Vec::new();
                 for tx in block.transactions.txns() {
-                    let Some(to_address) = tx.to() else { continue };
-                    let Some(key) = watched.get(&to_address) else {
-                        continue;
-                    };
-                    if tx.value().is_zero() {
-                        continue;
+                    if let Some(key) = tx.to().and_then(|to| watched.get(&to))
+                        && !tx.value().is_zero()
+                    {
+                        candidates.push((tx.tx_hash(), tx.value(), (*key).to_owned()));
                     }
-                    let receipt = provider
-                        .get_transaction_receipt(tx.tx_hash())
+                }
+                // Receipts only for blocks that pay a watched address: one call per block.
+                let succeeded: HashMap<B256, bool> = if candidates.is_empty() {
+                    HashMap::new()
+                } else {
+                    provider
+                        .get_block_receipts(block.header.hash.into())
                         .await
                         .map_err(classify)?
                         .ok_or_else(|| {
-                            ScanError::Transient(format!("no receipt yet for {}", tx.tx_hash()))
-                        })?;
-                    if !receipt.status() {
-                        continue;
+                            ScanError::Transient(format!("no receipts yet for block {height}"))
+                        })?
+                        .iter()
+                        .map(|r| (r.transaction_hash, r.status()))
+                        .collect()
+                };
+                for (hash, value, key) in candidates {
+                    match succeeded.get(&hash) {
+                        Some(true) => {}
+                        Some(false) => continue,
+                        None => {
+                            return Err(ScanError::Transient(format!(
+                                "the receipts of block {height} lack {hash}"
+                            )));
+                        }
                     }
                     found.push((
                         Transfer {
                             id: TransferId {
                                 network: Network::Ethereum,
-                                txid: tx.tx_hash().to_string(),
+                                txid: hash.to_string(),
                                 position: 0,
                             },
-                            to_address: (*key).to_owned(),
+                            to_address: key,
                             asset: ReceivedAsset::Method {
                                 method: Method::Eth,
                             },
-                            amount: base_units(tx.value(), "ETH value")?,
+                            amount: base_units(value, "ETH value")?,
                         },
                         height,
                     ));
@@ -316,6 +344,13 @@ impl ChainScanner for EthereumScanner {
         }
 
         let tip = if from <= to { to } else { from - 1 };
+        // The matcher keeps the observation with the highest tip and ignores older ones. Right
+        // after a reorg the rescanned range may end below the tip already committed, yet what
+        // it finds is newer: report it at least at the committed tip.
+        let report_tip = view
+            .cursor
+            .as_ref()
+            .map_or(tip, |cursor| tip.max(cursor.tip.height));
         let finalized = match settings.finality {
             Finality::Depth => None,
             Finality::Finalized => Some(
@@ -354,7 +389,7 @@ impl ChainScanner for EthereumScanner {
                     transfer,
                     confirmations,
                     seen_at_ms,
-                    tip_height: tip,
+                    tip_height: report_tip,
                 });
             }
         }
@@ -367,7 +402,7 @@ impl ChainScanner for EthereumScanner {
                 Some(height) if height >= from && height <= to => {
                     events.push(ChainEvent::Removed {
                         id: k.transfer.id.clone(),
-                        tip_height: tip,
+                        tip_height: report_tip,
                     });
                 }
                 // Below the scanned range and still canonical: only its depth moved.
@@ -378,7 +413,7 @@ impl ChainScanner for EthereumScanner {
                             transfer: k.transfer.clone(),
                             confirmations: now,
                             seen_at_ms: k.seen_at_ms,
-                            tip_height: tip,
+                            tip_height: report_tip,
                         });
                     }
                 }
