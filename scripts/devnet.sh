@@ -159,6 +159,8 @@ print_env() {
   echo "export PAYRECON_TEST_ELECTRUM=tcp://127.0.0.1:$ELECTRUM_PORT"
   echo "export PAYRECON_TEST_ETH_RPC=http://127.0.0.1:$ANVIL_PORT"
   echo "export PAYRECON_TEST_DEVNET=$SCRIPT"
+  # electrumx-start reaches the node through these, also when called from a test.
+  echo "export DEVNET_DIR=$DEVNET_DIR LTC_RPC_PORT=$LTC_RPC_PORT"
 }
 
 case "${1:-}" in
