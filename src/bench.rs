@@ -123,20 +123,12 @@ pub async fn run(command: BenchCommand, _config: &Config, json: bool) -> anyhow:
             let engine = payments_engine(&url, scratch_dir.path()).await?;
             let lines = payments(&engine, intents, events_per_batch, concurrency).await?;
             let backend = format!("{:?}", engine.store().backend()).to_lowercase();
-            crate::cli::emit(
+            report(
                 json,
-                &serde_json::json!({ "backend": backend, "results": lines }),
-                || {
-                    let mut text =
-                        format!("payments on {backend} ({})\n", crate::cli::redact(&url));
-                    for line in &lines {
-                        text.push_str(&format!(
-                            "{:<44} {:>8} items   {:>8} ms {:>9} per second\n",
-                            line.workload, line.entries, line.elapsed_ms, line.entries_per_second
-                        ));
-                    }
-                    text
-                },
+                Some(&backend),
+                format!("payments on {backend} ({})", crate::cli::redact(&url)),
+                &lines,
+                ITEMS,
             )
         }
         BenchCommand::Ethereum {
@@ -150,16 +142,13 @@ pub async fn run(command: BenchCommand, _config: &Config, json: bool) -> anyhow:
                 "counts must be positive"
             );
             let lines = ethereum(&rpc_url, addresses, blocks, transfers_per_block).await?;
-            crate::cli::emit(json, &serde_json::json!({ "results": lines }), || {
-                let mut text = format!("ethereum scanner against {rpc_url}\n");
-                for line in &lines {
-                    text.push_str(&format!(
-                        "{:<44} {:>8} items   {:>8} ms {:>9} per second\n",
-                        line.workload, line.entries, line.elapsed_ms, line.entries_per_second
-                    ));
-                }
-                text
-            })
+            report(
+                json,
+                None,
+                format!("ethereum scanner against {rpc_url}"),
+                &lines,
+                ITEMS,
+            )
         }
         BenchCommand::Electrum {
             electrum_url,
@@ -176,22 +165,15 @@ pub async fn run(command: BenchCommand, _config: &Config, json: bool) -> anyhow:
             let engine = Engine::from_config(&config).await?;
             let lines = electrum(&engine, &config, addresses).await?;
             let backend = format!("{:?}", engine.store().backend()).to_lowercase();
-            crate::cli::emit(
+            report(
                 json,
-                &serde_json::json!({ "backend": backend, "results": lines }),
-                || {
-                    let mut text = format!(
-                        "electrum watcher on {backend} ({}), server {electrum_url}\n",
-                        crate::cli::redact(&url)
-                    );
-                    for line in &lines {
-                        text.push_str(&format!(
-                            "{:<44} {:>8} items   {:>8} ms {:>9} per second\n",
-                            line.workload, line.entries, line.elapsed_ms, line.entries_per_second
-                        ));
-                    }
-                    text
-                },
+                Some(&backend),
+                format!(
+                    "electrum watcher on {backend} ({}), server {electrum_url}",
+                    crate::cli::redact(&url)
+                ),
+                &lines,
+                ITEMS,
             )
         }
         BenchCommand::Ledger {
@@ -212,22 +194,12 @@ pub async fn run(command: BenchCommand, _config: &Config, json: bool) -> anyhow:
                 .context("opening the scratch database")?;
             let lines = ledger(&engine, entries, batch_size).await?;
             let backend = format!("{:?}", engine.store().backend()).to_lowercase();
-            crate::cli::emit(
+            report(
                 json,
-                &serde_json::json!({ "backend": backend, "results": lines }),
-                || {
-                    let mut text = format!(
-                        "ledger posting on {backend} ({})\n",
-                        crate::cli::redact(&url)
-                    );
-                    for line in &lines {
-                        text.push_str(&format!(
-                            "{:<44} {:>8} entries {:>8} ms {:>9} entries/s\n",
-                            line.workload, line.entries, line.elapsed_ms, line.entries_per_second
-                        ));
-                    }
-                    text
-                },
+                Some(&backend),
+                format!("ledger posting on {backend} ({})", crate::cli::redact(&url)),
+                &lines,
+                ("entries", "entries/s"),
             )
         }
     }
@@ -766,6 +738,33 @@ fn debit(key: &str, customer: &AccountId) -> NewEntry {
             Posting::credit(Account::RevenueRentals, Currency::Usd, 100),
         ],
     }
+}
+
+/// How the count and the rate of a workload are labelled.
+const ITEMS: (&str, &str) = ("items  ", "per second");
+
+/// Prints the figures: one JSON document, or a title and one aligned row per workload.
+fn report(
+    json: bool,
+    backend: Option<&str>,
+    title: String,
+    lines: &[BenchLine],
+    (count, rate): (&str, &str),
+) -> anyhow::Result<()> {
+    let document = match backend {
+        Some(backend) => serde_json::json!({ "backend": backend, "results": lines }),
+        None => serde_json::json!({ "results": lines }),
+    };
+    crate::cli::emit(json, &document, || {
+        let mut text = format!("{title}\n");
+        for line in lines {
+            text.push_str(&format!(
+                "{:<44} {:>8} {count} {:>8} ms {:>9} {rate}\n",
+                line.workload, line.entries, line.elapsed_ms, line.entries_per_second
+            ));
+        }
+        text
+    })
 }
 
 fn line(workload: &str, entries: usize, elapsed: Duration) -> BenchLine {
