@@ -396,8 +396,9 @@ async fn payments(
                 amount: made.intent.amount,
             },
             confirmations: 2,
+            block_height: Some(1),
             seen_at_ms: made.intent.created_at.timestamp_millis(),
-            tip_height: 1,
+            tip_height: 2,
         })
         .collect();
     let progress = progress_bar(intents as u64, "events");

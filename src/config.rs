@@ -187,7 +187,8 @@ pub struct EthereumConfig {
     /// USDC's contract.
     #[serde(default = "usdc_erc20")]
     pub usdc_contract: String,
-    /// The JSON-RPC node (HTTP) `payrecon serve` watches through; without it no watcher runs.
+    /// The JSON-RPC node `payrecon serve` watches through; without it no watcher runs.
+    /// `http(s)://` polls; `ws(s)://` also subscribes to new heads and scans as each arrives.
     #[serde(default)]
     pub rpc_url: Option<String>,
     /// `depth` (count `confirmations` blocks) or `finalized` (wait for the node's finalized

@@ -121,6 +121,7 @@ pub(crate) async fn apply_event(
             ChainEvent::Observed {
                 transfer,
                 confirmations,
+                block_height,
                 seen_at_ms,
                 tip_height,
             },
@@ -136,6 +137,7 @@ pub(crate) async fn apply_event(
             )
             .await?,
             confirmations: *confirmations,
+            block_height: *block_height,
             removed: false,
             tip_height: *tip_height,
             seen_at_ms: *seen_at_ms,
@@ -147,6 +149,7 @@ pub(crate) async fn apply_event(
             ChainEvent::Observed {
                 transfer,
                 confirmations,
+                block_height,
                 seen_at_ms,
                 tip_height,
             },
@@ -163,13 +166,16 @@ pub(crate) async fn apply_event(
             if *tip_height == old.tip_height && old.removed {
                 return Ok(());
             }
-            let confirmations = if *tip_height == old.tip_height {
-                old.confirmations.max(*confirmations)
-            } else {
-                *confirmations
-            };
+            // Two observations at one tip: the more confirmed one wins, with its block.
+            let (confirmations, block_height) =
+                if *tip_height == old.tip_height && old.confirmations > *confirmations {
+                    (old.confirmations, old.block_height)
+                } else {
+                    (*confirmations, *block_height)
+                };
             StoredTransfer {
                 confirmations,
+                block_height,
                 removed: false,
                 tip_height: *tip_height,
                 seen_at_ms: old.seen_at_ms.min(*seen_at_ms),
@@ -216,12 +222,32 @@ fn check_event(event: &ChainEvent) -> Result<(), Error> {
             id.txid.chars().take(40).collect::<String>()
         )));
     }
-    if let ChainEvent::Observed { transfer, .. } = event
-        && !text_ok(&transfer.to_address)
+    if let ChainEvent::Observed {
+        transfer,
+        confirmations,
+        block_height,
+        tip_height,
+        ..
+    } = event
     {
-        return Err(Error::InvalidEvent(format!(
-            "transfer {id} pays no valid address"
-        )));
+        if !text_ok(&transfer.to_address) {
+            return Err(Error::InvalidEvent(format!(
+                "transfer {id} pays no valid address"
+            )));
+        }
+        match block_height {
+            None if *confirmations > 0 => {
+                return Err(Error::InvalidEvent(format!(
+                    "transfer {id} has {confirmations} confirmations but no block"
+                )));
+            }
+            Some(height) if *confirmations == 0 || height > tip_height => {
+                return Err(Error::InvalidEvent(format!(
+                    "transfer {id} in block {height} reported unconfirmed or above the tip {tip_height}"
+                )));
+            }
+            _ => {}
+        }
     }
     Ok(())
 }

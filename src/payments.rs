@@ -15,7 +15,7 @@ use payrecon_chain_solana::SolanaPayDeriver;
 use payrecon_chain_tron::TronDeriver;
 use serde::Serialize;
 
-use crate::config::{Config, NetworksConfig, RatesConfig};
+use crate::config::{Config, EthereumFinality, NetworksConfig, RatesConfig};
 use crate::engine::Engine;
 use crate::error::Error;
 use crate::intent::{
@@ -166,6 +166,9 @@ fn add_networks(settings: &mut PaymentSettings, networks: &NetworksConfig) -> Re
         }
     }
     if let Some(config) = &networks.ethereum {
+        if config.finality == EthereumFinality::Finalized {
+            explicit_finality_depth(Network::Ethereum, config.confirmations)?;
+        }
         let deriver = EthereumDeriver::new(xpub(Network::Ethereum, &config.xpub)?);
         add(
             Network::Ethereum,
@@ -196,6 +199,19 @@ fn add_networks(settings: &mut PaymentSettings, networks: &NetworksConfig) -> Re
             config.confirmations,
             config.confirmation_tiers.clone(),
         );
+    }
+    Ok(())
+}
+
+/// With explicit finality (Ethereum's `finalized` tag, Tron's solidified blocks) a payment in a
+/// block not yet final is reported with 1 confirmation and a final one with at least
+/// `confirmations`: the two must differ, or 1 would already count as final.
+fn explicit_finality_depth(network: Network, confirmations: u32) -> Result<(), Error> {
+    if confirmations < 2 {
+        return Err(Error::Config(format!(
+            "networks.{network}.confirmations must be at least 2 when the chain's own finality decides: \
+             a payment is reported with 1 confirmation until its block is final"
+        )));
     }
     Ok(())
 }

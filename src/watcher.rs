@@ -194,6 +194,7 @@ impl<S: ChainScanner> Watcher<S> {
             tokio::select! {
                 _ = tokio::time::sleep(pause) => {}
                 _ = wake.recv() => {}
+                _ = self.scanner.news() => {}
                 _ = shutdown.changed() => {}
             }
         }

@@ -1,58 +1,25 @@
 //! The Ethereum watcher against a real anvil node with real ERC-20 contracts, on SQLite and
 //! PostgreSQL: ETH and token payments of every shape, the wrong token, a reverted transfer,
-//! reorgs before and after credit, and a watcher killed mid-stream.
+//! reorgs before and after credit, a watcher killed mid-stream, `finalized` finality, a node
+//! that refuses wide log ranges and rate-limits, and new heads pushed over a WebSocket.
 
 mod common;
 
+use std::sync::atomic::Ordering;
+
 use chrono::Duration;
-use common::anvil::{Anvil, eth_engine, fresh_ethereum_xpub, watch_ethereum};
-use common::regtest::eventually;
-use common::{TestDb, account, topup};
-use payrecon::Engine;
+use common::anvil::{
+    Anvil, RpcProxy, eth_engine, fresh_ethereum_xpub, scanner_settings, watch_ethereum,
+    watch_ethereum_with,
+};
+use common::checks::{cents, kinds, ledger_summary, order, sound, status, wait_status};
+use common::regtest::{eventually, fast};
+use common::{TestDb, topup};
 use payrecon::clock::Clock;
 use payrecon::intent::IntentStatus;
-use payrecon::order::OrderRef;
+use payrecon::watcher::{WatcherOptions, WatcherState};
 use payrecon_chain_core::Method;
-
-fn order(r: &str) -> OrderRef {
-    OrderRef::new(r).unwrap()
-}
-
-async fn status(engine: &Engine, intent: &str) -> IntentStatus {
-    engine.payment(intent).await.unwrap().intent.status
-}
-
-async fn wait_status(engine: &Engine, intent: &str, want: IntentStatus) {
-    eventually(&format!("intent {intent} to become {want:?}"), || async {
-        status(engine, intent).await == want
-    })
-    .await;
-}
-
-async fn kinds(engine: &Engine, reference: &str) -> Vec<String> {
-    let mut kinds: Vec<String> = engine
-        .exceptions(Some(&order(reference)))
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|e| e.kind)
-        .collect();
-    kinds.sort();
-    kinds
-}
-
-async fn cents(engine: &Engine, customer: &str) -> i64 {
-    engine
-        .available_balance(&account(customer))
-        .await
-        .unwrap()
-        .cents()
-}
-
-async fn sound(engine: &Engine) {
-    let trial = engine.trial_balance().await.unwrap();
-    assert!(trial.is_sound(), "{trial:?}");
-}
+use payrecon_chain_ethereum::Finality;
 
 /// 0.05 ETH, what a 100 USD top-up costs at 2000 USD per ETH.
 const TOPUP_WEI: u128 = 50_000_000_000_000_000;
@@ -215,18 +182,84 @@ on_both_databases! {
         }
         uninterrupted.stop().await.unwrap();
         victim.stop().await.unwrap();
-        let summary = |engine: Engine| async move {
-            let trial = engine.trial_balance().await.unwrap();
-            assert!(trial.is_sound());
-            let mut transfers = Vec::new();
-            for reference in orders {
-                for t in engine.transfers_for(&order(reference)).await.unwrap() {
-                    transfers.push(format!("{} {} {} {}", t.id, t.amount, t.removed, t.credited_entry.is_some()));
-                }
-            }
-            transfers.sort();
-            format!("{:?}\n{}", trial.accounts, transfers.join("\n"))
-        };
-        assert_eq!(summary(killed).await, summary(steady).await);
+        assert_eq!(ledger_summary(&killed, &orders).await, ledger_summary(&steady, &orders).await);
+    }
+}
+
+on_both_databases! {
+    async fn with_finalized_finality_nothing_is_credited_before_the_finalized_block_passes_it(db) {
+        let anvil = Anvil::lock().await;
+        let tokens = anvil.tokens().await;
+        let (engine, _clock) = eth_engine(&db, &anvil, &tokens, &fresh_ethereum_xpub(), 2).await;
+        engine.create_topup(&topup("FINAL", "80", "100")).await.unwrap();
+        let pay = engine.create_payment(&order("FINAL"), Method::Eth).await.unwrap();
+        let mut settings = scanner_settings(&anvil.url, &tokens, anvil.head().await);
+        settings.finality = Finality::Finalized;
+        let watcher = watch_ethereum_with(&engine, settings, fast());
+        anvil.send_eth(&pay.intent.pay_to, TOPUP_WEI).await;
+        // Far deeper than the two confirmations a depth rule would ask, yet not finalized:
+        // anvil finalizes 64 blocks below its head.
+        anvil.mine(20).await;
+        anvil.wait_synced(&engine).await;
+        assert_eq!(status(&engine, &pay.intent.id).await, IntentStatus::Seen);
+        assert_eq!(cents(&engine, "80").await, 0);
+        anvil.mine(50).await;
+        wait_status(&engine, &pay.intent.id, IntentStatus::Settled).await;
+        assert_eq!(cents(&engine, "80").await, 10_000);
+        watcher.stop().await.unwrap();
+        sound(&engine).await;
+    }
+
+    async fn a_node_refusing_wide_log_ranges_and_rate_limiting_loses_nothing(db) {
+        let anvil = Anvil::lock().await;
+        let tokens = anvil.tokens().await;
+        let (engine, _clock) = eth_engine(&db, &anvil, &tokens, &fresh_ethereum_xpub(), 1).await;
+        let mut pays = Vec::new();
+        for i in 0..4 {
+            let reference = format!("RANGE{i}");
+            engine.create_topup(&topup(&reference, &format!("9{i}"), "100")).await.unwrap();
+            pays.push(engine.create_payment(&order(&reference), Method::UsdcErc20).await.unwrap());
+        }
+        // The payments land in blocks spread over a range the proxy refuses in one query.
+        let start = anvil.head().await;
+        for pay in &pays {
+            anvil.send_token(&tokens.usdc, &pay.intent.pay_to, 100_000_000).await;
+            anvil.mine(3).await;
+        }
+        let proxy = RpcProxy::start(&anvil.url, 2, 4).await;
+        let watcher = watch_ethereum_with(&engine, scanner_settings(&proxy.url, &tokens, start), fast());
+        for pay in &pays {
+            wait_status(&engine, &pay.intent.id, IntentStatus::Settled).await;
+        }
+        anvil.wait_synced(&engine).await;
+        let refused = proxy.counts.refused_ranges.load(Ordering::SeqCst);
+        let limited = proxy.counts.rate_limited.load(Ordering::SeqCst);
+        assert!(refused > 0 && limited > 0, "the proxy refused {refused} ranges and rate-limited {limited} requests");
+        assert_eq!(watcher.status.borrow().state, WatcherState::Running);
+        watcher.stop().await.unwrap();
+        for i in 0..4 {
+            assert_eq!(cents(&engine, &format!("9{i}")).await, 10_000);
+            assert_eq!(engine.transfers_for(&order(&format!("RANGE{i}"))).await.unwrap().len(), 1, "one transfer each, not one per retry");
+        }
+        sound(&engine).await;
+    }
+
+    async fn over_a_websocket_a_new_head_is_scanned_without_waiting_for_the_poll(db) {
+        let anvil = Anvil::lock().await;
+        let tokens = anvil.tokens().await;
+        let (engine, _clock) = eth_engine(&db, &anvil, &tokens, &fresh_ethereum_xpub(), 1).await;
+        engine.create_topup(&topup("PUSHED", "99", "100")).await.unwrap();
+        let pay = engine.create_payment(&order("PUSHED"), Method::Eth).await.unwrap();
+        let ws_url = anvil.url.replacen("http://", "ws://", 1);
+        // An hour between polls: only the subscription can bring the payment in time.
+        let options = WatcherOptions { poll_interval: std::time::Duration::from_secs(3600), ..fast() };
+        let watcher = watch_ethereum_with(&engine, scanner_settings(&ws_url, &tokens, anvil.head().await), options);
+        eventually("the first scan", || async { watcher.status.borrow().state == WatcherState::Running }).await;
+        anvil.send_eth(&pay.intent.pay_to, TOPUP_WEI).await;
+        anvil.mine(1).await;
+        wait_status(&engine, &pay.intent.id, IntentStatus::Settled).await;
+        assert_eq!(cents(&engine, "99").await, 10_000);
+        watcher.stop().await.unwrap();
+        sound(&engine).await;
     }
 }

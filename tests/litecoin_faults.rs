@@ -6,68 +6,16 @@ mod common;
 
 use std::time::Duration;
 
+use common::checks::{ledger_summary, order, status};
 use common::regtest::{
     Chain, eventually, fresh_account_xpub, litecoin, ltc_engine, watch, watch_litecoin,
 };
 use common::{TestDb, topup};
-use payrecon::Engine;
 use payrecon::intent::IntentStatus;
-use payrecon::order::OrderRef;
 use payrecon::watcher::WatcherState;
 use payrecon_chain_bitcoin::{ElectrumSettings, UtxoChain, UtxoNetwork};
 use payrecon_chain_core::{Asset, Method, Network};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-
-fn order(r: &str) -> OrderRef {
-    OrderRef::new(r).unwrap()
-}
-
-async fn status(engine: &Engine, intent: &str) -> IntentStatus {
-    engine.payment(intent).await.unwrap().intent.status
-}
-
-/// What two runs must agree on: every account's balance, every order's intents' states, and
-/// every transfer's fate. Journal keys name intent ids, which differ between databases.
-async fn ledger_summary(engine: &Engine, orders: &[&str]) -> String {
-    let trial = engine.trial_balance().await.unwrap();
-    assert!(trial.is_sound(), "{trial:?}");
-    let mut lines = vec![format!("{:?}", trial.accounts)];
-    for reference in orders {
-        for pay in engine.payments_for(&order(reference)).await.unwrap() {
-            lines.push(format!(
-                "{reference} {} {:?}",
-                pay.intent.pay_to, pay.intent.status
-            ));
-        }
-        let mut transfers: Vec<String> = engine
-            .transfers_for(&order(reference))
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|t| {
-                format!(
-                    "{} {} removed={} credited={}",
-                    t.id,
-                    t.amount,
-                    t.removed,
-                    t.credited_entry.is_some()
-                )
-            })
-            .collect();
-        transfers.sort();
-        lines.extend(transfers);
-        let mut exceptions: Vec<String> = engine
-            .exceptions(Some(&order(reference)))
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|e| e.kind)
-            .collect();
-        exceptions.sort();
-        lines.push(format!("{reference} exceptions {exceptions:?}"));
-    }
-    lines.join("\n")
-}
 
 on_both_databases! {
     async fn a_watcher_killed_mid_stream_ends_with_the_ledger_of_an_uninterrupted_run(db) {

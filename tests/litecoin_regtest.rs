@@ -5,46 +5,14 @@
 mod common;
 
 use chrono::Duration;
+use common::checks::{cents, kinds, order, sound, status, wait_status};
 use common::regtest::{Chain, eventually, fresh_account_xpub, ltc_engine, watch_litecoin};
-use common::{account, rental, topup};
+use common::{rental, topup};
 use payrecon::Engine;
 use payrecon::intent::IntentStatus;
 use payrecon::ledger::{Account, Currency};
-use payrecon::order::{OrderRef, OrderStatus};
+use payrecon::order::OrderStatus;
 use payrecon_chain_core::{Method, Network};
-
-fn order(r: &str) -> OrderRef {
-    OrderRef::new(r).unwrap()
-}
-
-async fn status(engine: &Engine, intent: &str) -> IntentStatus {
-    engine.payment(intent).await.unwrap().intent.status
-}
-
-async fn wait_status(engine: &Engine, intent: &str, want: IntentStatus) {
-    eventually(&format!("intent {intent} to become {want:?}"), || async {
-        status(engine, intent).await == want
-    })
-    .await;
-}
-
-async fn cents(engine: &Engine, customer: &str) -> i64 {
-    engine
-        .available_balance(&account(customer))
-        .await
-        .unwrap()
-        .cents()
-}
-
-async fn kinds(engine: &Engine, reference: &str) -> Vec<String> {
-    engine
-        .exceptions(Some(&order(reference)))
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|e| e.kind)
-        .collect()
-}
 
 async fn custody(engine: &Engine) -> i128 {
     engine
@@ -54,11 +22,6 @@ async fn custody(engine: &Engine) -> i128 {
         )
         .await
         .unwrap()
-}
-
-async fn sound(engine: &Engine) {
-    let trial = engine.trial_balance().await.unwrap();
-    assert!(trial.is_sound(), "{trial:?}");
 }
 
 on_both_databases! {

@@ -11,7 +11,7 @@ use payrecon::intent::IntentStatus;
 use payrecon::ledger::{Account, Currency, SuspenseReason};
 use payrecon::matcher::CreditPolicy;
 use payrecon::order::{OrderRef, OrderStatus};
-use payrecon_chain_core::{Method, Network, ReceivedAsset};
+use payrecon_chain_core::{ChainEvent, Method, Network, ReceivedAsset};
 
 fn order(r: &str) -> OrderRef {
     OrderRef::new(r).unwrap()
@@ -207,7 +207,7 @@ on_both_databases! {
         let eth = Tx::new(Network::Ethereum, "0xeth", &pay.intent.watch_key, Method::Eth, 10u128.pow(17), start_time());
         let mut fake = Tx::new(Network::Ethereum, "0xfake", &pay.intent.watch_key, Method::UsdtErc20, 500_000_000, start_time());
         fake.asset = ReceivedAsset::OtherToken { contract: "0x000000000000000000000000000000000000dead".into() };
-        engine.apply_chain_events(&[usdc.observed(12, 10), eth.observed(12, 10), fake.observed(12, 10)]).await.unwrap();
+        engine.apply_chain_events(&[usdc.observed(12, 20), eth.observed(12, 20), fake.observed(12, 20)]).await.unwrap();
         let intent = engine.payment(&pay.intent.id).await.unwrap().intent;
         assert_eq!(intent.status, IntentStatus::AwaitingPayment);
         assert_eq!(engine.available_balance(&account("42")).await.unwrap().cents(), 0);
@@ -318,7 +318,13 @@ on_both_databases! {
         let good = Tx::new(Network::Bitcoin, "good", &pay.intent.watch_key, Method::Btc, 625_000, start_time());
         let empty_txid = Tx::new(Network::Bitcoin, "", &pay.intent.watch_key, Method::Btc, 1, start_time());
         let injection = Tx::new(Network::Bitcoin, "x'; DROP TABLE transfers;--", &pay.intent.watch_key, Method::Btc, 1, start_time());
-        for bad in [empty_txid.observed(2, 10), injection.observed(2, 10)] {
+        let mut confirmed_nowhere = good.observed(2, 10);
+        let mut above_the_tip = good.observed(2, 10);
+        let mut in_a_block_unconfirmed = good.observed(0, 10);
+        if let (ChainEvent::Observed { block_height: a, .. }, ChainEvent::Observed { block_height: b, .. }, ChainEvent::Observed { block_height: c, .. }) = (&mut confirmed_nowhere, &mut above_the_tip, &mut in_a_block_unconfirmed) {
+            (*a, *b, *c) = (None, Some(11), Some(9));
+        }
+        for bad in [empty_txid.observed(2, 10), injection.observed(2, 10), confirmed_nowhere, above_the_tip, in_a_block_unconfirmed] {
             assert!(matches!(engine.apply_chain_events(&[good.observed(2, 10), bad]).await, Err(Error::InvalidEvent(_))));
         }
         assert!(engine.transfers_for(&order("T1")).await.unwrap().is_empty(), "the batch applied nothing");
@@ -445,4 +451,23 @@ on_both_databases! {
         let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
         assert_eq!(kinds, ["intent_created", "marked_paid"]);
     }
+}
+
+/// With the chain's own finality deciding, 1 confirmation means "in a block, not final": a
+/// configuration that would count 1 as enough is refused with the reason.
+#[test]
+fn explicit_finality_refuses_a_single_confirmation() {
+    let config = config(|config| {
+        let ethereum = config.networks.ethereum.as_mut().unwrap();
+        ethereum.finality = payrecon::config::EthereumFinality::Finalized;
+        ethereum.confirmations = 1;
+    });
+    let Err(Error::Config(reason)) = payrecon::payments::PaymentSettings::from_config(&config)
+    else {
+        panic!("accepted");
+    };
+    assert!(
+        reason.contains("networks.ethereum.confirmations must be at least 2"),
+        "{reason}"
+    );
 }

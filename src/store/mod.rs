@@ -30,7 +30,7 @@ const POSTGRES_MAX_CONNECTIONS: u32 = 16;
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The schema, in order. Each version has one script per database.
-const MIGRATIONS: [(i64, &str, &str, &str); 3] = [
+const MIGRATIONS: [(i64, &str, &str, &str); 4] = [
     (
         1,
         "foundation",
@@ -48,6 +48,12 @@ const MIGRATIONS: [(i64, &str, &str, &str); 3] = [
         "watcher cursors",
         include_str!("../../migrations/sqlite/0003_watcher_cursors.sql"),
         include_str!("../../migrations/postgres/0003_watcher_cursors.sql"),
+    ),
+    (
+        4,
+        "transfer block height",
+        include_str!("../../migrations/sqlite/0004_transfer_block_height.sql"),
+        include_str!("../../migrations/postgres/0004_transfer_block_height.sql"),
     ),
 ];
 

@@ -174,7 +174,7 @@ pub(crate) async fn known_transfers(
     now: DateTime<Utc>,
 ) -> Result<Vec<KnownTransfer>, StoreError> {
     sqlx::query(
-        "SELECT t.network, t.txid, t.position, t.to_address, t.asset, t.amount_base, t.intent_id, t.confirmations, t.removed, t.tip_height, t.seen_at_ms, t.credited_entry \
+        "SELECT t.network, t.txid, t.position, t.to_address, t.asset, t.amount_base, t.intent_id, t.confirmations, t.block_height, t.removed, t.tip_height, t.seen_at_ms, t.credited_entry \
          FROM transfers t JOIN payment_intents i ON i.id = t.intent_id \
          WHERE t.network = $1 AND t.removed = 0 AND i.monitor_until_ms > $2",
     )
@@ -193,6 +193,7 @@ pub(crate) async fn known_transfers(
                 amount: stored.amount,
             },
             confirmations: stored.confirmations,
+            block_height: stored.block_height,
             tip_height: stored.tip_height,
             seen_at_ms: stored.seen_at_ms,
         })
@@ -297,6 +298,8 @@ pub struct StoredTransfer {
     pub intent_id: Option<String>,
     /// Confirmations at the newest observation.
     pub confirmations: u32,
+    /// The block it was in at the newest observation; `None` while unconfirmed.
+    pub block_height: Option<u64>,
     /// Taken out by a reorg or a replacement.
     pub removed: bool,
     /// Chain height of the newest observation.
@@ -333,7 +336,7 @@ pub(crate) async fn get_transfer(
     id: &TransferId,
 ) -> Result<Option<StoredTransfer>, StoreError> {
     let row = sqlx::query(
-        "SELECT network, txid, position, to_address, asset, amount_base, intent_id, confirmations, removed, tip_height, seen_at_ms, credited_entry \
+        "SELECT network, txid, position, to_address, asset, amount_base, intent_id, confirmations, block_height, removed, tip_height, seen_at_ms, credited_entry \
          FROM transfers WHERE network = $1 AND txid = $2 AND position = $3",
     )
     .bind(id.network.as_str())
@@ -350,7 +353,7 @@ pub(crate) async fn transfers_of_intent(
     intent_id: &str,
 ) -> Result<Vec<StoredTransfer>, StoreError> {
     sqlx::query(
-        "SELECT network, txid, position, to_address, asset, amount_base, intent_id, confirmations, removed, tip_height, seen_at_ms, credited_entry \
+        "SELECT network, txid, position, to_address, asset, amount_base, intent_id, confirmations, block_height, removed, tip_height, seen_at_ms, credited_entry \
          FROM transfers WHERE intent_id = $1 ORDER BY seen_at_ms, txid, position",
     )
     .bind(intent_id)
@@ -367,7 +370,7 @@ pub(crate) async fn transfers_of_order(
     order_ref: &str,
 ) -> Result<Vec<StoredTransfer>, StoreError> {
     sqlx::query(
-        "SELECT t.network, t.txid, t.position, t.to_address, t.asset, t.amount_base, t.intent_id, t.confirmations, t.removed, t.tip_height, t.seen_at_ms, t.credited_entry \
+        "SELECT t.network, t.txid, t.position, t.to_address, t.asset, t.amount_base, t.intent_id, t.confirmations, t.block_height, t.removed, t.tip_height, t.seen_at_ms, t.credited_entry \
          FROM transfers t JOIN payment_intents i ON i.id = t.intent_id WHERE i.order_ref = $1 ORDER BY t.seen_at_ms, t.txid, t.position",
     )
     .bind(order_ref)
@@ -385,9 +388,9 @@ pub(crate) async fn upsert_transfer(
     now: DateTime<Utc>,
 ) -> Result<(), StoreError> {
     sqlx::query(
-        "INSERT INTO transfers (network, txid, position, to_address, asset, amount_base, intent_id, confirmations, removed, tip_height, seen_at_ms, updated_at_ms, credited_entry) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
-         ON CONFLICT (network, txid, position) DO UPDATE SET confirmations = excluded.confirmations, \
+        "INSERT INTO transfers (network, txid, position, to_address, asset, amount_base, intent_id, confirmations, removed, tip_height, seen_at_ms, updated_at_ms, credited_entry, block_height) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
+         ON CONFLICT (network, txid, position) DO UPDATE SET confirmations = excluded.confirmations, block_height = excluded.block_height, \
          removed = excluded.removed, tip_height = excluded.tip_height, seen_at_ms = excluded.seen_at_ms, \
          updated_at_ms = excluded.updated_at_ms, credited_entry = excluded.credited_entry",
     )
@@ -404,6 +407,11 @@ pub(crate) async fn upsert_transfer(
     .bind(transfer.seen_at_ms)
     .bind(now.timestamp_millis())
     .bind(transfer.credited_entry.as_deref())
+    .bind(
+        transfer
+            .block_height
+            .map(|height| i64::try_from(height).unwrap_or(i64::MAX)),
+    )
     .execute(conn)
     .await?;
     Ok(())
@@ -426,6 +434,10 @@ fn decode_transfer(row: &sqlx::any::AnyRow) -> Result<StoredTransfer, StoreError
         intent_id: row.try_get("intent_id")?,
         confirmations: u32::try_from(row.try_get::<i64, _>("confirmations")?)
             .map_err(|_| corrupt("confirmations"))?,
+        block_height: row
+            .try_get::<Option<i64>, _>("block_height")?
+            .map(|height| u64::try_from(height).map_err(|_| corrupt("block_height")))
+            .transpose()?,
         removed: row.try_get::<i64, _>("removed")? != 0,
         tip_height: u64::try_from(row.try_get::<i64, _>("tip_height")?)
             .map_err(|_| corrupt("tip_height"))?,

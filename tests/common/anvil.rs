@@ -4,11 +4,12 @@
 //! addresses below a fresh random key.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use payrecon::Engine;
 use payrecon::clock::ManualClock;
 use payrecon::config::{Config, EthereumConfig, EthereumFinality};
-use payrecon::watcher::Watcher;
+use payrecon::watcher::{Watcher, WatcherOptions};
 use payrecon_chain_core::bitcoin::bip32::{DerivationPath, Xpriv, Xpub};
 use payrecon_chain_core::bitcoin::secp256k1::Secp256k1;
 use payrecon_chain_core::{Asset, Method, Network};
@@ -243,6 +244,18 @@ pub async fn eth_engine(
     (engine, clock)
 }
 
+/// Scanner settings for anvil at `url` with `tokens`, starting at `start_block` without a cursor.
+pub fn scanner_settings(url: &str, tokens: &Tokens, start_block: u64) -> EthereumSettings {
+    let mut settings = EthereumSettings::new(
+        url,
+        31337,
+        tokens.usdt.parse().unwrap(),
+        tokens.usdc.parse().unwrap(),
+    );
+    settings.start_block = Some(start_block);
+    settings
+}
+
 /// Starts the Ethereum watcher of `engine`; without a cursor yet it scans from `start_block`.
 pub fn watch_ethereum(
     engine: &Engine,
@@ -250,14 +263,20 @@ pub fn watch_ethereum(
     tokens: &Tokens,
     start_block: u64,
 ) -> Running {
-    let mut settings = EthereumSettings::new(
-        anvil.url.clone(),
-        31337,
-        tokens.usdt.parse().unwrap(),
-        tokens.usdc.parse().unwrap(),
-    );
-    settings.start_block = Some(start_block);
-    let watcher = Watcher::new(engine.clone(), EthereumScanner::new(settings), fast());
+    watch_ethereum_with(
+        engine,
+        scanner_settings(&anvil.url, tokens, start_block),
+        fast(),
+    )
+}
+
+/// Starts the Ethereum watcher of `engine` with these settings and options.
+pub fn watch_ethereum_with(
+    engine: &Engine,
+    settings: EthereumSettings,
+    options: WatcherOptions,
+) -> Running {
+    let watcher = Watcher::new(engine.clone(), EthereumScanner::new(settings), options);
     let status = watcher.status();
     let (stop, shutdown) = watch::channel(false);
     Running {
@@ -265,4 +284,84 @@ pub fn watch_ethereum(
         stop,
         status,
     }
+}
+
+/// What [`RpcProxy`] did.
+#[derive(Default)]
+pub struct ProxyCounts {
+    /// Requests received.
+    pub requests: AtomicUsize,
+    /// Requests forwarded to anvil.
+    pub forwarded: AtomicUsize,
+    /// `eth_getLogs` calls refused as spanning too many blocks.
+    pub refused_ranges: AtomicUsize,
+    /// Requests answered with HTTP 429.
+    pub rate_limited: AtomicUsize,
+}
+
+/// A JSON-RPC proxy in front of anvil that behaves like a hosted node: it refuses
+/// `eth_getLogs` over more than `max_log_blocks` blocks (-32005, as Infura and Alchemy do) and
+/// answers every `rate_limit_every`-th request with HTTP 429.
+pub struct RpcProxy {
+    pub url: String,
+    pub counts: Arc<ProxyCounts>,
+}
+
+impl RpcProxy {
+    pub async fn start(upstream: &str, max_log_blocks: u64, rate_limit_every: usize) -> RpcProxy {
+        let counts = Arc::new(ProxyCounts::default());
+        let state = (upstream.to_owned(), reqwest::Client::new(), counts.clone());
+        let app =
+            axum::Router::new().fallback(axum::routing::post(move |body: axum::body::Bytes| {
+                proxy(state.clone(), body, max_log_blocks, rate_limit_every)
+            }));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        RpcProxy { url, counts }
+    }
+}
+
+async fn proxy(
+    (upstream, http, counts): (String, reqwest::Client, Arc<ProxyCounts>),
+    body: axum::body::Bytes,
+    max_log_blocks: u64,
+    rate_limit_every: usize,
+) -> axum::response::Response<axum::body::Body> {
+    use axum::response::IntoResponse;
+    let seen = counts.requests.fetch_add(1, Ordering::SeqCst);
+    if rate_limit_every > 0 && seen % rate_limit_every == rate_limit_every - 1 {
+        counts.rate_limited.fetch_add(1, Ordering::SeqCst);
+        return (
+            axum::http::StatusCode::TOO_MANY_REQUESTS,
+            [("retry-after", "0")],
+            "Too Many Requests",
+        )
+            .into_response();
+    }
+    let request: Value = serde_json::from_slice(&body).unwrap();
+    if request["method"] == "eth_getLogs" {
+        let filter = &request["params"][0];
+        let number = |v: &Value| {
+            u64::from_str_radix(v.as_str().unwrap().trim_start_matches("0x"), 16).unwrap()
+        };
+        let span = number(&filter["toBlock"]) - number(&filter["fromBlock"]) + 1;
+        if span > max_log_blocks {
+            counts.refused_ranges.fetch_add(1, Ordering::SeqCst);
+            let error = json!({"jsonrpc": "2.0", "id": request["id"], "error": {"code": -32005, "message": format!("query exceeds max block range {max_log_blocks}")}});
+            return ([("content-type", "application/json")], error.to_string()).into_response();
+        }
+    }
+    counts.forwarded.fetch_add(1, Ordering::SeqCst);
+    let answer = http
+        .post(&upstream)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    ([("content-type", "application/json")], answer).into_response()
 }

@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod anvil;
+pub mod checks;
 pub mod payments;
 pub mod regtest;
 pub mod replay;

@@ -132,6 +132,7 @@ impl Tx {
         }
     }
 
+    /// Observed `confirmations` deep (its block derived from the depth) at `tip_height`.
     pub fn observed(&self, confirmations: u32, tip_height: u64) -> ChainEvent {
         ChainEvent::Observed {
             transfer: Transfer {
@@ -141,6 +142,7 @@ impl Tx {
                 amount: self.amount,
             },
             confirmations,
+            block_height: (confirmations > 0).then(|| tip_height + 1 - u64::from(confirmations)),
             seen_at_ms: self.seen_at.timestamp_millis(),
             tip_height,
         }

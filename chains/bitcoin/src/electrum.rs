@@ -552,7 +552,7 @@ impl Session {
             let changed = match previous {
                 None => true,
                 Some(k) => {
-                    k.block_height() != block_height
+                    k.block_height != block_height
                         || (k.confirmations != confirmations && k.confirmations < view.settle_depth)
                 }
             };
@@ -572,6 +572,7 @@ impl Session {
                         amount: value.into(),
                     },
                     confirmations,
+                    block_height,
                     seen_at_ms,
                     tip_height,
                 });

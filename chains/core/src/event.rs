@@ -65,8 +65,13 @@ pub enum ChainEvent {
     Observed {
         /// The transfer.
         transfer: Transfer,
-        /// 0 while unconfirmed.
+        /// How final the watcher judges it: 0 while unconfirmed, else the block depth, or for
+        /// a chain with explicit finality at least the settling depth once final and less
+        /// before.
         confirmations: u32,
+        /// The block that carries it; `None` while unconfirmed.
+        #[serde(default)]
+        block_height: Option<u64>,
         /// When the watcher first saw it (mempool time, else block time), Unix milliseconds.
         seen_at_ms: i64,
         /// The chain height the watcher had reached when it made this observation; newer

@@ -4,6 +4,7 @@
 //! [`Amount`] is never a float. Chain crates depend on this crate and on nothing of the engine.
 
 mod amount;
+pub mod blocks;
 mod derive;
 mod event;
 mod method;

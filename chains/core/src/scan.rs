@@ -17,17 +17,12 @@ pub struct KnownTransfer {
     pub transfer: Transfer,
     /// Confirmations at the newest observation (0 = unconfirmed).
     pub confirmations: u32,
+    /// The block it was in at the newest observation; `None` while unconfirmed.
+    pub block_height: Option<u64>,
     /// The tip height of that observation.
     pub tip_height: u64,
     /// When it was first seen, Unix milliseconds.
     pub seen_at_ms: i64,
-}
-
-impl KnownTransfer {
-    /// The block height the transfer was in at its newest observation, if confirmed.
-    pub fn block_height(&self) -> Option<u64> {
-        (self.confirmations > 0).then(|| self.tip_height + 1 - u64::from(self.confirmations))
-    }
 }
 
 /// What the engine hands a scanner for one scan.
@@ -83,4 +78,11 @@ pub trait ChainScanner: Send {
 
     /// Drops connections and session state after a failure; the next scan starts afresh.
     fn reset(&mut self);
+
+    /// Resolves when the node pushes news worth scanning before the next poll (a new head on a
+    /// subscription). Polling stays the safety net: a scanner without a push channel never
+    /// resolves, and a lost subscription only costs latency.
+    fn news(&mut self) -> impl Future<Output = ()> + Send {
+        std::future::pending()
+    }
 }

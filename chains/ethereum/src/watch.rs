@@ -5,24 +5,30 @@
 //! the next range of blocks with their transactions, keeps native transfers to watched
 //! addresses whose receipt succeeded, and asks `eth_getLogs` for ERC-20 `Transfer` logs whose
 //! `to` topic is a watched address (address list in chunks; a range the node refuses as too
-//! large is split). Every token contract counts: the configured USDT and USDC are those
+//! large is split). Over a WebSocket URL the scanner also subscribes to new heads so a block
+//! is scanned as it arrives; polling remains the fallback. Every token contract counts: the configured USDT and USDC are those
 //! methods, any other contract is reported as another token (never credited). Removals come
 //! from diffing a rescanned range against what the engine recorded there.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::HashMap;
 
 use alloy::consensus::Transaction as _;
 use alloy::eips::BlockNumberOrTag;
 use alloy::network::TransactionResponse as _;
 use alloy::primitives::{Address, B256, U256, b256};
-use alloy::providers::{Provider, ProviderBuilder, RootProvider};
-use alloy::rpc::types::{Filter, Log};
-use alloy::transports::{RpcError, TransportErrorKind};
+use alloy::providers::{Provider, ProviderBuilder, RootProvider, WsConnect};
+use alloy::pubsub::Subscription;
+use alloy::rpc::client::ClientBuilder;
+use alloy::rpc::types::{Block, Filter, Header, Log};
+use alloy::transports::layers::{RateLimitRetryPolicy, RetryBackoffLayer, RetryPolicy};
+use alloy::transports::{RpcError, TransportError, TransportErrorKind};
 use futures_util::{StreamExt as _, TryStreamExt as _};
+use payrecon_chain_core::blocks::{self, BlockRange};
 use payrecon_chain_core::{
-    Amount, BlockId, ChainCursor, ChainEvent, ChainScanner, KnownTransfer, Method, Network,
-    ReceivedAsset, ScanBatch, ScanError, Transfer, TransferId, WatchView,
+    Amount, ChainScanner, Method, Network, ReceivedAsset, ScanBatch, ScanError, Transfer,
+    TransferId, WatchView,
 };
+use tokio::sync::broadcast::error::RecvError;
 
 /// `keccak256("Transfer(address,address,uint256)")`, topic 0 of every ERC-20 transfer.
 pub const TRANSFER_TOPIC: B256 =
@@ -31,8 +37,12 @@ pub const TRANSFER_TOPIC: B256 =
 /// Blocks requested at once while catching up.
 const BLOCKS_IN_FLIGHT: usize = 8;
 
-/// Recent block ids kept in the cursor for finding a fork point.
-const KEPT_CHECKPOINTS: usize = 64;
+/// Retries of one request the node refused as rate-limited or failed with a retryable server
+/// error, before the whole scan fails and the watcher backs off.
+const REQUEST_RETRIES: u32 = 5;
+
+/// The first pause before retrying a request, in milliseconds (or the node's own hint).
+const REQUEST_BACKOFF_MS: u64 = 200;
 
 /// When a payment counts as final.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,7 +56,7 @@ pub enum Finality {
 /// Where and how to watch one Ethereum network.
 #[derive(Clone, Debug)]
 pub struct EthereumSettings {
-    /// JSON-RPC over HTTP.
+    /// JSON-RPC over `http(s)://`, or `ws(s)://` to also follow new heads by subscription.
     pub url: String,
     /// The node must serve this chain id.
     pub chain_id: u64,
@@ -85,6 +95,52 @@ impl EthereumSettings {
         }
     }
 
+    /// The ERC-20 transfer a `Transfer` log records, with its block, if it pays a watched
+    /// address. Position 0 is the native value, so log `n` is position `n + 1`.
+    fn token_transfer(
+        &self,
+        log: &Log,
+        watched: &HashMap<Address, &str>,
+    ) -> Result<Option<(Transfer, u64)>, ScanError> {
+        if log.removed {
+            return Ok(None);
+        }
+        let (Some(height), Some(index), Some(txid)) =
+            (log.block_number, log.log_index, log.transaction_hash)
+        else {
+            return Err(ScanError::Fatal("a mined log without its position".into()));
+        };
+        let topics = log.topics();
+        if topics.len() != 3 || log.data().data.len() != 32 {
+            return Ok(None); // not an ERC-20 Transfer (ERC-721 has 4 topics)
+        }
+        let Some(key) = watched.get(&Address::from_word(topics[2])) else {
+            return Ok(None);
+        };
+        let asset = self.token(log.address());
+        let value = U256::from_be_slice(&log.data().data);
+        let amount = match &asset {
+            ReceivedAsset::Method { .. } => base_units(value, "token value")?,
+            // A fake token may claim any amount; it is never credited anyway.
+            ReceivedAsset::OtherToken { .. } => {
+                Amount::from_base_units(u128::try_from(value).unwrap_or(u128::MAX))
+            }
+        };
+        let position = u32::try_from(index + 1)
+            .map_err(|_| ScanError::Fatal(format!("log index {index} out of range")))?;
+        let transfer = Transfer {
+            id: TransferId {
+                network: Network::Ethereum,
+                txid: txid.to_string(),
+                position,
+            },
+            to_address: (*key).to_owned(),
+            asset,
+            amount,
+        };
+        Ok(Some((transfer, height)))
+    }
+
     fn token(&self, contract: Address) -> ReceivedAsset {
         if contract == self.usdt_contract {
             ReceivedAsset::Method {
@@ -106,6 +162,7 @@ impl EthereumSettings {
 pub struct EthereumScanner {
     settings: EthereumSettings,
     provider: Option<RootProvider>,
+    heads: Option<Subscription<Header>>,
 }
 
 impl EthereumScanner {
@@ -114,6 +171,7 @@ impl EthereumScanner {
         EthereumScanner {
             settings,
             provider: None,
+            heads: None,
         }
     }
 
@@ -121,14 +179,34 @@ impl EthereumScanner {
         if let Some(provider) = &self.provider {
             return Ok(provider.clone());
         }
-        let url = self
+        let url: url::Url = self
             .settings
             .url
             .parse()
             .map_err(|e| ScanError::Fatal(format!("RPC URL {:?}: {e}", self.settings.url)))?;
+        let client = ClientBuilder::default().layer(RetryBackoffLayer::new_with_policy(
+            REQUEST_RETRIES,
+            REQUEST_BACKOFF_MS,
+            u64::from(u32::MAX),
+            RetryRateLimitsNotRanges,
+        ));
+        let subscribe = matches!(url.scheme(), "ws" | "wss");
+        let client = match url.scheme() {
+            "http" | "https" => client.http(url),
+            "ws" | "wss" => client
+                .ws(WsConnect::new(url.as_str()))
+                .await
+                .map_err(classify)?,
+            other => {
+                return Err(ScanError::Fatal(format!(
+                    "RPC URL {:?}: scheme {other:?} is neither http(s) nor ws(s)",
+                    self.settings.url
+                )));
+            }
+        };
         let provider = ProviderBuilder::new()
             .disable_recommended_fillers()
-            .connect_http(url);
+            .connect_client(client);
         let chain_id = provider.get_chain_id().await.map_err(classify)?;
         if chain_id != self.settings.chain_id {
             return Err(ScanError::Fatal(format!(
@@ -136,16 +214,19 @@ impl EthereumScanner {
                 self.settings.url, self.settings.chain_id
             )));
         }
+        if subscribe {
+            match provider.subscribe_blocks().await {
+                Ok(heads) => self.heads = Some(heads),
+                Err(error) => tracing::warn!(
+                    url = %self.settings.url,
+                    %error,
+                    "no new-head subscription: polling only"
+                ),
+            }
+        }
         self.provider = Some(provider.clone());
         Ok(provider)
     }
-}
-
-/// A block as the scanner keeps it.
-struct ScannedBlock {
-    hash: B256,
-    parent: B256,
-    time_ms: i64,
 }
 
 impl ChainScanner for EthereumScanner {
@@ -164,45 +245,22 @@ impl ChainScanner for EthereumScanner {
             watched.insert(address, key);
         }
         let head = provider.get_block_number().await.map_err(classify)?;
-
-        // Where to continue: after the cursor if it is still on the chain, else after the fork.
-        let (from, mut checkpoints) = match &view.cursor {
-            None => (settings.start_block.unwrap_or(head), Vec::new()),
-            Some(cursor) => {
-                let mut chain: Vec<BlockId> = cursor.checkpoints.clone();
-                chain.push(cursor.tip.clone());
-                let mut kept = None;
-                for (i, block) in chain.iter().enumerate().rev() {
-                    if block_hash(&provider, block.height)
+        let resume = blocks::resume(
+            view.cursor.as_ref(),
+            settings.start_block.unwrap_or(head),
+            |height| {
+                let provider = provider.clone();
+                async move {
+                    Ok(block_hash(&provider, height)
                         .await?
-                        .map(|h| h.to_string())
-                        == Some(block.hash.clone())
-                    {
-                        kept = Some(i);
-                        break;
-                    }
+                        .map(|hash| hash.to_string()))
                 }
-                let Some(kept) = kept else {
-                    return Err(ScanError::Fatal(format!(
-                        "none of the last {} blocks processed is on the chain any more: a reorg deeper than the cursor remembers",
-                        chain.len()
-                    )));
-                };
-                if kept + 1 < chain.len() {
-                    tracing::warn!(
-                        fork = chain[kept].height,
-                        old_tip = cursor.tip.height,
-                        "chain reorganisation: scanning again from the fork point"
-                    );
-                }
-                chain.truncate(kept + 1);
-                (chain[kept].height + 1, chain)
-            }
-        };
+            },
+        )
+        .await?;
+        let mut range = BlockRange::new(resume);
+        let from = range.from();
         let to = head.min(from.saturating_add(settings.max_blocks_per_scan.max(1)) - 1);
-
-        let mut blocks: BTreeMap<u64, ScannedBlock> = BTreeMap::new();
-        let mut found: Vec<(Transfer, u64)> = Vec::new();
         if from <= to {
             let fetched: Vec<_> = futures_util::stream::iter(from..=to)
                 .map(|height| {
@@ -221,136 +279,36 @@ impl ChainScanner for EthereumScanner {
                 .buffered(BLOCKS_IN_FLIGHT)
                 .try_collect()
                 .await?;
-            for (height, block) in (from..=to).zip(fetched) {
-                let scanned = ScannedBlock {
-                    hash: block.header.hash,
-                    parent: block.header.parent_hash,
-                    time_ms: i64::try_from(block.header.timestamp)
+            for block in fetched {
+                let height = block.header.number;
+                range.push_block(
+                    height,
+                    block.header.hash.to_string(),
+                    &block.header.parent_hash.to_string(),
+                    i64::try_from(block.header.timestamp)
                         .unwrap_or(i64::MAX / 1000)
                         .saturating_mul(1000),
-                };
-                let expected_parent = blocks
-                    .get(&(height - 1))
-                    .map(|b| b.hash.to_string())
-                    .or_else(|| checkpoints.last().map(|b| b.hash.clone()));
-                if let Some(expected) = expected_parent
-                    && expected != scanned.parent.to_string()
-                {
-                    return Err(ScanError::Transient(format!(
-                        "block {height} does not extend the block before it: the chain moved during the scan"
-                    )));
+                )?;
+                for transfer in native_transfers(&provider, &block, &watched).await? {
+                    range.push_transfer(transfer, height)?;
                 }
-                let mut candidates = Vec::new();
-                for tx in block.transactions.txns() {
-                    if let Some(key) = tx.to().and_then(|to| watched.get(&to))
-                        && !tx.value().is_zero()
-                    {
-                        candidates.push((tx.tx_hash(), tx.value(), (*key).to_owned()));
-                    }
-                }
-                // Receipts only for blocks that pay a watched address: one call per block.
-                let succeeded: HashMap<B256, bool> = if candidates.is_empty() {
-                    HashMap::new()
-                } else {
-                    provider
-                        .get_block_receipts(block.header.hash.into())
-                        .await
-                        .map_err(classify)?
-                        .ok_or_else(|| {
-                            ScanError::Transient(format!("no receipts yet for block {height}"))
-                        })?
-                        .iter()
-                        .map(|r| (r.transaction_hash, r.status()))
-                        .collect()
-                };
-                for (hash, value, key) in candidates {
-                    match succeeded.get(&hash) {
-                        Some(true) => {}
-                        Some(false) => continue,
-                        None => {
-                            return Err(ScanError::Transient(format!(
-                                "the receipts of block {height} lack {hash}"
-                            )));
-                        }
-                    }
-                    found.push((
-                        Transfer {
-                            id: TransferId {
-                                network: Network::Ethereum,
-                                txid: hash.to_string(),
-                                position: 0,
-                            },
-                            to_address: key,
-                            asset: ReceivedAsset::Method {
-                                method: Method::Eth,
-                            },
-                            amount: base_units(value, "ETH value")?,
-                        },
-                        height,
-                    ));
-                }
-                blocks.insert(height, scanned);
             }
             let addresses: Vec<Address> = watched.keys().copied().collect();
             for chunk in addresses.chunks(settings.addresses_per_log_query.max(1)) {
                 for log in transfer_logs(&provider, chunk, from, to).await? {
-                    if log.removed {
-                        continue;
-                    }
-                    let (Some(height), Some(index), Some(txid)) =
-                        (log.block_number, log.log_index, log.transaction_hash)
-                    else {
-                        return Err(ScanError::Fatal("a mined log without its position".into()));
-                    };
-                    if blocks.get(&height).map(|b| Some(b.hash)) != Some(log.block_hash) {
-                        return Err(ScanError::Transient(format!(
-                            "a log of block {height} names another block hash: the chain moved during the scan"
-                        )));
-                    }
-                    let topics = log.topics();
-                    if topics.len() != 3 || log.data().data.len() != 32 {
-                        continue; // not an ERC-20 Transfer (ERC-721 has 4 topics)
-                    }
-                    let recipient = Address::from_word(topics[2]);
-                    let Some(key) = watched.get(&recipient) else {
-                        continue;
-                    };
-                    let asset = settings.token(log.address());
-                    let value = U256::from_be_slice(&log.data().data);
-                    let amount = match &asset {
-                        ReceivedAsset::Method { .. } => base_units(value, "token value")?,
-                        // A fake token may claim any amount; it is never credited anyway.
-                        ReceivedAsset::OtherToken { .. } => {
-                            Amount::from_base_units(u128::try_from(value).unwrap_or(u128::MAX))
+                    if let Some((transfer, height)) = settings.token_transfer(&log, &watched)? {
+                        if range.hash_of(height)
+                            != Some(log.block_hash.unwrap_or_default().to_string().as_str())
+                        {
+                            return Err(ScanError::Transient(format!(
+                                "a log of block {height} names another block hash: the chain moved during the scan"
+                            )));
                         }
-                    };
-                    let position = u32::try_from(index + 1)
-                        .map_err(|_| ScanError::Fatal(format!("log index {index} out of range")))?;
-                    found.push((
-                        Transfer {
-                            id: TransferId {
-                                network: Network::Ethereum,
-                                txid: txid.to_string(),
-                                position,
-                            },
-                            to_address: (*key).to_owned(),
-                            asset,
-                            amount,
-                        },
-                        height,
-                    ));
+                        range.push_transfer(transfer, height)?;
+                    }
                 }
             }
         }
-
-        let tip = if from <= to { to } else { from - 1 };
-        // The matcher keeps the observation with the highest tip and ignores older ones. Right
-        // after a reorg the rescanned range may end below the tip already committed, yet what
-        // it finds is newer: report it at least at the committed tip.
-        let report_tip = view
-            .cursor
-            .as_ref()
-            .map_or(tip, |cursor| tip.max(cursor.tip.height));
         let finalized = match settings.finality {
             Finality::Depth => None,
             Finality::Finalized => Some(
@@ -361,104 +319,89 @@ impl ChainScanner for EthereumScanner {
                     .map_or(0, |b| b.header.number),
             ),
         };
-        let confirmations = |height: u64| -> u32 {
-            let depth = u32::try_from(tip.saturating_sub(height) + 1).unwrap_or(u32::MAX);
+        let settle = view.settle_depth;
+        Ok(range.into_batch(view, head, |height, tip| {
+            let depth = blocks::depth(height, tip);
             match finalized {
                 None => depth,
-                Some(f) if height <= f => depth.max(view.settle_depth),
-                Some(_) => depth.min(view.settle_depth.saturating_sub(1)),
+                Some(f) if height <= f => depth.max(settle),
+                Some(_) => depth.min(settle.saturating_sub(1)).max(1),
             }
-        };
-        let mut events = Vec::new();
-        let known: HashMap<&TransferId, &KnownTransfer> =
-            view.known.iter().map(|k| (&k.transfer.id, k)).collect();
-        let mut present = HashSet::new();
-        for (transfer, height) in found {
-            let confirmations = confirmations(height);
-            let seen_at_ms = match known.get(&transfer.id) {
-                Some(k) => k.seen_at_ms,
-                None => blocks[&height].time_ms.min(view.now_ms),
-            };
-            let changed = known.get(&transfer.id).is_none_or(|k| {
-                k.block_height() != Some(height)
-                    || (k.confirmations != confirmations && k.confirmations < view.settle_depth)
-            });
-            present.insert(transfer.id.clone());
-            if changed {
-                events.push(ChainEvent::Observed {
-                    transfer,
-                    confirmations,
-                    seen_at_ms,
-                    tip_height: report_tip,
-                });
-            }
-        }
-        for k in &view.known {
-            if present.contains(&k.transfer.id) {
-                continue;
-            }
-            match k.block_height() {
-                // Rescanned and not found again: a reorg took it.
-                Some(height) if height >= from && height <= to => {
-                    events.push(ChainEvent::Removed {
-                        id: k.transfer.id.clone(),
-                        tip_height: report_tip,
-                    });
-                }
-                // Below the scanned range and still canonical: only its depth moved.
-                Some(height) if height < from => {
-                    let now = confirmations(height);
-                    if now != k.confirmations && k.confirmations < view.settle_depth {
-                        events.push(ChainEvent::Observed {
-                            transfer: k.transfer.clone(),
-                            confirmations: now,
-                            seen_at_ms: k.seen_at_ms,
-                            tip_height: report_tip,
-                        });
-                    }
-                }
-                _ => {}
-            }
-        }
-
-        for (height, block) in &blocks {
-            checkpoints.push(BlockId {
-                height: *height,
-                hash: block.hash.to_string(),
-            });
-        }
-        let Some(tip_block) = checkpoints.pop() else {
-            // Nothing processed yet and nothing new: start below the first block to scan.
-            let start = from.saturating_sub(1);
-            let hash = block_hash(&provider, start)
-                .await?
-                .ok_or_else(|| ScanError::Transient(format!("block {start} is not served")))?;
-            return Ok(ScanBatch {
-                events,
-                cursor: ChainCursor {
-                    tip: BlockId {
-                        height: start,
-                        hash: hash.to_string(),
-                    },
-                    checkpoints: Vec::new(),
-                },
-                more: false,
-            });
-        };
-        let keep_from = checkpoints.len().saturating_sub(KEPT_CHECKPOINTS);
-        Ok(ScanBatch {
-            events,
-            cursor: ChainCursor {
-                tip: tip_block,
-                checkpoints: checkpoints.split_off(keep_from),
-            },
-            more: to < head,
-        })
+        }))
     }
 
     fn reset(&mut self) {
         self.provider = None;
+        self.heads = None;
     }
+
+    async fn news(&mut self) {
+        let Some(heads) = &mut self.heads else {
+            return std::future::pending().await;
+        };
+        match heads.recv_any().await {
+            // Any push, even one that does not decode or a missed backlog, is worth a scan.
+            Ok(_) | Err(RecvError::Lagged(_)) => {}
+            // Closed: scan once now and poll from then on; a reset subscribes again.
+            Err(RecvError::Closed) => {
+                tracing::warn!("new-head subscription ended: polling only");
+                self.heads = None;
+            }
+        }
+    }
+}
+
+/// ETH paid to watched addresses by the block's successful transactions. Receipts are
+/// fetched (one call for the whole block) only for a block that pays a watched address.
+async fn native_transfers(
+    provider: &RootProvider,
+    block: &Block,
+    watched: &HashMap<Address, &str>,
+) -> Result<Vec<Transfer>, ScanError> {
+    let height = block.header.number;
+    let mut candidates = Vec::new();
+    for tx in block.transactions.txns() {
+        if let Some(key) = tx.to().and_then(|to| watched.get(&to))
+            && !tx.value().is_zero()
+        {
+            candidates.push((tx.tx_hash(), tx.value(), (*key).to_owned()));
+        }
+    }
+    if candidates.is_empty() {
+        return Ok(Vec::new());
+    }
+    let succeeded: HashMap<B256, bool> = provider
+        .get_block_receipts(block.header.hash.into())
+        .await
+        .map_err(classify)?
+        .ok_or_else(|| ScanError::Transient(format!("no receipts yet for block {height}")))?
+        .iter()
+        .map(|r| (r.transaction_hash, r.status()))
+        .collect();
+    let mut transfers = Vec::new();
+    for (hash, value, key) in candidates {
+        match succeeded.get(&hash) {
+            Some(true) => transfers.push(Transfer {
+                id: TransferId {
+                    network: Network::Ethereum,
+                    txid: hash.to_string(),
+                    position: 0,
+                },
+                to_address: key,
+                asset: ReceivedAsset::Method {
+                    method: Method::Eth,
+                },
+                amount: base_units(value, "ETH value")?,
+            }),
+            Some(false) => {}
+            None => {
+                return Err(ScanError::Transient(format!(
+                    "the receipts of block {height} lack {hash}"
+                )));
+            }
+        }
+    }
+    Ok(transfers)
 }
 
 async fn block_hash(provider: &RootProvider, height: u64) -> Result<Option<B256>, ScanError> {
@@ -499,17 +442,43 @@ async fn transfer_logs(
     Ok(logs)
 }
 
-/// Nodes refuse large log queries with -32005 (limit exceeded) or a message saying so.
+/// Nodes refuse large log queries with -32005 (limit exceeded) or a message saying so; the
+/// same code also means a rate limit on some providers, which the message tells apart.
 fn too_large(error: &RpcError<TransportErrorKind>) -> bool {
     match error {
         RpcError::ErrorResp(payload) => {
             let message = payload.message.to_lowercase();
+            if message.contains("rate") || message.contains("requests") {
+                return false;
+            }
             payload.code == -32005
-                || ["range", "too many", "limit", "exceed"]
-                    .iter()
-                    .any(|word| message.contains(word))
+                || [
+                    "range",
+                    "more than",
+                    "results",
+                    "response size",
+                    "too large",
+                    "limited to",
+                ]
+                .iter()
+                .any(|words| message.contains(words))
         }
         _ => false,
+    }
+}
+
+/// alloy's rate-limit policy, except for a log query refused as too large: retrying that
+/// as-is cannot succeed, it has to be split.
+#[derive(Clone, Copy, Debug)]
+struct RetryRateLimitsNotRanges;
+
+impl RetryPolicy for RetryRateLimitsNotRanges {
+    fn should_retry(&self, error: &TransportError) -> bool {
+        RateLimitRetryPolicy::default().should_retry(error) && !too_large(error)
+    }
+
+    fn backoff_hint(&self, error: &TransportError) -> Option<std::time::Duration> {
+        RateLimitRetryPolicy::default().backoff_hint(error)
     }
 }
 

@@ -1,0 +1,371 @@
+//! Scanning an account chain block by block (Ethereum, Tron): rejoining the chain after the
+//! committed cursor, checking that each block extends the one before it, and turning what a
+//! range of blocks carried into events by diffing it against what the engine recorded.
+//!
+//! The chain crates only fetch and decode; the bookkeeping that decides what is new, what
+//! moved deeper and what a reorg took away lives here once.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::future::Future;
+
+use crate::{
+    BlockId, ChainCursor, ChainEvent, KnownTransfer, ScanBatch, ScanError, Transfer, TransferId,
+    WatchView,
+};
+
+/// Recent block ids kept in the cursor for finding a fork point.
+pub const KEPT_CHECKPOINTS: usize = 64;
+
+/// Where a block scan continues, and the blocks below it that are still on the chain.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resume {
+    /// The first block to read.
+    pub from: u64,
+    /// Canonical blocks below `from`, oldest first; the last one is `from - 1`.
+    pub checkpoints: Vec<BlockId>,
+}
+
+/// Finds where to continue: after the cursor if its block is still on the chain, else after
+/// the highest checkpoint that is (a reorg), else — without a cursor — at `start`.
+///
+/// `hash_at(height)` answers the canonical block hash at a height, `None` if there is none.
+pub async fn resume<F, Fut>(
+    cursor: Option<&ChainCursor>,
+    start: u64,
+    mut hash_at: F,
+) -> Result<Resume, ScanError>
+where
+    F: FnMut(u64) -> Fut,
+    Fut: Future<Output = Result<Option<String>, ScanError>>,
+{
+    let Some(cursor) = cursor else {
+        // The block below the first one read anchors the parent-hash check.
+        let from = start.max(1);
+        let anchor = from - 1;
+        let hash = hash_at(anchor)
+            .await?
+            .ok_or_else(|| ScanError::Transient(format!("block {anchor} is not served yet")))?;
+        return Ok(Resume {
+            from,
+            checkpoints: vec![BlockId {
+                height: anchor,
+                hash,
+            }],
+        });
+    };
+    let mut chain: Vec<BlockId> = cursor.checkpoints.clone();
+    chain.push(cursor.tip.clone());
+    for kept in (0..chain.len()).rev() {
+        if hash_at(chain[kept].height).await?.as_deref() == Some(chain[kept].hash.as_str()) {
+            if kept + 1 < chain.len() {
+                tracing::warn!(
+                    fork = chain[kept].height,
+                    old_tip = cursor.tip.height,
+                    "chain reorganisation: scanning again from the fork point"
+                );
+            }
+            chain.truncate(kept + 1);
+            return Ok(Resume {
+                from: chain[kept].height + 1,
+                checkpoints: chain,
+            });
+        }
+    }
+    Err(ScanError::Fatal(format!(
+        "none of the last {} blocks processed is on the chain any more: a reorg deeper than the cursor remembers",
+        chain.len()
+    )))
+}
+
+/// The confirmations of a block at `height` with the chain at `tip`.
+pub fn depth(height: u64, tip: u64) -> u32 {
+    u32::try_from(tip.saturating_sub(height) + 1).unwrap_or(u32::MAX)
+}
+
+struct ReadBlock {
+    hash: String,
+    time_ms: i64,
+}
+
+/// The blocks one scan read, in order, and the transfers to watched keys they carry.
+pub struct BlockRange {
+    resume: Resume,
+    blocks: BTreeMap<u64, ReadBlock>,
+    found: Vec<(Transfer, u64)>,
+}
+
+impl BlockRange {
+    /// An empty range starting where `resume` says.
+    pub fn new(resume: Resume) -> BlockRange {
+        BlockRange {
+            resume,
+            blocks: BTreeMap::new(),
+            found: Vec::new(),
+        }
+    }
+
+    /// The first block to read.
+    pub fn from(&self) -> u64 {
+        self.resume.from
+    }
+
+    /// The next block to read.
+    pub fn next_height(&self) -> u64 {
+        self.blocks
+            .last_key_value()
+            .map_or(self.resume.from, |(height, _)| height + 1)
+    }
+
+    /// Adds the next block, refusing one that does not extend the block before it: the chain
+    /// moved during the scan (or the server answered out of order) and the scan is repeated.
+    pub fn push_block(
+        &mut self,
+        height: u64,
+        hash: String,
+        parent: &str,
+        time_ms: i64,
+    ) -> Result<(), ScanError> {
+        let expected = self.next_height();
+        if height != expected {
+            return Err(ScanError::Transient(format!(
+                "asked for block {expected}, got block {height}"
+            )));
+        }
+        let previous = self
+            .blocks
+            .last_key_value()
+            .map(|(_, block)| block.hash.as_str())
+            .or_else(|| self.resume.checkpoints.last().map(|b| b.hash.as_str()));
+        if let Some(previous) = previous
+            && previous != parent
+        {
+            return Err(ScanError::Transient(format!(
+                "block {height} does not extend the block before it: the chain moved during the scan"
+            )));
+        }
+        self.blocks.insert(height, ReadBlock { hash, time_ms });
+        Ok(())
+    }
+
+    /// The hash of a block read in this scan.
+    pub fn hash_of(&self, height: u64) -> Option<&str> {
+        self.blocks.get(&height).map(|b| b.hash.as_str())
+    }
+
+    /// Records a transfer to a watched key carried by a block already read.
+    pub fn push_transfer(&mut self, transfer: Transfer, height: u64) -> Result<(), ScanError> {
+        if !self.blocks.contains_key(&height) {
+            return Err(ScanError::Fatal(format!(
+                "transfer {} placed in block {height}, which this scan did not read",
+                transfer.id
+            )));
+        }
+        self.found.push((transfer, height));
+        Ok(())
+    }
+
+    /// The scan's events and cursor. `confirmations(height, tip)` states how final a block is
+    /// (its depth, or the chain's own finality); `head` is the node's head, to say whether
+    /// more is waiting.
+    pub fn into_batch(
+        self,
+        view: &WatchView,
+        head: u64,
+        confirmations: impl Fn(u64, u64) -> u32,
+    ) -> ScanBatch {
+        let from = self.resume.from;
+        let tip = self.next_height() - 1;
+        // The matcher keeps the observation with the highest tip and ignores older ones. Right
+        // after a reorg the rescanned range may end below the tip already committed, yet what
+        // it finds is newer: report it at least at the committed tip.
+        let report_tip = view
+            .cursor
+            .as_ref()
+            .map_or(tip, |cursor| tip.max(cursor.tip.height));
+        let known: HashMap<&TransferId, &KnownTransfer> =
+            view.known.iter().map(|k| (&k.transfer.id, k)).collect();
+        let needs_update = |k: &KnownTransfer, now: u32| {
+            k.confirmations != now && k.confirmations < view.settle_depth
+        };
+        let mut events = Vec::new();
+        let mut present = HashSet::new();
+        for (transfer, height) in self.found {
+            let now = confirmations(height, tip);
+            let previous = known.get(&transfer.id);
+            let seen_at_ms = match previous {
+                Some(k) => k.seen_at_ms,
+                None => self.blocks[&height].time_ms.min(view.now_ms),
+            };
+            let changed =
+                previous.is_none_or(|k| k.block_height != Some(height) || needs_update(k, now));
+            present.insert(transfer.id.clone());
+            if changed {
+                events.push(ChainEvent::Observed {
+                    transfer,
+                    confirmations: now,
+                    block_height: Some(height),
+                    seen_at_ms,
+                    tip_height: report_tip,
+                });
+            }
+        }
+        for k in &view.known {
+            if present.contains(&k.transfer.id) {
+                continue;
+            }
+            match k.block_height {
+                // Read again and not found: a reorg took it.
+                Some(height) if height >= from && height <= tip => {
+                    events.push(ChainEvent::Removed {
+                        id: k.transfer.id.clone(),
+                        tip_height: report_tip,
+                    });
+                }
+                // Below the range and still canonical: only its depth moved.
+                Some(height) if height < from => {
+                    let now = confirmations(height, tip);
+                    if needs_update(k, now) {
+                        events.push(ChainEvent::Observed {
+                            transfer: k.transfer.clone(),
+                            confirmations: now,
+                            block_height: Some(height),
+                            seen_at_ms: k.seen_at_ms,
+                            tip_height: report_tip,
+                        });
+                    }
+                }
+                _ => {}
+            }
+        }
+
+        let mut checkpoints = self.resume.checkpoints;
+        checkpoints.extend(self.blocks.into_iter().map(|(height, block)| BlockId {
+            height,
+            hash: block.hash,
+        }));
+        let tip_block = checkpoints
+            .pop()
+            .expect("a resume point always holds the block below the range");
+        let keep_from = checkpoints.len().saturating_sub(KEPT_CHECKPOINTS);
+        ScanBatch {
+            events,
+            cursor: ChainCursor {
+                tip: tip_block,
+                checkpoints: checkpoints.split_off(keep_from),
+            },
+            more: tip < head,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Amount, Method, Network, ReceivedAsset};
+
+    fn transfer(txid: &str) -> Transfer {
+        Transfer {
+            id: TransferId {
+                network: Network::Tron,
+                txid: txid.into(),
+                position: 0,
+            },
+            to_address: "T-watched".into(),
+            asset: ReceivedAsset::Method {
+                method: Method::Trx,
+            },
+            amount: Amount::from_base_units(5),
+        }
+    }
+
+    fn block(height: u64) -> String {
+        format!("h{height}")
+    }
+
+    fn range_from(from: u64) -> BlockRange {
+        BlockRange::new(Resume {
+            from,
+            checkpoints: vec![BlockId {
+                height: from - 1,
+                hash: block(from - 1),
+            }],
+        })
+    }
+
+    #[test]
+    fn blocks_must_come_in_order_and_extend_each_other() {
+        let mut range = range_from(10);
+        assert!(range.push_block(11, block(11), &block(10), 0).is_err());
+        assert!(range.push_block(10, block(10), "elsewhere", 0).is_err());
+        range.push_block(10, block(10), &block(9), 0).unwrap();
+        assert!(
+            range.push_block(10, block(10), &block(9), 0).is_err(),
+            "served twice"
+        );
+        range.push_block(11, block(11), &block(10), 0).unwrap();
+        assert!(range.push_transfer(transfer("a"), 12).is_err());
+    }
+
+    #[test]
+    fn new_deeper_and_vanished_transfers_become_events() {
+        let mut range = range_from(10);
+        for height in 10..=12 {
+            range
+                .push_block(height, block(height), &block(height - 1), 1_000)
+                .unwrap();
+        }
+        range.push_transfer(transfer("new"), 11).unwrap();
+        let known = |txid: &str, height: u64, confirmations: u32| KnownTransfer {
+            transfer: transfer(txid),
+            confirmations,
+            block_height: Some(height),
+            tip_height: 9,
+            seen_at_ms: 7,
+        };
+        let view = WatchView {
+            known: vec![
+                known("deeper", 8, 2),
+                known("reorged", 10, 1),
+                known("settled", 5, 9),
+            ],
+            now_ms: 500,
+            settle_depth: 3,
+            ..WatchView::default()
+        };
+        let batch = range.into_batch(&view, 20, depth);
+        assert!(batch.more);
+        assert_eq!(
+            batch.cursor.tip,
+            BlockId {
+                height: 12,
+                hash: block(12)
+            }
+        );
+        assert_eq!(batch.cursor.checkpoints.len(), 3);
+        let summary: Vec<String> = batch
+            .events
+            .iter()
+            .map(|event| match event {
+                ChainEvent::Observed {
+                    transfer,
+                    confirmations,
+                    block_height,
+                    seen_at_ms,
+                    ..
+                } => format!(
+                    "{} {confirmations} {block_height:?} {seen_at_ms}",
+                    transfer.id.txid
+                ),
+                ChainEvent::Removed { id, .. } => format!("{} removed", id.txid),
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                "new 2 Some(11) 500",
+                "deeper 5 Some(8) 7",
+                "reorged removed"
+            ]
+        );
+    }
+}

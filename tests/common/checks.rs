@@ -1,0 +1,90 @@
+//! What the chain tests ask of an engine: an intent's state, an order's exceptions, a
+//! customer's balance, and a summary two runs of the same story must agree on.
+
+use payrecon::Engine;
+use payrecon::intent::IntentStatus;
+use payrecon::order::OrderRef;
+
+use super::account;
+use super::regtest::eventually;
+
+pub fn order(reference: &str) -> OrderRef {
+    OrderRef::new(reference).unwrap()
+}
+
+pub async fn status(engine: &Engine, intent: &str) -> IntentStatus {
+    engine.payment(intent).await.unwrap().intent.status
+}
+
+pub async fn wait_status(engine: &Engine, intent: &str, want: IntentStatus) {
+    eventually(&format!("intent {intent} to become {want:?}"), || async {
+        status(engine, intent).await == want
+    })
+    .await;
+}
+
+/// The kinds of the order's exceptions, sorted.
+pub async fn kinds(engine: &Engine, reference: &str) -> Vec<String> {
+    let mut kinds: Vec<String> = engine
+        .exceptions(Some(&order(reference)))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    kinds.sort();
+    kinds
+}
+
+/// The customer's available balance in cents.
+pub async fn cents(engine: &Engine, customer: &str) -> i64 {
+    engine
+        .available_balance(&account(customer))
+        .await
+        .unwrap()
+        .cents()
+}
+
+/// The trial balance sums to zero in every currency.
+pub async fn sound(engine: &Engine) {
+    let trial = engine.trial_balance().await.unwrap();
+    assert!(trial.is_sound(), "{trial:?}");
+}
+
+/// What two runs must agree on: every account's balance, every order's intents' states, and
+/// every transfer's fate. Journal keys name intent ids, which differ between databases.
+pub async fn ledger_summary(engine: &Engine, orders: &[&str]) -> String {
+    sound(engine).await;
+    let trial = engine.trial_balance().await.unwrap();
+    let mut lines = vec![format!("{:?}", trial.accounts)];
+    for reference in orders {
+        for pay in engine.payments_for(&order(reference)).await.unwrap() {
+            lines.push(format!(
+                "{reference} {} {:?}",
+                pay.intent.pay_to, pay.intent.status
+            ));
+        }
+        let mut transfers: Vec<String> = engine
+            .transfers_for(&order(reference))
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|t| {
+                format!(
+                    "{} {} removed={} credited={}",
+                    t.id,
+                    t.amount,
+                    t.removed,
+                    t.credited_entry.is_some()
+                )
+            })
+            .collect();
+        transfers.sort();
+        lines.extend(transfers);
+        lines.push(format!(
+            "{reference} exceptions {:?}",
+            kinds(engine, reference).await
+        ));
+    }
+    lines.join("\n")
+}
