@@ -72,6 +72,20 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 200)]
         transfers_per_block: usize,
     },
+    /// The Tron scanner over the built-in fake full node (blocks in java-tron's format, built
+    /// from fixtures/tron): busy blocks of TRX and USDT transfers scanned while watching many
+    /// addresses. The node runs in the same process, so its JSON encoding is in the figures.
+    Tron {
+        /// Watched addresses.
+        #[arg(long, default_value_t = 100_000)]
+        addresses: usize,
+        /// Busy blocks to scan.
+        #[arg(long, default_value_t = 20)]
+        blocks: usize,
+        /// TRX transfers and USDT transfers per block (each).
+        #[arg(long, default_value_t = 200)]
+        transfers_per_block: usize,
+    },
     /// The Litecoin watcher over a real Electrum server: addresses followed from a cold start
     /// (a restart's full resync) and a steady scan, for fresh intents below a random key.
     Electrum {
@@ -146,6 +160,24 @@ pub async fn run(command: BenchCommand, _config: &Config, json: bool) -> anyhow:
                 json,
                 None,
                 format!("ethereum scanner against {rpc_url}"),
+                &lines,
+                ITEMS,
+            )
+        }
+        BenchCommand::Tron {
+            addresses,
+            blocks,
+            transfers_per_block,
+        } => {
+            anyhow::ensure!(
+                addresses > 0 && blocks > 0 && transfers_per_block > 0,
+                "counts must be positive"
+            );
+            let lines = tron(addresses, blocks, transfers_per_block).await?;
+            report(
+                json,
+                None,
+                "tron scanner against the built-in fake full node".into(),
                 &lines,
                 ITEMS,
             )
@@ -656,21 +688,99 @@ async fn ethereum(
         batch.cursor.tip.height == start + blocks as u64,
         "the scan covered every busy block"
     );
-    Ok(vec![
+    Ok(scan_lines(
+        addresses,
+        blocks,
+        transfers_per_block * 2,
+        &batch,
+        elapsed,
+    ))
+}
+
+async fn tron(
+    addresses: usize,
+    blocks: usize,
+    transfers_per_block: usize,
+) -> anyhow::Result<Vec<BenchLine>> {
+    use payrecon_chain_core::{ChainScanner, WatchView};
+    use payrecon_chain_tron::testkit::{FakeTron, trc20, trx};
+    use payrecon_chain_tron::{TronAddress, TronScanner, TronSettings};
+    const USDT: &str = "TR7NHqjeKQxGTCi8q8ZY4pL8otSzgjLj6t";
+    let node = FakeTron::start(10).await;
+    let start = node.head() + 1;
+    let random_address = || {
+        let bytes = uuid::Uuid::new_v4().into_bytes();
+        let mut account = [0u8; 20];
+        account[..16].copy_from_slice(&bytes);
+        TronAddress::from_account_bytes(account).to_string()
+    };
+    // Busy blocks: every transfer pays a fresh address; one in ten of them is watched.
+    let mut watched: Vec<String> = Vec::with_capacity(addresses);
+    for _ in 0..blocks {
+        let mut txs = Vec::with_capacity(transfers_per_block * 2);
+        for i in 0..transfers_per_block {
+            let (to_trx, to_usdt) = (random_address(), random_address());
+            if i % 10 == 0 {
+                watched.push(to_trx.clone());
+                watched.push(to_usdt.clone());
+            }
+            txs.push(trx(&to_trx, 1_000_000));
+            txs.push(trc20(USDT, &to_usdt, 1_000_000));
+        }
+        node.mine(&txs);
+    }
+    while watched.len() < addresses {
+        watched.push(random_address());
+    }
+    watched.truncate(addresses);
+
+    let mut settings = TronSettings::new(node.url.clone(), USDT.parse()?);
+    settings.start_block = Some(start);
+    settings.max_blocks_per_scan = blocks as u64;
+    let mut scanner = TronScanner::new(settings);
+    let view = WatchView {
+        watch_keys: watched,
+        known: Vec::new(),
+        cursor: None,
+        now_ms: chrono::Utc::now().timestamp_millis(),
+        settle_depth: 19,
+    };
+    let started = Instant::now();
+    let batch = scanner.scan(&view).await?;
+    let elapsed = started.elapsed();
+    anyhow::ensure!(
+        batch.cursor.tip.height == node.head(),
+        "the scan covered every busy block"
+    );
+    Ok(scan_lines(
+        addresses,
+        blocks,
+        transfers_per_block * 2,
+        &batch,
+        elapsed,
+    ))
+}
+
+/// The figures of one timed scan of `blocks` blocks carrying `per_block` transfers each.
+fn scan_lines(
+    addresses: usize,
+    blocks: usize,
+    per_block: usize,
+    batch: &payrecon_chain_core::ScanBatch,
+    elapsed: Duration,
+) -> Vec<BenchLine> {
+    vec![
         line(
             &format!("blocks scanned, {addresses} watched"),
             blocks,
             elapsed,
         ),
         line(
-            &format!(
-                "transfers found of {} sent",
-                blocks * transfers_per_block * 2
-            ),
+            &format!("transfers found of {} sent", blocks * per_block),
             batch.events.len(),
             elapsed,
         ),
-    ])
+    ]
 }
 
 /// Runs `work(i)` for every `i` below `count` on `concurrency` tasks; results in `i` order.

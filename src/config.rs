@@ -228,6 +228,34 @@ pub struct TronConfig {
     /// USDT's contract.
     #[serde(default = "usdt_trc20")]
     pub usdt_contract: String,
+    /// The full node's HTTP API (`https://api.trongrid.io` or your own java-tron) that
+    /// `payrecon serve` watches through; without it no watcher runs.
+    #[serde(default)]
+    pub api_url: Option<String>,
+    /// TronGrid's API key, sent as `TRON-PRO-API-KEY`.
+    #[serde(default)]
+    pub api_key: Option<String>,
+    /// `depth` (count `confirmations` blocks) or `solidified` (wait for the solidity node's
+    /// head).
+    #[serde(default)]
+    pub finality: TronFinality,
+    /// First block to scan on the very first start (default: the head at that time).
+    #[serde(default)]
+    pub start_block: Option<u64>,
+    /// Pause between scans when caught up, in milliseconds.
+    #[serde(default = "poll_interval_ms")]
+    pub poll_interval_ms: u32,
+}
+
+/// When a Tron payment counts as final.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TronFinality {
+    /// After `confirmations` blocks.
+    #[default]
+    Depth,
+    /// Once the solidified head (`/walletsolidity/getnowblock`) includes it.
+    Solidified,
 }
 
 /// `[networks.solana]`.

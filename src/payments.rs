@@ -15,7 +15,7 @@ use payrecon_chain_solana::SolanaPayDeriver;
 use payrecon_chain_tron::TronDeriver;
 use serde::Serialize;
 
-use crate::config::{Config, EthereumFinality, NetworksConfig, RatesConfig};
+use crate::config::{Config, EthereumFinality, NetworksConfig, RatesConfig, TronFinality};
 use crate::engine::Engine;
 use crate::error::Error;
 use crate::intent::{
@@ -181,6 +181,9 @@ fn add_networks(settings: &mut PaymentSettings, networks: &NetworksConfig) -> Re
         settings.uri.usdc_erc20_contract = config.usdc_contract.clone();
     }
     if let Some(config) = &networks.tron {
+        if config.finality == TronFinality::Solidified {
+            explicit_finality_depth(Network::Tron, config.confirmations)?;
+        }
         let deriver = TronDeriver::new(xpub(Network::Tron, &config.xpub)?);
         add(
             Network::Tron,

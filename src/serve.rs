@@ -5,12 +5,15 @@ use std::time::Duration;
 
 use alloy_primitives::Address;
 use payrecon_chain_bitcoin::{ElectrumScanner, ElectrumSettings, UtxoChain};
-use payrecon_chain_core::{DeriveError, Network};
+use payrecon_chain_core::{ChainScanner, DeriveError, Network};
 use payrecon_chain_ethereum::{EthereumScanner, EthereumSettings, Finality};
+use payrecon_chain_tron::{TronAddress, TronScanner, TronSettings};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::config::{Config, EthereumConfig, EthereumFinality, UtxoConfig};
+use crate::config::{
+    Config, EthereumConfig, EthereumFinality, TronConfig, TronFinality, UtxoConfig,
+};
 use crate::engine::Engine;
 use crate::error::Error;
 use crate::watcher::{Watcher, WatcherOptions};
@@ -65,6 +68,25 @@ pub fn ethereum_settings(config: &EthereumConfig) -> Result<Option<EthereumSetti
     Ok(Some(settings))
 }
 
+/// The Tron scanner settings, if a node is configured.
+pub fn tron_settings(config: &TronConfig) -> Result<Option<TronSettings>, Error> {
+    let Some(url) = &config.api_url else {
+        return Ok(None);
+    };
+    let usdt: TronAddress = config
+        .usdt_contract
+        .parse()
+        .map_err(|e| Error::Config(format!("networks.tron.usdt_contract: {e}")))?;
+    let mut settings = TronSettings::new(url.clone(), usdt);
+    settings.api_key = config.api_key.clone();
+    settings.finality = match config.finality {
+        TronFinality::Depth => payrecon_chain_tron::TronFinality::Depth,
+        TronFinality::Solidified => payrecon_chain_tron::TronFinality::Solidified,
+    };
+    settings.start_block = config.start_block;
+    Ok(Some(settings))
+}
+
 /// The watcher options of a network polled every `poll_interval_ms`.
 fn options(poll_interval_ms: u32) -> WatcherOptions {
     WatcherOptions {
@@ -91,25 +113,45 @@ pub async fn serve(
             continue;
         };
         tracing::info!(%network, url = %settings.url, "starting watcher");
-        let watcher = Watcher::new(
-            engine.clone(),
-            ElectrumScanner::new(settings),
-            options(utxo.poll_interval_ms),
+        let scanner = ElectrumScanner::new(settings);
+        spawn_watcher(
+            &mut tasks,
+            &engine,
+            scanner,
+            utxo.poll_interval_ms,
+            &shutdown,
         );
-        tasks.spawn(watcher.run(shutdown.clone()));
     }
     if let Some(ethereum) = &config.networks.ethereum {
         match ethereum_settings(ethereum)? {
             Some(settings) => {
                 tracing::info!(url = %settings.url, "starting the ethereum watcher");
-                let watcher = Watcher::new(
-                    engine.clone(),
-                    EthereumScanner::new(settings),
-                    options(ethereum.poll_interval_ms),
+                let scanner = EthereumScanner::new(settings);
+                spawn_watcher(
+                    &mut tasks,
+                    &engine,
+                    scanner,
+                    ethereum.poll_interval_ms,
+                    &shutdown,
                 );
-                tasks.spawn(watcher.run(shutdown.clone()));
             }
             None => tracing::info!("no networks.ethereum.rpc_url: not watching ethereum"),
+        }
+    }
+    if let Some(tron) = &config.networks.tron {
+        match tron_settings(tron)? {
+            Some(settings) => {
+                tracing::info!(url = %settings.url, "starting the tron watcher");
+                let scanner = TronScanner::new(settings);
+                spawn_watcher(
+                    &mut tasks,
+                    &engine,
+                    scanner,
+                    tron.poll_interval_ms,
+                    &shutdown,
+                );
+            }
+            None => tracing::info!("no networks.tron.api_url: not watching tron"),
         }
     }
     tasks.spawn(tick_until(engine, shutdown));
@@ -121,6 +163,18 @@ pub async fn serve(
         }
     }
     Ok(())
+}
+
+/// Runs a watcher over `scanner` among the tasks of serve.
+fn spawn_watcher<S: ChainScanner + 'static>(
+    tasks: &mut JoinSet<Result<(), Error>>,
+    engine: &Engine,
+    scanner: S,
+    poll_interval_ms: u32,
+    shutdown: &watch::Receiver<bool>,
+) {
+    let watcher = Watcher::new(engine.clone(), scanner, options(poll_interval_ms));
+    tasks.spawn(watcher.run(shutdown.clone()));
 }
 
 /// Moves intents past their deadline every few seconds.

@@ -161,3 +161,29 @@ fn a_missing_config_file_is_named() {
             .contains("/nonexistent/payrecon.toml does not exist")
     );
 }
+
+/// The Tron scanner benchmark runs on its built-in node and reports every busy block scanned
+/// and one transfer found per watched recipient.
+#[test]
+fn the_tron_benchmark_scans_its_blocks() {
+    let report = json(
+        "sqlite::memory:",
+        &[
+            "bench",
+            "tron",
+            "--addresses",
+            "500",
+            "--blocks",
+            "3",
+            "--transfers-per-block",
+            "20",
+        ],
+    );
+    let results = report["results"].as_array().unwrap();
+    assert_eq!(results[0]["entries"], 3);
+    assert_eq!(
+        results[1]["entries"],
+        3 * 2 * 2,
+        "one in ten of 20 per kind per block"
+    );
+}

@@ -9,16 +9,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use payrecon::Engine;
 use payrecon::clock::ManualClock;
 use payrecon::config::{Config, EthereumConfig, EthereumFinality};
-use payrecon::watcher::{Watcher, WatcherOptions};
+use payrecon::watcher::WatcherOptions;
 use payrecon_chain_core::bitcoin::bip32::{DerivationPath, Xpriv, Xpub};
 use payrecon_chain_core::bitcoin::secp256k1::Secp256k1;
 use payrecon_chain_core::{Asset, Method, Network};
 use payrecon_chain_ethereum::{EthereumScanner, EthereumSettings};
 use serde_json::{Value, json};
-use tokio::sync::{Mutex, MutexGuard, watch};
+use tokio::sync::{Mutex, MutexGuard};
 
 use super::TestDb;
-use super::regtest::{Running, eventually, fast};
+use super::regtest::{Running, fast, wait_for_tip};
 
 static ANVIL: Mutex<()> = Mutex::const_new(());
 
@@ -181,14 +181,7 @@ impl Anvil {
     /// Waits until the engine's Ethereum watcher has committed anvil's head.
     pub async fn wait_synced(&self, engine: &Engine) {
         let head = self.head_hash().await;
-        eventually("the ethereum watcher to reach anvil's head", || async {
-            engine
-                .watcher_cursor(Network::Ethereum)
-                .await
-                .unwrap()
-                .is_some_and(|c| c.tip.hash == head)
-        })
-        .await;
+        wait_for_tip(engine, Network::Ethereum, |tip| tip.hash == head).await;
     }
 }
 
@@ -276,14 +269,7 @@ pub fn watch_ethereum_with(
     settings: EthereumSettings,
     options: WatcherOptions,
 ) -> Running {
-    let watcher = Watcher::new(engine.clone(), EthereumScanner::new(settings), options);
-    let status = watcher.status();
-    let (stop, shutdown) = watch::channel(false);
-    Running {
-        task: tokio::spawn(watcher.run(shutdown)),
-        stop,
-        status,
-    }
+    Running::spawn(engine, EthereumScanner::new(settings), options)
 }
 
 /// What [`RpcProxy`] did.

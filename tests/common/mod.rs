@@ -11,6 +11,7 @@ pub mod checks;
 pub mod payments;
 pub mod regtest;
 pub mod replay;
+pub mod tron;
 
 use payrecon::Engine;
 use payrecon::ledger::{Account, Currency, EntryKind, NewEntry, Posting};

@@ -15,7 +15,7 @@ use payrecon::watcher::{Watcher, WatcherOptions};
 use payrecon_chain_bitcoin::{ElectrumScanner, ElectrumSettings, UtxoChain, UtxoNetwork};
 use payrecon_chain_core::bitcoin::bip32::{DerivationPath, Xpriv, Xpub};
 use payrecon_chain_core::bitcoin::secp256k1::Secp256k1;
-use payrecon_chain_core::{Asset, Method, Network};
+use payrecon_chain_core::{Asset, ChainScanner, Method, Network};
 use serde_json::{Value, json};
 use tokio::sync::{Mutex, MutexGuard, watch};
 use tokio::task::JoinHandle;
@@ -241,15 +241,27 @@ impl Chain {
     /// Waits until the engine's watcher has committed the node's current tip.
     pub async fn wait_synced(&self, engine: &Engine, network: Network) {
         let best = self.best_hash().await;
-        eventually("the watcher to reach the node's tip", || async {
+        wait_for_tip(engine, network, |tip| tip.hash == best).await;
+    }
+}
+
+/// Waits until the engine's watcher of `network` has committed a tip that `reached` accepts.
+pub async fn wait_for_tip(
+    engine: &Engine,
+    network: Network,
+    reached: impl Fn(&payrecon_chain_core::BlockId) -> bool,
+) {
+    eventually(
+        &format!("the {network} watcher to reach the node's head"),
+        || async {
             engine
                 .watcher_cursor(network)
                 .await
                 .unwrap()
-                .is_some_and(|cursor| cursor.tip.hash == best)
-        })
-        .await;
-    }
+                .is_some_and(|cursor| reached(&cursor.tip))
+        },
+    )
+    .await;
 }
 
 /// Sends the engine's logs to the test output (shown for failing tests).
@@ -343,6 +355,22 @@ pub struct Running {
 }
 
 impl Running {
+    /// Starts a watcher of `engine` over `scanner`.
+    pub fn spawn<S: ChainScanner + 'static>(
+        engine: &Engine,
+        scanner: S,
+        options: WatcherOptions,
+    ) -> Running {
+        let watcher = Watcher::new(engine.clone(), scanner, options);
+        let status = watcher.status();
+        let (stop, shutdown) = watch::channel(false);
+        Running {
+            task: tokio::spawn(watcher.run(shutdown)),
+            stop,
+            status,
+        }
+    }
+
     /// Asks the watcher to stop and waits for it.
     pub async fn stop(self) -> Result<(), payrecon::Error> {
         let _ = self.stop.send(true);
@@ -360,12 +388,5 @@ pub fn watch_litecoin(engine: &Engine, url: &str) -> Running {
 
 /// Starts a watcher with these scanner settings.
 pub fn watch(engine: &Engine, settings: ElectrumSettings) -> Running {
-    let watcher = Watcher::new(engine.clone(), ElectrumScanner::new(settings), fast());
-    let status = watcher.status();
-    let (stop, shutdown) = watch::channel(false);
-    Running {
-        task: tokio::spawn(watcher.run(shutdown)),
-        stop,
-        status,
-    }
+    Running::spawn(engine, ElectrumScanner::new(settings), fast())
 }

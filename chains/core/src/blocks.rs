@@ -82,6 +82,18 @@ pub fn depth(height: u64, tip: u64) -> u32 {
     u32::try_from(tip.saturating_sub(height) + 1).unwrap_or(u32::MAX)
 }
 
+/// The confirmations of a block on a chain with its own finality (Ethereum's `finalized`
+/// tag, Tron's solidified head): 1 until `final_height` covers it, then at least
+/// `settle_depth`. Without a final height it is the depth.
+pub fn confirmations(height: u64, tip: u64, final_height: Option<u64>, settle_depth: u32) -> u32 {
+    let depth = depth(height, tip);
+    match final_height {
+        None => depth,
+        Some(last_final) if height <= last_final => depth.max(settle_depth),
+        Some(_) => depth.min(settle_depth.saturating_sub(1)).max(1),
+    }
+}
+
 struct ReadBlock {
     hash: String,
     time_ms: i64,

@@ -319,14 +319,8 @@ impl ChainScanner for EthereumScanner {
                     .map_or(0, |b| b.header.number),
             ),
         };
-        let settle = view.settle_depth;
         Ok(range.into_batch(view, head, |height, tip| {
-            let depth = blocks::depth(height, tip);
-            match finalized {
-                None => depth,
-                Some(f) if height <= f => depth.max(settle),
-                Some(_) => depth.min(settle.saturating_sub(1)).max(1),
-            }
+            blocks::confirmations(height, tip, finalized, view.settle_depth)
         }))
     }
 

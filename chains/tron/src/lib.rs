@@ -1,8 +1,13 @@
 //! Tron: TRX and USDT-TRC20. BIP44 coin 195 receive addresses (watch-only, base58check `T…`)
-//! and, later, the HTTP API watcher.
+//! and the block scanner over the full-node HTTP API.
 
 mod address;
+pub mod api;
 mod derive;
+#[cfg(feature = "testkit")]
+pub mod testkit;
+mod watch;
 
 pub use address::{TronAddress, TronAddressError};
 pub use derive::TronDeriver;
+pub use watch::{TRANSFER_TOPIC, TronFinality, TronScanner, TronSettings};

@@ -1,0 +1,418 @@
+//! A fake Tron full node for tests and benchmarks: no Tron node runs here, so blocks and
+//! transaction infos are built from the real responses recorded in `fixtures/tron/` (field
+//! names, nesting, hex forms and numbers as java-tron writes them) and served over the same
+//! HTTP paths. Scenarios are cheap: mine blocks of TRX and TRC-20 transfers, reorg, move the
+//! solidified head, and queue faults (HTTP errors, bodies cut short, a block served twice,
+//! a malformed body) for the next requests of a path.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use crate::TronAddress;
+
+const BLOCK: &str =
+    include_str!("../../../fixtures/tron/wallet_getblockbynum_with_transfercontract.json");
+const USDT_CALL: &str =
+    include_str!("../../../fixtures/tron/usdt_transfer_transaction_raw_data_mainnet.json");
+const USDT_INFO: &str =
+    include_str!("../../../fixtures/tron/wallet_gettransactioninfobyid_usdt_transfer_mainnet.json");
+const REVERT_INFO: &str =
+    include_str!("../../../fixtures/tron/wallet_gettransactioninfobyid_revert.json");
+const TRX_INFOS: &str =
+    include_str!("../../../fixtures/tron/wallet_gettransactioninfobyblocknum_nile.json");
+
+/// The recorded response inside a fixture's envelope.
+fn recorded(fixture: &str, key: &str) -> Value {
+    let envelope: Value = serde_json::from_str(fixture).expect("fixture is JSON");
+    envelope[key].clone()
+}
+
+/// One transaction to put in a block.
+#[derive(Clone, Debug)]
+pub enum TxSpec {
+    /// TRX (`TransferContract`) of `sun` to `to` (base58).
+    Trx {
+        /// Recipient, base58.
+        to: String,
+        /// Sun.
+        sun: u64,
+    },
+    /// A TRC-20 `transfer(to, amount)` on `contract` (`TriggerSmartContract`), succeeding or
+    /// reverted.
+    Trc20 {
+        /// The token contract, base58.
+        contract: String,
+        /// Recipient, base58.
+        to: String,
+        /// Token units.
+        amount: u128,
+        /// `false`: `contractRet` and the receipt say REVERT and there is no log.
+        success: bool,
+    },
+}
+
+/// TRX to `to`.
+pub fn trx(to: &str, sun: u64) -> TxSpec {
+    TxSpec::Trx {
+        to: to.to_owned(),
+        sun,
+    }
+}
+
+/// A successful TRC-20 transfer.
+pub fn trc20(contract: &str, to: &str, amount: u128) -> TxSpec {
+    TxSpec::Trc20 {
+        contract: contract.to_owned(),
+        to: to.to_owned(),
+        amount,
+        success: true,
+    }
+}
+
+/// A reverted TRC-20 transfer.
+pub fn reverted_trc20(contract: &str, to: &str, amount: u128) -> TxSpec {
+    TxSpec::Trc20 {
+        contract: contract.to_owned(),
+        to: to.to_owned(),
+        amount,
+        success: false,
+    }
+}
+
+/// What the node answers instead of the truth, once.
+#[derive(Clone, Debug)]
+pub enum Fault {
+    /// This status and body.
+    Status(u16, String),
+    /// The true body cut in half.
+    Truncated,
+    /// For `getblockbynum`: the block below the one asked for (served twice, out of order).
+    PreviousBlock,
+    /// A complete JSON body of the wrong shape.
+    Malformed,
+}
+
+struct Mined {
+    block: Value,
+    infos: Vec<Value>,
+    txids: Vec<String>,
+}
+
+struct Chain {
+    blocks: Vec<Mined>,
+    /// Blocks below the solidified head's distance from the head.
+    solid_lag: u64,
+    /// The earliest time the next block may carry, Unix milliseconds.
+    clock_ms: i64,
+    next_tx: u64,
+    fork: u64,
+    faults: HashMap<String, VecDeque<Fault>>,
+    requests: HashMap<String, usize>,
+    api_keys: Vec<String>,
+}
+
+/// A running fake full node.
+#[derive(Clone)]
+pub struct FakeTron {
+    /// Its base URL, as a Tron API URL.
+    pub url: String,
+    chain: Arc<Mutex<Chain>>,
+}
+
+fn address_hex(base58: &str) -> String {
+    base58
+        .parse::<TronAddress>()
+        .expect("a base58 Tron address")
+        .to_hex()
+}
+
+fn word(hex20: &str) -> String {
+    format!("{:0>64}", hex20)
+}
+
+impl FakeTron {
+    /// A node whose chain holds `height + 1` empty blocks (0 to `height`), serving on a free
+    /// local port.
+    pub async fn start(height: u64) -> FakeTron {
+        let node = FakeTron::new(height);
+        let app = Router::new()
+            .route("/{api}/{call}", axum::routing::any(answer))
+            .with_state(node.chain.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a local port");
+        let url = format!("http://{}", listener.local_addr().expect("bound"));
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        FakeTron { url, ..node }
+    }
+
+    fn new(height: u64) -> FakeTron {
+        let node = FakeTron {
+            url: String::new(),
+            chain: Arc::new(Mutex::new(Chain {
+                blocks: Vec::new(),
+                solid_lag: 0,
+                clock_ms: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+                next_tx: 1,
+                fork: 0,
+                faults: HashMap::new(),
+                requests: HashMap::new(),
+                api_keys: Vec::new(),
+            })),
+        };
+        for _ in 0..=height {
+            node.mine(&[]);
+        }
+        node
+    }
+
+    /// The head's height.
+    pub fn head(&self) -> u64 {
+        self.chain.lock().expect("chain").blocks.len() as u64 - 1
+    }
+
+    /// Mines one block with `txs` and returns its height and the transactions' ids.
+    pub fn mine(&self, txs: &[TxSpec]) -> (u64, Vec<String>) {
+        let mut chain = self.chain.lock().expect("chain");
+        let height = chain.blocks.len() as u64;
+        let parent = chain
+            .blocks
+            .last()
+            .map(|b| b.block["blockID"].as_str().expect("id").to_owned())
+            .unwrap_or_else(|| "0".repeat(64));
+        // One block every 3 s, never before the node's clock.
+        let timestamp = chain
+            .blocks
+            .last()
+            .and_then(|b| b.block["block_header"]["raw_data"]["timestamp"].as_i64())
+            .map_or(chain.clock_ms, |parent| {
+                (parent + 3_000).max(chain.clock_ms)
+            });
+        let mut transactions = Vec::new();
+        let mut infos = Vec::new();
+        let mut txids = Vec::new();
+        for spec in txs {
+            let txid = format!("{:016x}{:048x}", chain.fork, chain.next_tx);
+            chain.next_tx += 1;
+            let (tx, info) = build_tx(spec, &txid, height, timestamp);
+            transactions.push(tx);
+            infos.push(info);
+            txids.push(txid);
+        }
+        let mut block = recorded(BLOCK, "response");
+        block["blockID"] = json!(format!("{height:016x}{:048x}", chain.fork));
+        let raw = &mut block["block_header"]["raw_data"];
+        raw["number"] = json!(height);
+        raw["parentHash"] = json!(parent);
+        raw["timestamp"] = json!(timestamp);
+        // java-tron leaves the key out of a block without transactions.
+        match transactions.is_empty() {
+            true => {
+                block
+                    .as_object_mut()
+                    .expect("object")
+                    .remove("transactions");
+            }
+            false => block["transactions"] = Value::Array(transactions),
+        }
+        chain.blocks.push(Mined {
+            block,
+            infos,
+            txids: txids.clone(),
+        });
+        (height, txids)
+    }
+
+    /// Mines `count` empty blocks.
+    pub fn mine_empty(&self, count: u64) {
+        for _ in 0..count {
+            self.mine(&[]);
+        }
+    }
+
+    /// Replaces the last `depth` blocks with as many empty ones on another branch.
+    pub fn reorg(&self, depth: u64) {
+        {
+            let mut chain = self.chain.lock().expect("chain");
+            let keep = chain.blocks.len() - depth as usize;
+            chain.blocks.truncate(keep);
+            chain.fork += 1;
+        }
+        self.mine_empty(depth);
+    }
+
+    /// Stamps the next blocks no earlier than `unix_ms`.
+    pub fn set_clock_ms(&self, unix_ms: i64) {
+        self.chain.lock().expect("chain").clock_ms = unix_ms;
+    }
+
+    /// The solidified head stays `lag` blocks below the head.
+    pub fn set_solid_lag(&self, lag: u64) {
+        self.chain.lock().expect("chain").solid_lag = lag;
+    }
+
+    /// Queues faults for the next requests to `path` (e.g. `/wallet/getblockbynum`).
+    pub fn inject(&self, path: &str, faults: impl IntoIterator<Item = Fault>) {
+        self.chain
+            .lock()
+            .expect("chain")
+            .faults
+            .entry(path.to_owned())
+            .or_default()
+            .extend(faults);
+    }
+
+    /// Faults queued and not met yet.
+    pub fn pending_faults(&self) -> usize {
+        self.chain
+            .lock()
+            .expect("chain")
+            .faults
+            .values()
+            .map(VecDeque::len)
+            .sum()
+    }
+
+    /// Requests received on `path`.
+    pub fn requests(&self, path: &str) -> usize {
+        self.chain
+            .lock()
+            .expect("chain")
+            .requests
+            .get(path)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// The ids of the transactions mined at `height`.
+    pub fn txids(&self, height: u64) -> Vec<String> {
+        self.chain.lock().expect("chain").blocks[height as usize]
+            .txids
+            .clone()
+    }
+
+    /// The `TRON-PRO-API-KEY` headers received, in order.
+    pub fn api_keys(&self) -> Vec<String> {
+        self.chain.lock().expect("chain").api_keys.clone()
+    }
+}
+
+/// A transaction as it appears in a block, and its transaction info.
+fn build_tx(spec: &TxSpec, txid: &str, height: u64, timestamp: i64) -> (Value, Value) {
+    match spec {
+        TxSpec::Trx { to, sun } => {
+            let mut tx = recorded(BLOCK, "response")["transactions"][0].clone();
+            tx["txID"] = json!(txid);
+            let value = &mut tx["raw_data"]["contract"][0]["parameter"]["value"];
+            value["to_address"] = json!(address_hex(to));
+            value["amount"] = json!(sun);
+            let mut info = recorded(TRX_INFOS, "response")[0].clone();
+            info["id"] = json!(txid);
+            info["blockNumber"] = json!(height);
+            info["blockTimeStamp"] = json!(timestamp);
+            (tx, info)
+        }
+        TxSpec::Trc20 {
+            contract,
+            to,
+            amount,
+            success,
+        } => {
+            let mut tx = recorded(USDT_CALL, "transaction");
+            let object = tx.as_object_mut().expect("object");
+            object.remove("visible");
+            tx["txID"] = json!(txid);
+            let to_hex = address_hex(to);
+            let value = &mut tx["raw_data"]["contract"][0]["parameter"]["value"];
+            value["contract_address"] = json!(address_hex(contract));
+            value["data"] = json!(format!("a9059cbb{}{amount:064x}", word(&to_hex)));
+            let result = if *success { "SUCCESS" } else { "REVERT" };
+            tx["ret"] = json!([{ "contractRet": result }]);
+            let mut info = if *success {
+                let mut info = recorded(USDT_INFO, "response");
+                let log = &mut info["log"][0];
+                log["address"] = json!(address_hex(contract)[2..]);
+                log["topics"][2] = json!(word(&to_hex[2..]));
+                log["data"] = json!(format!("{amount:064x}"));
+                info
+            } else {
+                let mut info = recorded(REVERT_INFO, "raw_http_fragment_usdt");
+                info["contract_address"] = json!(address_hex(contract));
+                info
+            };
+            info["id"] = json!(txid);
+            info["blockNumber"] = json!(height);
+            info["blockTimeStamp"] = json!(timestamp);
+            (tx, info)
+        }
+    }
+}
+
+async fn answer(
+    State(chain): State<Arc<Mutex<Chain>>>,
+    Path((api, call)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let path = format!("/{api}/{call}");
+    let mut chain = chain.lock().expect("chain");
+    *chain.requests.entry(path.clone()).or_default() += 1;
+    if let Some(key) = headers
+        .get("TRON-PRO-API-KEY")
+        .and_then(|v| v.to_str().ok())
+    {
+        chain.api_keys.push(key.to_owned());
+    }
+    let num = serde_json::from_slice::<Value>(&body)
+        .ok()
+        .and_then(|b| b["num"].as_u64());
+    let fault = chain.faults.get_mut(&path).and_then(VecDeque::pop_front);
+    let num = match (&fault, num) {
+        (Some(Fault::PreviousBlock), Some(n)) => Some(n.saturating_sub(1)),
+        _ => num,
+    };
+    let head = chain.blocks.len() as u64 - 1;
+    let truth = match (api.as_str(), call.as_str()) {
+        ("wallet", "getnowblock") => chain.blocks[head as usize].block.clone(),
+        ("walletsolidity", "getnowblock") => chain.blocks
+            [head.saturating_sub(chain.solid_lag) as usize]
+            .block
+            .clone(),
+        ("wallet" | "walletsolidity", "getblockbynum") => num
+            .and_then(|n| chain.blocks.get(n as usize))
+            .map_or(json!({}), |b| b.block.clone()),
+        ("wallet" | "walletsolidity", "gettransactioninfobyblocknum") => match num {
+            None | Some(0) => json!({}),
+            Some(n) => chain
+                .blocks
+                .get(n as usize)
+                .map_or(json!([]), |b| Value::Array(b.infos.clone())),
+        },
+        _ => {
+            return (
+                StatusCode::NOT_FOUND,
+                format!("{{\"Error\":\"no such call {path}\"}}"),
+            )
+                .into_response();
+        }
+    };
+    let text = truth.to_string();
+    let text = match fault {
+        Some(Fault::Status(status, body)) => {
+            return (StatusCode::from_u16(status).expect("a status"), body).into_response();
+        }
+        Some(Fault::Truncated) => text[..text.len() / 2].to_owned(),
+        Some(Fault::Malformed) => json!({"blockID": 7, "block_header": "none"}).to_string(),
+        Some(Fault::PreviousBlock) | None => text,
+    };
+    ([("content-type", "application/json")], text).into_response()
+}

@@ -1,0 +1,365 @@
+//! The Tron scanner: TRX and USDT-TRC20 to watched addresses, block by block, over the
+//! full-node HTTP API.
+//!
+//! Each scan continues after the committed cursor (or rejoins after a fork, see
+//! `payrecon_chain_core::blocks`), reads the next blocks in order, keeps TRX
+//! `TransferContract`s to watched addresses that succeeded, and for blocks with contract calls
+//! reads the transaction infos for `Transfer` logs whose recipient is watched. Only the
+//! configured USDT contract counts as USDT; a `Transfer` from any other contract (a fake
+//! "USDT") and TRC-10 tokens are reported as other tokens, never credited. A call counts only
+//! when both the block (`contractRet`) and its receipt say `SUCCESS`.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use futures_util::{StreamExt as _, TryStreamExt as _};
+use payrecon_chain_core::blocks::{self, BlockRange};
+use payrecon_chain_core::{
+    Amount, ChainScanner, Method, Network, ReceivedAsset, ScanBatch, ScanError, Transfer,
+    TransferId, WatchView,
+};
+
+use crate::TronAddress;
+use crate::api::{Block, TransactionInfo, TransferValue, TronClient};
+
+/// topic 0 of every TRC-20 (ERC-20) `Transfer(address,address,uint256)`.
+pub const TRANSFER_TOPIC: &str = "ddf252ad1be2c89b69c2b068fc378daa952ba7f163c4a11628f55a4df523b3ef";
+
+/// Blocks (with their transaction infos) requested at once while catching up.
+const BLOCKS_IN_FLIGHT: usize = 8;
+
+/// When a payment counts as final.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TronFinality {
+    /// After the configured number of confirmations (19 is Tron's solidification depth).
+    Depth,
+    /// Once the solidity node's head (`/walletsolidity/getnowblock`) has reached it.
+    Solidified,
+}
+
+/// Where and how to watch Tron.
+#[derive(Clone, Debug)]
+pub struct TronSettings {
+    /// The full node's HTTP API (`https://api.trongrid.io` or your own node).
+    pub url: String,
+    /// TronGrid's `TRON-PRO-API-KEY`.
+    pub api_key: Option<String>,
+    /// USDT's TRC-20 contract.
+    pub usdt_contract: TronAddress,
+    /// Depth or solidified blocks.
+    pub finality: TronFinality,
+    /// The first block to scan when there is no cursor yet (default: the head).
+    pub start_block: Option<u64>,
+    /// Blocks per scan at most.
+    pub max_blocks_per_scan: u64,
+    /// Per-request timeout.
+    pub timeout: Duration,
+}
+
+impl TronSettings {
+    /// Settings for the node at `url` with USDT at `usdt_contract`: depth finality, 50 blocks
+    /// per scan, 30 s per request.
+    pub fn new(url: impl Into<String>, usdt_contract: TronAddress) -> TronSettings {
+        TronSettings {
+            url: url.into(),
+            api_key: None,
+            usdt_contract,
+            finality: TronFinality::Depth,
+            start_block: None,
+            max_blocks_per_scan: 50,
+            timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Scans Tron through one full node.
+pub struct TronScanner {
+    settings: TronSettings,
+    client: Option<TronClient>,
+}
+
+impl TronScanner {
+    /// A scanner that connects on its first scan.
+    pub fn new(settings: TronSettings) -> TronScanner {
+        TronScanner {
+            settings,
+            client: None,
+        }
+    }
+
+    fn client(&mut self) -> Result<TronClient, ScanError> {
+        if let Some(client) = &self.client {
+            return Ok(client.clone());
+        }
+        let client = TronClient::new(
+            &self.settings.url,
+            self.settings.api_key.clone(),
+            self.settings.timeout,
+        )?;
+        self.client = Some(client.clone());
+        Ok(client)
+    }
+}
+
+impl ChainScanner for TronScanner {
+    fn network(&self) -> Network {
+        Network::Tron
+    }
+
+    async fn scan(&mut self, view: &WatchView) -> Result<ScanBatch, ScanError> {
+        let client = self.client()?;
+        let settings = &self.settings;
+        let mut watched: HashMap<TronAddress, &str> = HashMap::with_capacity(view.watch_keys.len());
+        for key in &view.watch_keys {
+            let address: TronAddress = key.parse().map_err(|e| {
+                ScanError::Fatal(format!("watch key {key:?} is not a Tron address: {e}"))
+            })?;
+            watched.insert(address, key);
+        }
+        let head = client.now_block(false).await?.block_header.raw_data.number;
+        let resume = blocks::resume(
+            view.cursor.as_ref(),
+            settings.start_block.unwrap_or(head),
+            |height| {
+                let client = client.clone();
+                async move { Ok(client.block(height).await?.map(|b| b.block_id)) }
+            },
+        )
+        .await?;
+        let mut range = BlockRange::new(resume);
+        let from = range.from();
+        let to = head.min(from.saturating_add(settings.max_blocks_per_scan.max(1)) - 1);
+        if from <= to {
+            let fetched: Vec<(Block, Vec<TransactionInfo>)> = futures_util::stream::iter(from..=to)
+                .map(|height| read_block(&client, height))
+                .buffered(BLOCKS_IN_FLIGHT)
+                .try_collect()
+                .await?;
+            for (block, infos) in fetched {
+                let raw = &block.block_header.raw_data;
+                let height = raw.number;
+                range.push_block(
+                    height,
+                    block.block_id.clone(),
+                    &raw.parent_hash,
+                    raw.timestamp,
+                )?;
+                for transfer in transfers(settings, &block, &infos, &watched)? {
+                    range.push_transfer(transfer, height)?;
+                }
+            }
+        }
+        let solidified = match settings.finality {
+            TronFinality::Depth => None,
+            TronFinality::Solidified => {
+                Some(client.now_block(true).await?.block_header.raw_data.number)
+            }
+        };
+        Ok(range.into_batch(view, head, |height, tip| {
+            blocks::confirmations(height, tip, solidified, view.settle_depth)
+        }))
+    }
+
+    fn reset(&mut self) {
+        self.client = None;
+    }
+}
+
+/// A block and, when it holds contract calls, its transaction infos.
+async fn read_block(
+    client: &TronClient,
+    height: u64,
+) -> Result<(Block, Vec<TransactionInfo>), ScanError> {
+    let block = client
+        .block(height)
+        .await?
+        .ok_or_else(|| ScanError::Transient(format!("block {height} is not served yet")))?;
+    let calls_contracts = block.transactions.iter().any(|tx| {
+        tx.raw_data
+            .contract
+            .iter()
+            .any(|c| c.kind == "TriggerSmartContract" || c.kind == "CreateSmartContract")
+    });
+    let infos = if calls_contracts {
+        client.transaction_infos(height).await?
+    } else {
+        Vec::new()
+    };
+    Ok((block, infos))
+}
+
+/// The transfers to watched addresses one block carries.
+fn transfers(
+    settings: &TronSettings,
+    block: &Block,
+    infos: &[TransactionInfo],
+    watched: &HashMap<TronAddress, &str>,
+) -> Result<Vec<Transfer>, ScanError> {
+    let height = block.block_header.raw_data.number;
+    let transfer = |txid: &str, position: u32, key: &str, asset, amount| Transfer {
+        id: TransferId {
+            network: Network::Tron,
+            txid: txid.to_owned(),
+            position,
+        },
+        to_address: key.to_owned(),
+        asset,
+        amount,
+    };
+    let mut found = Vec::new();
+    let mut succeeded_in_block = HashSet::new();
+    for tx in &block.transactions {
+        if !tx.succeeded() {
+            continue;
+        }
+        succeeded_in_block.insert(tx.tx_id.as_str());
+        for contract in &tx.raw_data.contract {
+            let trc10 = match contract.kind.as_str() {
+                "TransferContract" => false,
+                "TransferAssetContract" => true,
+                _ => continue,
+            };
+            let value: TransferValue = serde_json::from_value(contract.parameter.value.clone())
+                .map_err(|e| {
+                    ScanError::Fatal(format!(
+                        "block {height}: transaction {} has a malformed {}: {e}",
+                        tx.tx_id, contract.kind
+                    ))
+                })?;
+            let to = TronAddress::from_hex(&value.to_address).map_err(|e| {
+                ScanError::Fatal(format!(
+                    "block {height}: transaction {} pays {:?}: {e}",
+                    tx.tx_id, value.to_address
+                ))
+            })?;
+            let Some(key) = watched.get(&to) else {
+                continue;
+            };
+            let asset = if trc10 {
+                ReceivedAsset::OtherToken {
+                    contract: format!("trc10:{}", value.asset_name.unwrap_or_default()),
+                }
+            } else {
+                ReceivedAsset::Method {
+                    method: Method::Trx,
+                }
+            };
+            found.push(transfer(
+                &tx.tx_id,
+                0,
+                key,
+                asset,
+                Amount::from_base_units(u128::from(value.amount)),
+            ));
+        }
+    }
+    for info in infos {
+        if info.block_number != height {
+            return Err(ScanError::Transient(format!(
+                "the transaction infos of block {height} include one of block {}",
+                info.block_number
+            )));
+        }
+        if !info.succeeded() || !succeeded_in_block.contains(info.id.as_str()) {
+            continue;
+        }
+        for (index, log) in info.log.iter().enumerate() {
+            let Some((to, value)) = trc20_transfer(log.topics.as_slice(), &log.data) else {
+                continue;
+            };
+            let Some(key) = watched.get(&to) else {
+                continue;
+            };
+            let contract = TronAddress::from_hex(&format!("41{}", log.address)).map_err(|e| {
+                ScanError::Fatal(format!(
+                    "block {height}: a log of {} names contract {:?}: {e}",
+                    info.id, log.address
+                ))
+            })?;
+            let (asset, amount) = if contract == settings.usdt_contract {
+                let amount = value.ok_or_else(|| {
+                    ScanError::Fatal(format!(
+                        "block {height}: the USDT value of {} exceeds what payrecon accounts",
+                        info.id
+                    ))
+                })?;
+                (
+                    ReceivedAsset::Method {
+                        method: Method::UsdtTrc20,
+                    },
+                    amount,
+                )
+            } else {
+                // A fake token may claim any amount; it is never credited anyway.
+                (
+                    ReceivedAsset::OtherToken {
+                        contract: contract.to_string(),
+                    },
+                    value.unwrap_or(u128::MAX),
+                )
+            };
+            let position = u32::try_from(index + 1).map_err(|_| {
+                ScanError::Fatal(format!("block {height}: too many logs in {}", info.id))
+            })?;
+            found.push(transfer(
+                &info.id,
+                position,
+                key,
+                asset,
+                Amount::from_base_units(amount),
+            ));
+        }
+    }
+    Ok(found)
+}
+
+/// The recipient and value of a TRC-20 `Transfer` log (the value `None` when it exceeds
+/// `u128`), or `None` for any other log (TRC-721 transfers have four topics and no data).
+fn trc20_transfer(topics: &[String], data: &str) -> Option<(TronAddress, Option<u128>)> {
+    let [topic, _from, to] = topics else {
+        return None;
+    };
+    if !topic.eq_ignore_ascii_case(TRANSFER_TOPIC) || to.len() != 64 || data.len() != 64 {
+        return None;
+    }
+    if !to.is_ascii() || !to[..24].bytes().all(|b| b == b'0') {
+        return None;
+    }
+    let to = TronAddress::from_hex(&format!("41{}", &to[24..])).ok()?;
+    if !data.is_ascii() {
+        return None;
+    }
+    let high = u128::from_str_radix(&data[..32], 16).ok()?;
+    let low = u128::from_str_radix(&data[32..], 16).ok()?;
+    Some((to, (high == 0).then_some(low)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_recorded_usdt_log_decodes_to_its_recipient_and_value() {
+        let topics = [
+            TRANSFER_TOPIC.to_owned(),
+            "0000000000000000000000002b41b215051fabb8fa7a82348e6802cf43b9e319".to_owned(),
+            "000000000000000000000000e54f448d91153818a4573d6c151171ce8e607bbe".to_owned(),
+        ];
+        let (to, value) = trc20_transfer(
+            &topics,
+            "0000000000000000000000000000000000000000000000000000000004b571c0",
+        )
+        .unwrap();
+        assert_eq!(to.to_string(), "TWsghcMkFXe1hnwZAWVQ9fUrZBtYv2aGJ8");
+        assert_eq!(value, Some(79_000_000));
+        assert!(trc20_transfer(&topics[..2], "00").is_none());
+        let mut dirty = topics.clone();
+        dirty[2] = format!("ff{}", &topics[2][2..]);
+        assert!(
+            trc20_transfer(&dirty, &"0".repeat(64)).is_none(),
+            "not an address word"
+        );
+        let huge = format!("{}{}", "1".repeat(32), "0".repeat(32));
+        assert_eq!(trc20_transfer(&topics, &huge).unwrap().1, None);
+    }
+}

@@ -1,0 +1,229 @@
+//! The Tron watcher against a local full node serving blocks and transaction infos built from
+//! recorded java-tron responses (`fixtures/tron/`), on SQLite and PostgreSQL: TRX and USDT
+//! payments of every shape, a reverted transfer, a fake token, a block served twice or out of
+//! order, a node that fails, rate-limits and cuts answers short, a malformed answer, a reorg,
+//! and solidified finality.
+
+mod common;
+
+use chrono::Duration;
+use common::checks::{cents, kinds, ledger_summary, order, sound, status, wait_status};
+use common::regtest::eventually;
+use common::tron::{
+    FAKE_USDT, USDT, fresh_tron_xpub, tron_config, tron_engine, wait_synced, watch_tron,
+};
+use common::{TestDb, topup};
+use payrecon::clock::Clock;
+use payrecon::config::TronFinality;
+use payrecon::intent::IntentStatus;
+use payrecon::watcher::WatcherState;
+use payrecon_chain_core::Method;
+use payrecon_chain_tron::testkit::{FakeTron, Fault, reverted_trc20, trc20, trx};
+
+/// 400 TRX, what a 100 USD top-up costs at 0.25 USD per TRX.
+const TOPUP_SUN: u64 = 400_000_000;
+
+/// 100 USDT.
+const TOPUP_USDT: u128 = 100_000_000;
+
+on_both_databases! {
+    async fn trx_exact_and_under_usdt_exact_over_and_late(db) {
+        let node = FakeTron::start(100).await;
+        let tron = tron_config(&node, &fresh_tron_xpub(), 2, TronFinality::Depth);
+        let (engine, clock) = tron_engine(&db, &tron).await;
+        let mut pays = Vec::new();
+        for (i, (reference, method)) in [("TRXEXACT", Method::Trx), ("TRXUNDER", Method::Trx), ("USDTEXACT", Method::UsdtTrc20), ("USDTOVER", Method::UsdtTrc20), ("USDTLATE", Method::UsdtTrc20)].iter().enumerate() {
+            engine.create_topup(&topup(reference, &format!("1{i}"), "100")).await.unwrap();
+            pays.push(engine.create_payment(&order(reference), *method).await.unwrap());
+        }
+        assert_eq!((pays[0].amount_decimal.as_str(), pays[2].amount_decimal.as_str()), ("400", "100"));
+        assert!(pays[0].intent.pay_to.starts_with('T'));
+        let watcher = watch_tron(&engine, &tron, node.head() + 1);
+        node.mine(&[
+            trx(&pays[0].intent.pay_to, TOPUP_SUN),
+            trx(&pays[1].intent.pay_to, TOPUP_SUN * 4 / 5),
+            trc20(USDT, &pays[2].intent.pay_to, TOPUP_USDT),
+            trc20(USDT, &pays[3].intent.pay_to, TOPUP_USDT * 6 / 5),
+        ]);
+        wait_synced(&engine, &node).await;
+        assert_eq!(status(&engine, &pays[0].intent.id).await, IntentStatus::Seen, "one confirmation of two");
+        node.mine_empty(1);
+        for settled in [0, 2, 3] {
+            wait_status(&engine, &pays[settled].intent.id, IntentStatus::Settled).await;
+        }
+        wait_status(&engine, &pays[1].intent.id, IntentStatus::Confirmed).await;
+        assert_eq!(kinds(&engine, "USDTOVER").await, ["overpaid"]);
+        assert_eq!([cents(&engine, "10").await, cents(&engine, "11").await, cents(&engine, "12").await, cents(&engine, "13").await], [10_000, 0, 10_000, 10_000]);
+
+        // An hour passes for the shop and for the chain.
+        clock.advance(Duration::minutes(61));
+        engine.tick().await.unwrap();
+        assert_eq!(status(&engine, &pays[1].intent.id).await, IntentStatus::Underpaid);
+        assert_eq!(status(&engine, &pays[4].intent.id).await, IntentStatus::Expired);
+        node.set_clock_ms(clock.now().timestamp_millis());
+        node.mine(&[trc20(USDT, &pays[4].intent.pay_to, TOPUP_USDT)]);
+        node.mine_empty(1);
+        wait_status(&engine, &pays[4].intent.id, IntentStatus::PaidLate).await;
+        assert_eq!(kinds(&engine, "USDTLATE").await, ["paid_late"]);
+        assert_eq!(cents(&engine, "14").await, 0, "late money is held");
+        assert!(node.api_keys().iter().all(|k| k == "test-key") && !node.api_keys().is_empty(), "the API key goes with every request");
+        watcher.stop().await.unwrap();
+        sound(&engine).await;
+    }
+
+    async fn a_reverted_transfer_is_nothing_and_a_fake_token_or_trx_is_the_wrong_asset(db) {
+        let node = FakeTron::start(10).await;
+        let tron = tron_config(&node, &fresh_tron_xpub(), 1, TronFinality::Depth);
+        let (engine, _clock) = tron_engine(&db, &tron).await;
+        let mut pays = Vec::new();
+        for (i, reference) in ["REVERTED", "FAKE", "TRXTOUSDT"].iter().enumerate() {
+            engine.create_topup(&topup(reference, &format!("2{i}"), "100")).await.unwrap();
+            pays.push(engine.create_payment(&order(reference), Method::UsdtTrc20).await.unwrap());
+        }
+        let watcher = watch_tron(&engine, &tron, node.head() + 1);
+        node.mine(&[
+            reverted_trc20(USDT, &pays[0].intent.pay_to, TOPUP_USDT),
+            trc20(FAKE_USDT, &pays[1].intent.pay_to, TOPUP_USDT),
+            trx(&pays[2].intent.pay_to, TOPUP_SUN),
+        ]);
+        node.mine_empty(1);
+        wait_synced(&engine, &node).await;
+        for reference in ["FAKE", "TRXTOUSDT"] {
+            eventually("a wrong_asset exception", || async { kinds(&engine, reference).await == ["wrong_asset"] }).await;
+        }
+        assert!(engine.transfers_for(&order("REVERTED")).await.unwrap().is_empty(), "a reverted transfer is nothing");
+        for (i, pay) in pays.iter().enumerate() {
+            assert_eq!(status(&engine, &pay.intent.id).await, IntentStatus::AwaitingPayment);
+            assert_eq!(cents(&engine, &format!("2{i}")).await, 0);
+        }
+        watcher.stop().await.unwrap();
+        sound(&engine).await;
+    }
+
+    async fn a_block_served_twice_or_out_of_order_is_counted_once(db) {
+        let node = FakeTron::start(10).await;
+        let tron = tron_config(&node, &fresh_tron_xpub(), 1, TronFinality::Depth);
+        let (engine, _clock) = tron_engine(&db, &tron).await;
+        engine.create_topup(&topup("ONCE", "30", "100")).await.unwrap();
+        let pay = engine.create_payment(&order("ONCE"), Method::UsdtTrc20).await.unwrap();
+        let start = node.head() + 1;
+        node.mine(&[trc20(USDT, &pay.intent.pay_to, TOPUP_USDT / 2)]);
+        node.mine(&[trc20(USDT, &pay.intent.pay_to, TOPUP_USDT / 2)]);
+        node.mine_empty(2);
+        node.inject("/wallet/getblockbynum", [Fault::PreviousBlock, Fault::PreviousBlock, Fault::PreviousBlock]);
+        let watcher = watch_tron(&engine, &tron, start);
+        wait_status(&engine, &pay.intent.id, IntentStatus::Settled).await;
+        wait_synced(&engine, &node).await;
+        assert_eq!(engine.transfers_for(&order("ONCE")).await.unwrap().len(), 2);
+        assert_eq!(cents(&engine, "30").await, 10_000, "credited once");
+        assert!(kinds(&engine, "ONCE").await.is_empty());
+        watcher.stop().await.unwrap();
+        sound(&engine).await;
+    }
+
+    async fn a_failing_rate_limiting_and_truncating_node_ends_with_the_same_ledger(db) {
+        let xpub = fresh_tron_xpub();
+        let clean = FakeTron::start(20).await;
+        let faulty = FakeTron::start(20).await;
+        let clean_config = tron_config(&clean, &xpub, 2, TronFinality::Depth);
+        let faulty_config = tron_config(&faulty, &xpub, 2, TronFinality::Depth);
+        let steady_db = TestDb::new(db.db).await;
+        let (steady, _) = tron_engine(&steady_db, &clean_config).await;
+        let (suffering, _) = tron_engine(&db, &faulty_config).await;
+        let orders = ["F1", "F2", "F3"];
+        let mut addresses = Vec::new();
+        for (i, reference) in orders.iter().enumerate() {
+            let method = if i == 1 { Method::Trx } else { Method::UsdtTrc20 };
+            for engine in [&steady, &suffering] {
+                engine.create_topup(&topup(reference, &format!("4{i}"), "100")).await.unwrap();
+            }
+            let a = steady.create_payment(&order(reference), method).await.unwrap();
+            let b = suffering.create_payment(&order(reference), method).await.unwrap();
+            assert_eq!(a.intent.pay_to, b.intent.pay_to);
+            addresses.push(a.intent.pay_to);
+        }
+        let start = clean.head() + 1;
+        let rate_limited = serde_json::json!({"Error": "The key exceeds the frequency limit(15), and the query server is suspended for 27 s"}).to_string();
+        faulty.inject("/wallet/getnowblock", [Fault::Status(503, "Service Unavailable".into()), Fault::Status(429, rate_limited.clone())]);
+        faulty.inject("/wallet/getblockbynum", [Fault::Status(503, String::new()), Fault::Status(429, rate_limited), Fault::Truncated, Fault::Truncated]);
+        faulty.inject("/wallet/gettransactioninfobyblocknum", [Fault::Truncated, Fault::Status(502, String::new())]);
+        let uninterrupted = watch_tron(&steady, &clean_config, start);
+        let suffering_watcher = watch_tron(&suffering, &faulty_config, start);
+        for node in [&clean, &faulty] {
+            node.mine(&[trc20(USDT, &addresses[0], TOPUP_USDT), trx(&addresses[1], TOPUP_SUN / 2)]);
+            node.mine(&[trx(&addresses[1], TOPUP_SUN / 2), trc20(USDT, &addresses[2], TOPUP_USDT * 2)]);
+            node.mine_empty(2);
+        }
+        for (engine, node) in [(&steady, &clean), (&suffering, &faulty)] {
+            wait_synced(engine, node).await;
+            for reference in orders {
+                let id = engine.payments_for(&order(reference)).await.unwrap()[0].intent.id.clone();
+                wait_status(engine, &id, IntentStatus::Settled).await;
+            }
+        }
+        assert_eq!(faulty.pending_faults(), 0, "every fault was met, and retried");
+        assert_eq!(suffering_watcher.status.borrow().state, WatcherState::Running);
+        uninterrupted.stop().await.unwrap();
+        suffering_watcher.stop().await.unwrap();
+        assert_eq!(ledger_summary(&suffering, &orders).await, ledger_summary(&steady, &orders).await);
+    }
+
+    async fn a_malformed_answer_stops_the_watcher_with_a_clear_error_and_skips_nothing(db) {
+        let node = FakeTron::start(10).await;
+        let tron = tron_config(&node, &fresh_tron_xpub(), 1, TronFinality::Depth);
+        let (engine, _clock) = tron_engine(&db, &tron).await;
+        engine.create_topup(&topup("MALFORMED", "50", "100")).await.unwrap();
+        let pay = engine.create_payment(&order("MALFORMED"), Method::Trx).await.unwrap();
+        let start = node.head() + 1;
+        node.mine(&[trx(&pay.intent.pay_to, TOPUP_SUN)]);
+        node.inject("/wallet/getblockbynum", [Fault::Malformed]);
+        let watcher = watch_tron(&engine, &tron, start);
+        let error = watcher.task.await.unwrap().unwrap_err().to_string();
+        assert!(error.contains("/wallet/getblockbynum answered a malformed body"), "{error}");
+        assert!(engine.transfers_for(&order("MALFORMED")).await.unwrap().is_empty());
+        let cursor = engine.watcher_cursor(payrecon_chain_core::Network::Tron).await.unwrap();
+        assert!(cursor.is_none_or(|c| c.tip.height < start), "no block was passed over");
+
+        // Once the node answers properly again, a new watcher picks up where it stopped.
+        let watcher = watch_tron(&engine, &tron, start);
+        wait_status(&engine, &pay.intent.id, IntentStatus::Settled).await;
+        watcher.stop().await.unwrap();
+        sound(&engine).await;
+    }
+
+    async fn a_reorg_takes_back_a_credit_and_solidified_finality_waits_for_the_solid_head(db) {
+        let node = FakeTron::start(30).await;
+        node.set_solid_lag(5);
+        let tron = tron_config(&node, &fresh_tron_xpub(), 2, TronFinality::Solidified);
+        let (engine, _clock) = tron_engine(&db, &tron).await;
+        engine.create_topup(&topup("SOLID", "60", "100")).await.unwrap();
+        engine.create_topup(&topup("REORGED", "61", "100")).await.unwrap();
+        let solid = engine.create_payment(&order("SOLID"), Method::UsdtTrc20).await.unwrap();
+        let reorged = engine.create_payment(&order("REORGED"), Method::Trx).await.unwrap();
+        let watcher = watch_tron(&engine, &tron, node.head() + 1);
+        node.mine(&[trc20(USDT, &solid.intent.pay_to, TOPUP_USDT)]);
+        // Four blocks deep, twice the confirmations asked, yet above the solidified head.
+        node.mine_empty(3);
+        wait_synced(&engine, &node).await;
+        assert_eq!(status(&engine, &solid.intent.id).await, IntentStatus::Seen);
+        // The solidified head (five below the head) reaches its block.
+        node.mine_empty(2);
+        wait_status(&engine, &solid.intent.id, IntentStatus::Settled).await;
+        assert_eq!(cents(&engine, "60").await, 10_000);
+
+        node.set_solid_lag(0);
+        node.mine(&[trx(&reorged.intent.pay_to, TOPUP_SUN)]);
+        node.mine_empty(1);
+        wait_status(&engine, &reorged.intent.id, IntentStatus::Settled).await;
+        assert_eq!(cents(&engine, "61").await, 10_000);
+        // The last two blocks are replaced by empty ones.
+        node.reorg(2);
+        node.mine_empty(1);
+        wait_status(&engine, &reorged.intent.id, IntentStatus::ReorgedAfterCredit).await;
+        wait_synced(&engine, &node).await;
+        assert_eq!(kinds(&engine, "REORGED").await, ["reorged_after_credit"]);
+        assert_eq!((cents(&engine, "60").await, cents(&engine, "61").await), (10_000, 0));
+        watcher.stop().await.unwrap();
+        sound(&engine).await;
+    }
+}
