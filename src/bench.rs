@@ -86,6 +86,16 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 200)]
         transfers_per_block: usize,
     },
+    /// The Solana scanner over the built-in fake RPC node: one scan that checks every open
+    /// reference (`getSignaturesForAddress` each) and verifies the payments found.
+    Solana {
+        /// Open intents (references).
+        #[arg(long, default_value_t = 10_000)]
+        references: usize,
+        /// Of which this many have been paid.
+        #[arg(long, default_value_t = 1_000)]
+        paid: usize,
+    },
     /// The Litecoin watcher over a real Electrum server: addresses followed from a cold start
     /// (a restart's full resync) and a steady scan, for fresh intents below a random key.
     Electrum {
@@ -178,6 +188,20 @@ pub async fn run(command: BenchCommand, _config: &Config, json: bool) -> anyhow:
                 json,
                 None,
                 "tron scanner against the built-in fake full node".into(),
+                &lines,
+                ITEMS,
+            )
+        }
+        BenchCommand::Solana { references, paid } => {
+            anyhow::ensure!(
+                references > 0 && paid <= references,
+                "--references must be positive and --paid at most --references"
+            );
+            let lines = solana(references, paid).await?;
+            report(
+                json,
+                None,
+                "solana scanner against the built-in fake RPC node".into(),
                 &lines,
                 ITEMS,
             )
@@ -759,6 +783,38 @@ async fn tron(
         &batch,
         elapsed,
     ))
+}
+
+async fn solana(references: usize, paid: usize) -> anyhow::Result<Vec<BenchLine>> {
+    use payrecon_chain_core::{ChainScanner, WatchView};
+    use payrecon_chain_solana::testkit::{FakeSolana, random_pubkey};
+    use payrecon_chain_solana::{SolanaScanner, SolanaSettings};
+    let node = FakeSolana::start().await;
+    let recipient = random_pubkey();
+    let now = chrono::Utc::now().timestamp();
+    let watched: Vec<String> = (0..references).map(|_| random_pubkey()).collect();
+    for reference in watched.iter().take(paid) {
+        node.pay(&recipient, 1_000_000, Some(reference), now, false);
+    }
+    node.finalize_all();
+    let mut settings = SolanaSettings::new(node.url.clone(), recipient.parse()?);
+    settings.references_per_scan = references;
+    let mut scanner = SolanaScanner::new(settings);
+    let view = WatchView {
+        watch_keys: watched,
+        known: Vec::new(),
+        cursor: None,
+        now_ms: chrono::Utc::now().timestamp_millis(),
+        settle_depth: 1,
+    };
+    let started = Instant::now();
+    let batch = scanner.scan(&view).await?;
+    let elapsed = started.elapsed();
+    anyhow::ensure!(batch.events.len() == paid, "every payment found once");
+    Ok(vec![
+        line("references checked", references, elapsed),
+        line("payments verified", batch.events.len(), elapsed),
+    ])
 }
 
 /// The figures of one timed scan of `blocks` blocks carrying `per_block` transfers each.

@@ -270,6 +270,19 @@ pub struct SolanaConfig {
     /// More confirmations for larger payments.
     #[serde(default)]
     pub confirmation_tiers: Vec<ConfirmationTier>,
+    /// The JSON-RPC endpoint `payrecon serve` watches through; without it no watcher runs.
+    #[serde(default)]
+    pub rpc_url: Option<String>,
+    /// Open references swept per scan for payments that carry one but pay someone else.
+    #[serde(default = "references_per_scan")]
+    pub references_per_scan: usize,
+    /// Pause between scans, in milliseconds.
+    #[serde(default = "poll_interval_ms")]
+    pub poll_interval_ms: u32,
+}
+
+fn references_per_scan() -> usize {
+    100
 }
 
 fn mainnet() -> String {

@@ -7,12 +7,13 @@ use alloy_primitives::Address;
 use payrecon_chain_bitcoin::{ElectrumScanner, ElectrumSettings, UtxoChain};
 use payrecon_chain_core::{ChainScanner, DeriveError, Network};
 use payrecon_chain_ethereum::{EthereumScanner, EthereumSettings, Finality};
+use payrecon_chain_solana::{SolanaScanner, SolanaSettings};
 use payrecon_chain_tron::{TronAddress, TronScanner, TronSettings};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::config::{
-    Config, EthereumConfig, EthereumFinality, TronConfig, TronFinality, UtxoConfig,
+    Config, EthereumConfig, EthereumFinality, SolanaConfig, TronConfig, TronFinality, UtxoConfig,
 };
 use crate::engine::Engine;
 use crate::error::Error;
@@ -87,6 +88,20 @@ pub fn tron_settings(config: &TronConfig) -> Result<Option<TronSettings>, Error>
     Ok(Some(settings))
 }
 
+/// The Solana scanner settings, if an RPC endpoint is configured.
+pub fn solana_settings(config: &SolanaConfig) -> Result<Option<SolanaSettings>, Error> {
+    let Some(url) = &config.rpc_url else {
+        return Ok(None);
+    };
+    let recipient = config
+        .recipient
+        .parse()
+        .map_err(|e| Error::Config(format!("networks.solana.recipient: {e}")))?;
+    let mut settings = SolanaSettings::new(url.clone(), recipient);
+    settings.references_per_scan = config.references_per_scan;
+    Ok(Some(settings))
+}
+
 /// The watcher options of a network polled every `poll_interval_ms`.
 fn options(poll_interval_ms: u32) -> WatcherOptions {
     WatcherOptions {
@@ -152,6 +167,22 @@ pub async fn serve(
                 );
             }
             None => tracing::info!("no networks.tron.api_url: not watching tron"),
+        }
+    }
+    if let Some(solana) = &config.networks.solana {
+        match solana_settings(solana)? {
+            Some(settings) => {
+                tracing::info!(url = %settings.url, "starting the solana watcher");
+                let scanner = SolanaScanner::new(settings);
+                spawn_watcher(
+                    &mut tasks,
+                    &engine,
+                    scanner,
+                    solana.poll_interval_ms,
+                    &shutdown,
+                );
+            }
+            None => tracing::info!("no networks.solana.rpc_url: not watching solana"),
         }
     }
     tasks.spawn(tick_until(engine, shutdown));

@@ -187,3 +187,20 @@ fn the_tron_benchmark_scans_its_blocks() {
         "one in ten of 20 per kind per block"
     );
 }
+
+/// The Solana scanner benchmark runs on its built-in node and finds every paid reference once.
+#[test]
+fn the_solana_benchmark_checks_its_references() {
+    let report = json(
+        "sqlite::memory:",
+        &["bench", "solana", "--references", "200", "--paid", "20"],
+    );
+    let results = report["results"].as_array().unwrap();
+    assert_eq!(
+        (
+            results[0]["entries"].as_u64(),
+            results[1]["entries"].as_u64()
+        ),
+        (Some(200), Some(20))
+    );
+}

@@ -10,6 +10,7 @@ use common::checks::{ledger_summary, order, status};
 use common::regtest::{
     Chain, eventually, fresh_account_xpub, litecoin, ltc_engine, watch, watch_litecoin,
 };
+use common::serve::ServeConfig;
 use common::{TestDb, topup};
 use payrecon::intent::IntentStatus;
 use payrecon::watcher::WatcherState;
@@ -334,79 +335,24 @@ async fn a_server_of_another_chain_stops_the_watcher_with_a_clear_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn payrecon_serve_watches_and_credits_a_top_up() {
     let chain = Chain::lock().await;
-    let dir = tempfile::tempdir().unwrap();
-    let quotes = dir.path().join("quotes.json");
-    std::fs::write(&quotes, r#"{"quotes":{"LTC":"100"}}"#).unwrap();
-    let config = dir.path().join("payrecon.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "database_url = \"sqlite://{db}\"\n[payments]\nenabled_methods = [\"ltc\"]\n\
-             [rates]\nsources = [\"recorded\"]\nrecorded_quotes_file = \"{quotes}\"\n\
-             [networks.litecoin]\nxpub = \"{xpub}\"\nnetwork = \"regtest\"\nconfirmations = 1\n\
+    let config = ServeConfig::new(
+        &["ltc"],
+        r#"{"LTC":"100"}"#,
+        &format!(
+            "[networks.litecoin]\nxpub = \"{xpub}\"\nnetwork = \"regtest\"\nconfirmations = 1\n\
              electrum_url = \"{url}\"\npoll_interval_ms = 100\n",
-            db = dir.path().join("serve.db").display(),
-            quotes = quotes.display(),
             xpub = fresh_account_xpub(),
             url = chain.electrum_url,
         ),
-    )
-    .unwrap();
-    let cli = |args: &[&str]| {
-        let output = std::process::Command::new(env!("CARGO_BIN_EXE_payrecon"))
-            .arg("--config")
-            .arg(&config)
-            .arg("--json")
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            output.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        serde_json::from_slice::<serde_json::Value>(&output.stdout).unwrap()
-    };
-    cli(&[
-        "topup",
-        "create",
-        "--reference",
-        "T1",
-        "--account",
-        "42",
-        "--amount-usd",
-        "100",
-    ]);
-    let pay = cli(&["pay", "create", "--order", "T1", "--method", "ltc"]);
-    let (intent, address) = (
-        pay["id"].as_str().unwrap().to_owned(),
-        pay["pay_to"].as_str().unwrap().to_owned(),
     );
-
-    let serve = std::process::Command::new(env!("CARGO_BIN_EXE_payrecon"))
-        .arg("--config")
-        .arg(&config)
-        .arg("serve")
-        .spawn()
-        .unwrap();
+    let (intent, address) = config.topup_and_pay("ltc");
+    let serving = config.serve();
     chain.send(&address, "1").await;
     chain.mine(1).await;
     eventually("serve to credit the top-up", || async {
-        cli(&["pay", "show", &intent])["status"] == "settled"
+        config.cli(&["pay", "show", &intent])["status"] == "settled"
     })
     .await;
-    assert_eq!(cli(&["balance", "42"])["available_usd"], "100.00");
-
-    let stopped = std::process::Command::new("kill")
-        .args(["-TERM", &serve.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(stopped.success());
-    let exit = tokio::task::spawn_blocking(move || {
-        let mut serve = serve;
-        serve.wait().unwrap()
-    })
-    .await
-    .unwrap();
-    assert!(exit.success(), "serve exits cleanly on SIGTERM: {exit:?}");
+    assert_eq!(config.cli(&["balance", "42"])["available_usd"], "100.00");
+    serving.stop().await;
 }

@@ -9,6 +9,7 @@ mod common;
 use chrono::Duration;
 use common::checks::{cents, kinds, ledger_summary, order, sound, status, wait_status};
 use common::regtest::eventually;
+use common::serve::ServeConfig;
 use common::tron::{
     FAKE_USDT, USDT, fresh_tron_xpub, tron_config, tron_engine, wait_synced, watch_tron,
 };
@@ -226,4 +227,36 @@ on_both_databases! {
         watcher.stop().await.unwrap();
         sound(&engine).await;
     }
+}
+
+/// `payrecon serve` with `[networks.tron] api_url` set watches Tron and credits a top-up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payrecon_serve_watches_tron_and_credits_a_top_up() {
+    let node = FakeTron::start(50).await;
+    let config = ServeConfig::new(
+        &["usdt-trc20"],
+        r#"{"USDT":"1"}"#,
+        &format!(
+            "[networks.tron]\nxpub = \"{xpub}\"\nconfirmations = 2\napi_url = \"{url}\"\n\
+             api_key = \"serve-key\"\npoll_interval_ms = 100\n",
+            xpub = fresh_tron_xpub(),
+            url = node.url,
+        ),
+    );
+    let (intent, address) = config.topup_and_pay("usdt-trc20");
+    let serving = config.serve();
+    // The very first start begins at the head: wait until serve has looked at it.
+    eventually("serve to reach the node", || async {
+        !node.api_keys().is_empty()
+    })
+    .await;
+    node.mine(&[trc20(USDT, &address, TOPUP_USDT)]);
+    node.mine_empty(1);
+    eventually("serve to credit the top-up", || async {
+        config.cli(&["pay", "show", &intent])["status"] == "settled"
+    })
+    .await;
+    assert_eq!(config.cli(&["balance", "42"])["available_usd"], "100.00");
+    assert!(node.api_keys().iter().all(|k| k == "serve-key"));
+    serving.stop().await;
 }

@@ -11,6 +11,8 @@ pub mod checks;
 pub mod payments;
 pub mod regtest;
 pub mod replay;
+pub mod serve;
+pub mod solana;
 pub mod tron;
 
 use payrecon::Engine;

@@ -1,7 +1,14 @@
 //! Solana: SOL with Solana Pay transfer requests. One merchant recipient, a fresh random
-//! reference key per intent, and (later) the RPC watcher that finds payments by reference.
+//! reference key per intent, and the RPC watcher that finds payments to the recipient and
+//! tells them apart by reference.
 
 use std::str::FromStr;
+
+#[cfg(feature = "testkit")]
+pub mod testkit;
+mod watch;
+
+pub use watch::{SolanaScanner, SolanaSettings};
 
 use payrecon_chain_core::{AddressDeriver, DeriveError, DerivedAddress, Network};
 use solana_pubkey::Pubkey;

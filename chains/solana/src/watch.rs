@@ -1,0 +1,448 @@
+//! The Solana scanner: SOL paid to the merchant's recipient under Solana Pay reference keys,
+//! over the Solana RPC client.
+//!
+//! Finding payments costs one paginated `getSignaturesForAddress` on the recipient per scan
+//! (everything that touched it since the newest signature seen), plus a bounded sweep of
+//! `getSignaturesForAddress` per reference, round-robin, for payments that carry a reference
+//! but pay someone else. Every new signature is verified with `getTransaction` (jsonParsed):
+//! no error, the recipient's balance rose, by how much (the amount credited is that delta,
+//! never what anyone claims), and which open reference it carries. Signatures seen at
+//! `confirmed` are followed with `getSignatureStatuses` (256 per call) until `finalized`, or
+//! reported removed when they vanish (a dropped fork).
+
+use std::collections::{HashMap, HashSet};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::{StreamExt as _, TryStreamExt as _};
+use payrecon_chain_core::{
+    Amount, BlockId, ChainCursor, ChainEvent, ChainScanner, KnownTransfer, Method, Network,
+    ReceivedAsset, ScanBatch, ScanError, Transfer, TransferId, WatchView,
+};
+use solana_commitment_config::CommitmentConfig;
+use solana_pubkey::Pubkey;
+use solana_rpc_client::nonblocking::rpc_client::RpcClient;
+use solana_rpc_client::rpc_client::GetConfirmedSignaturesForAddress2Config;
+use solana_rpc_client_api::client_error::{Error as ClientError, ErrorKind};
+use solana_rpc_client_api::config::RpcTransactionConfig;
+use solana_rpc_client_api::request::RpcRequest;
+use solana_rpc_client_api::response::RpcConfirmedTransactionStatusWithSignature;
+use solana_signature::Signature;
+use solana_transaction_status_client_types::{
+    EncodedConfirmedTransactionWithStatusMeta, EncodedTransaction, TransactionConfirmationStatus,
+    UiMessage, UiTransactionEncoding,
+};
+
+/// `getSignaturesForAddress` answers at most this many signatures per page.
+const SIGNATURES_PER_PAGE: usize = 1000;
+
+/// `getSignatureStatuses` takes at most this many signatures per call.
+const STATUSES_PER_CALL: usize = 256;
+
+/// Reference listings requested at once.
+const REQUESTS_IN_FLIGHT: usize = 8;
+
+/// After a restart the recipient is listed down to this many slots below the committed
+/// cursor (about a minute): anything older was handled before the restart, even if the
+/// cursor's own signature has since vanished with its fork.
+const RESUME_MARGIN_SLOTS: u64 = 150;
+
+/// Where and how to watch Solana.
+#[derive(Clone, Debug)]
+pub struct SolanaSettings {
+    /// The JSON-RPC endpoint.
+    pub url: String,
+    /// The merchant's recipient account every payment goes to.
+    pub recipient: Pubkey,
+    /// References swept per scan for payments to another recipient.
+    pub references_per_scan: usize,
+    /// Per-request timeout.
+    pub timeout: Duration,
+}
+
+impl SolanaSettings {
+    /// Settings for `url` paying `recipient`: 100 references swept per scan, 30 s per request.
+    pub fn new(url: impl Into<String>, recipient: Pubkey) -> SolanaSettings {
+        SolanaSettings {
+            url: url.into(),
+            recipient,
+            references_per_scan: 100,
+            timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Scans Solana through one RPC endpoint.
+pub struct SolanaScanner {
+    settings: SolanaSettings,
+    client: Option<Arc<RpcClient>>,
+    /// The newest signature listed per address (the recipient and each reference) this
+    /// session: the next listing stops there. A reset forgets them and lists afresh; what the
+    /// engine already knows is not reported twice.
+    newest: HashMap<Pubkey, Signature>,
+    /// Where the reference sweep continues.
+    sweep: usize,
+}
+
+impl SolanaScanner {
+    /// A scanner that connects on its first scan.
+    pub fn new(settings: SolanaSettings) -> SolanaScanner {
+        SolanaScanner {
+            settings,
+            client: None,
+            newest: HashMap::new(),
+            sweep: 0,
+        }
+    }
+
+    fn client(&mut self) -> Arc<RpcClient> {
+        self.client
+            .get_or_insert_with(|| {
+                Arc::new(RpcClient::new_with_timeout_and_commitment(
+                    self.settings.url.clone(),
+                    self.settings.timeout,
+                    CommitmentConfig::confirmed(),
+                ))
+            })
+            .clone()
+    }
+
+    /// Signatures of `address` newer than the last listing (and not in slots below
+    /// `oldest_slot`), newest first, page by page.
+    async fn new_signatures(
+        &self,
+        client: &RpcClient,
+        address: &Pubkey,
+        oldest_slot: Option<u64>,
+    ) -> Result<Vec<RpcConfirmedTransactionStatusWithSignature>, ScanError> {
+        let until = self.newest.get(address).copied();
+        let mut all = Vec::new();
+        let mut before = None;
+        loop {
+            let page = client
+                .get_signatures_for_address_with_config(
+                    address,
+                    GetConfirmedSignaturesForAddress2Config {
+                        before,
+                        until,
+                        limit: Some(SIGNATURES_PER_PAGE),
+                        commitment: Some(CommitmentConfig::confirmed()),
+                    },
+                )
+                .await
+                .map_err(|e| classify("getSignaturesForAddress", e))?;
+            let full = page.len() == SIGNATURES_PER_PAGE;
+            let reached_oldest = page
+                .last()
+                .is_some_and(|last| oldest_slot.is_some_and(|oldest| last.slot < oldest));
+            before = match page.last() {
+                Some(last) => Some(signature(&last.signature)?),
+                None => None,
+            };
+            all.extend(page);
+            if !full || reached_oldest {
+                return Ok(all);
+            }
+        }
+    }
+}
+
+impl ChainScanner for SolanaScanner {
+    fn network(&self) -> Network {
+        Network::Solana
+    }
+
+    async fn scan(&mut self, view: &WatchView) -> Result<ScanBatch, ScanError> {
+        let client = self.client();
+        let recipient = self.settings.recipient;
+        let mut references: HashMap<Pubkey, &str> = HashMap::with_capacity(view.watch_keys.len());
+        for key in &view.watch_keys {
+            let reference = Pubkey::from_str(key).map_err(|e| {
+                ScanError::Fatal(format!("watch key {key:?} is not a Solana public key: {e}"))
+            })?;
+            references.insert(reference, key);
+        }
+        let tip = client
+            .get_slot_with_commitment(CommitmentConfig::confirmed())
+            .await
+            .map_err(|e| classify("getSlot", e))?;
+
+        // After a restart the recipient's listing resumes at the committed cursor: its hash is
+        // the newest recipient signature handled, its height the slot of that scan.
+        let resumed = view.cursor.as_ref().and_then(|cursor| {
+            Signature::from_str(&cursor.tip.hash)
+                .ok()
+                .map(|newest| (newest, cursor.tip.height))
+        });
+        if let Some((newest, _)) = resumed {
+            self.newest.entry(recipient).or_insert(newest);
+        }
+        let oldest_slot = resumed.map(|(_, slot)| slot.saturating_sub(RESUME_MARGIN_SLOTS));
+
+        // What to look at: what touched the recipient, and a slice of the references.
+        let mut listed: Vec<(Pubkey, Vec<RpcConfirmedTransactionStatusWithSignature>)> = vec![(
+            recipient,
+            self.new_signatures(&client, &recipient, oldest_slot)
+                .await?,
+        )];
+        let mut swept: Vec<Pubkey> = references.keys().copied().collect();
+        swept.sort();
+        let budget = self.settings.references_per_scan.min(swept.len());
+        let due: Vec<Pubkey> = (0..budget)
+            .map(|i| swept[(self.sweep + i) % swept.len()])
+            .collect();
+        let this = &*self;
+        let swept_listings: Vec<_> = futures_util::stream::iter(due)
+            .map(|reference| {
+                let client = client.clone();
+                async move {
+                    let signatures = this.new_signatures(&client, &reference, None).await?;
+                    Ok::<_, ScanError>((reference, signatures))
+                }
+            })
+            .buffered(REQUESTS_IN_FLIGHT)
+            .try_collect()
+            .await?;
+        listed.extend(swept_listings);
+
+        let known: HashMap<&str, &KnownTransfer> = view
+            .known
+            .iter()
+            .map(|k| (k.transfer.id.txid.as_str(), k))
+            .collect();
+        let mut found: Vec<(Transfer, u32, Option<u64>, i64)> = Vec::new();
+        let mut looked_at: HashSet<String> = HashSet::new();
+        for (_, signatures) in &listed {
+            for status in signatures {
+                // A failed transaction moves no SOL to anyone: nothing to verify.
+                if status.err.is_some() || !looked_at.insert(status.signature.clone()) {
+                    continue;
+                }
+                let finalized = matches!(
+                    status.confirmation_status,
+                    Some(TransactionConfirmationStatus::Finalized)
+                );
+                // Already recorded: only its finality can move, followed below.
+                if known.contains_key(status.signature.as_str()) {
+                    continue;
+                }
+                let config = RpcTransactionConfig {
+                    encoding: Some(UiTransactionEncoding::JsonParsed),
+                    commitment: Some(CommitmentConfig::confirmed()),
+                    max_supported_transaction_version: Some(0),
+                };
+                let tx: Option<EncodedConfirmedTransactionWithStatusMeta> = client
+                    .send(
+                        RpcRequest::GetTransaction,
+                        serde_json::json!([status.signature, config]),
+                    )
+                    .await
+                    .map_err(|e| classify("getTransaction", e))?;
+                // Listed but not served yet by this node: ask again next scan.
+                let tx = tx.ok_or_else(|| {
+                    ScanError::Transient(format!(
+                        "getTransaction {} answered null",
+                        status.signature
+                    ))
+                })?;
+                if let Some(transfer) = verify(&status.signature, &tx, &recipient, &references)? {
+                    let (confirmations, block) = if finalized {
+                        (1, Some(tx.slot))
+                    } else {
+                        (0, None)
+                    };
+                    let seen = status
+                        .block_time
+                        .map_or(view.now_ms, |t| t.saturating_mul(1000).min(view.now_ms));
+                    found.push((transfer, confirmations, block, seen));
+                }
+            }
+        }
+
+        let mut events: Vec<ChainEvent> = found
+            .into_iter()
+            .map(
+                |(transfer, confirmations, block_height, seen_at_ms)| ChainEvent::Observed {
+                    transfer,
+                    confirmations,
+                    block_height,
+                    seen_at_ms,
+                    tip_height: tip,
+                },
+            )
+            .collect();
+
+        // Recorded but not final: finalized since, still confirmed, or gone with its fork.
+        let pending: Vec<&KnownTransfer> =
+            view.known.iter().filter(|k| k.confirmations == 0).collect();
+        for chunk in pending.chunks(STATUSES_PER_CALL) {
+            let signatures: Vec<Signature> = chunk
+                .iter()
+                .map(|k| signature(&k.transfer.id.txid))
+                .collect::<Result<_, _>>()?;
+            // With history: one finalized while the watcher was away is older than the node's
+            // recent-status cache, and must not look vanished.
+            let statuses = client
+                .get_signature_statuses_with_history(&signatures)
+                .await
+                .map_err(|e| classify("getSignatureStatuses", e))?
+                .value;
+            for (k, status) in chunk.iter().zip(statuses) {
+                match status {
+                    None => events.push(ChainEvent::Removed {
+                        id: k.transfer.id.clone(),
+                        tip_height: tip.max(k.tip_height),
+                    }),
+                    // `confirmations: null` is how older nodes say finalized.
+                    Some(status)
+                        if status.confirmations.is_none()
+                            || matches!(
+                                status.confirmation_status,
+                                Some(TransactionConfirmationStatus::Finalized)
+                            ) =>
+                    {
+                        events.push(ChainEvent::Observed {
+                            transfer: k.transfer.clone(),
+                            confirmations: 1,
+                            block_height: Some(status.slot),
+                            seen_at_ms: k.seen_at_ms,
+                            tip_height: tip.max(k.tip_height),
+                        });
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
+
+        // Everything listed is handled: the next listings stop at the newest signatures.
+        for (address, signatures) in &listed {
+            if let Some(newest) = signatures.first() {
+                self.newest.insert(*address, signature(&newest.signature)?);
+            }
+        }
+        if !swept.is_empty() {
+            self.sweep = (self.sweep + budget) % swept.len();
+        }
+        let hash = match self.newest.get(&recipient) {
+            Some(newest) => newest.to_string(),
+            None => format!("slot:{tip}"),
+        };
+        Ok(ScanBatch {
+            events,
+            cursor: ChainCursor {
+                tip: BlockId { height: tip, hash },
+                checkpoints: Vec::new(),
+            },
+            more: false,
+        })
+    }
+
+    fn reset(&mut self) {
+        self.client = None;
+        self.newest.clear();
+    }
+}
+
+/// What a transaction did for the merchant: SOL the recipient received under an open
+/// reference, SOL it received under none (an unmatched receipt), or a reference used to pay
+/// someone else (an exception, never a credit). `None` for anything else (the recipient paid
+/// out, or neither it nor a reference is involved).
+fn verify(
+    signature: &str,
+    tx: &EncodedConfirmedTransactionWithStatusMeta,
+    recipient: &Pubkey,
+    references: &HashMap<Pubkey, &str>,
+) -> Result<Option<Transfer>, ScanError> {
+    let malformed = |what: &str| ScanError::Fatal(format!("getTransaction {signature}: {what}"));
+    let Some(meta) = &tx.transaction.meta else {
+        return Err(malformed("no status meta"));
+    };
+    if meta.err.is_some() {
+        return Ok(None);
+    }
+    let keys: Vec<String> = match &tx.transaction.transaction {
+        EncodedTransaction::Json(ui) => match &ui.message {
+            UiMessage::Parsed(message) => message
+                .account_keys
+                .iter()
+                .map(|a| a.pubkey.clone())
+                .collect(),
+            UiMessage::Raw(message) => message.account_keys.clone(),
+        },
+        _ => return Err(malformed("not jsonParsed")),
+    };
+    if keys.len() != meta.pre_balances.len() || keys.len() != meta.post_balances.len() {
+        return Err(malformed("balances do not line up with the account keys"));
+    }
+    let delta = |index: usize| -> i128 {
+        i128::from(meta.post_balances[index]) - i128::from(meta.pre_balances[index])
+    };
+    let recipient_text = recipient.to_string();
+    let received = keys
+        .iter()
+        .position(|k| *k == recipient_text)
+        .map_or(0, delta);
+    let reference = keys.iter().find_map(|k| {
+        Pubkey::from_str(k)
+            .ok()
+            .and_then(|pk| references.get(&pk).map(|r| (*r).to_owned()))
+    });
+    let id = TransferId {
+        network: Network::Solana,
+        txid: signature.to_owned(),
+        position: 0,
+    };
+    let sol = |lamports: i128| Amount::from_base_units(u128::try_from(lamports).unwrap_or(0));
+    Ok(match (reference, received > 0) {
+        (Some(reference), true) => Some(Transfer {
+            id,
+            to_address: reference,
+            asset: ReceivedAsset::Method {
+                method: Method::Sol,
+            },
+            amount: sol(received),
+        }),
+        (None, true) => Some(Transfer {
+            id,
+            to_address: recipient_text,
+            asset: ReceivedAsset::Method {
+                method: Method::Sol,
+            },
+            amount: sol(received),
+        }),
+        (Some(reference), false) => {
+            // The largest balance increase is where the money went instead.
+            let (elsewhere, amount) = (0..keys.len())
+                .map(|i| (i, delta(i)))
+                .max_by_key(|(_, d)| *d)
+                .filter(|(_, d)| *d > 0)
+                .map_or((String::from("nobody"), 0), |(i, d)| (keys[i].clone(), d));
+            Some(Transfer {
+                id,
+                to_address: reference,
+                asset: ReceivedAsset::OtherToken {
+                    contract: format!("SOL paid to {elsewhere}, not the recipient"),
+                },
+                amount: sol(amount),
+            })
+        }
+        (None, false) => None,
+    })
+}
+
+fn signature(text: &str) -> Result<Signature, ScanError> {
+    Signature::from_str(text)
+        .map_err(|e| ScanError::Fatal(format!("{text:?} is not a transaction signature: {e}")))
+}
+
+/// Timeouts, refused connections, rate limits (after the client's own 429 retries) and node
+/// errors are temporary; an answer that does not decode is not.
+fn classify(call: &str, error: ClientError) -> ScanError {
+    match error.kind() {
+        ErrorKind::SerdeJson(_) => ScanError::Fatal(format!(
+            "{call}: the node answered something unreadable: {error}"
+        )),
+        _ => ScanError::Transient(format!("{call}: {error}")),
+    }
+}

@@ -1,0 +1,48 @@
+//! Test support for the Solana watcher against the fake JSON-RPC node of
+//! `payrecon_chain_solana::testkit` (answers built from the documented responses in
+//! `fixtures/solana/`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use payrecon::Engine;
+use payrecon::clock::ManualClock;
+use payrecon::config::{Config, SolanaConfig};
+use payrecon_chain_core::{Asset, Method};
+use payrecon_chain_solana::SolanaScanner;
+use payrecon_chain_solana::testkit::{FakeSolana, random_pubkey};
+
+use super::TestDb;
+use super::regtest::{Running, fast};
+
+/// The `[networks.solana]` section for `node`, paying a fresh recipient.
+pub fn solana_config(node: &FakeSolana) -> SolanaConfig {
+    SolanaConfig {
+        recipient: random_pubkey(),
+        confirmations: 1,
+        confirmation_tiers: Vec::new(),
+        rpc_url: Some(node.url.clone()),
+        references_per_scan: 100,
+        poll_interval_ms: 50,
+    }
+}
+
+/// An engine for SOL on `solana`: SOL at 100 USD, the clock at the real now, moved by hand.
+pub async fn solana_engine(db: &TestDb, solana: &SolanaConfig) -> (Engine, Arc<ManualClock>) {
+    let config = super::payments::config(|config: &mut Config| {
+        config.payments.enabled_methods = vec![Method::Sol];
+        config.networks.solana = Some(solana.clone());
+    });
+    let (engine, clock) =
+        super::payments::engine_with_prices(db, config, &[(Asset::Sol, "100")]).await;
+    clock.advance(chrono::Utc::now() - super::payments::start_time());
+    (engine, clock)
+}
+
+/// Starts the Solana watcher of `engine` the way `payrecon serve` builds it, with requests
+/// timing out after a second.
+pub fn watch_solana(engine: &Engine, config: &SolanaConfig) -> Running {
+    let mut settings = payrecon::serve::solana_settings(config).unwrap().unwrap();
+    settings.timeout = Duration::from_secs(1);
+    Running::spawn(engine, SolanaScanner::new(settings), fast())
+}
