@@ -162,3 +162,39 @@ on_both_databases! {
         sound(&engine).await;
     }
 }
+
+/// Like a real node, the test node refuses `processed` commitment on the history methods the
+/// watcher uses, so a watcher asking for it could not pass here.
+#[tokio::test]
+async fn the_test_node_refuses_processed_commitment_like_a_real_node() {
+    let node = FakeSolana::start().await;
+    let http = reqwest::Client::new();
+    for (method, first) in [
+        (
+            "getSignaturesForAddress",
+            serde_json::json!(random_pubkey()),
+        ),
+        ("getTransaction", serde_json::json!("1".repeat(88))),
+    ] {
+        let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": method,
+            "params": [first, {"commitment": "processed", "encoding": "jsonParsed"}]});
+        let bytes = http
+            .post(&node.url)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        let answer: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(answer["error"]["code"], -32602, "{method}: {answer}");
+        assert!(
+            answer["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("below `confirmed`")
+        );
+    }
+}
