@@ -9,7 +9,10 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Subcommand;
 use indicatif::{ProgressBar, ProgressStyle};
-use payrecon_chain_core::{ChainEvent, Method, Network, ReceivedAsset, Transfer, TransferId};
+use payrecon_chain_core::{
+    ChainCursor, ChainEvent, ChainScanner, Method, Network, ReceivedAsset, ScanBatch, Transfer,
+    TransferId, WatchView,
+};
 use serde::Serialize;
 
 use crate::config::Config;
@@ -613,7 +616,7 @@ async fn ethereum(
     blocks: usize,
     transfers_per_block: usize,
 ) -> anyhow::Result<Vec<BenchLine>> {
-    use payrecon_chain_core::{BlockId, ChainCursor, ChainScanner, WatchView};
+    use payrecon_chain_core::BlockId;
     use payrecon_chain_ethereum::{EthereumScanner, EthereumSettings};
     let client = reqwest::Client::new();
     let call = |method: &'static str, params: serde_json::Value| {
@@ -692,22 +695,14 @@ async fn ethereum(
     let mut settings = EthereumSettings::new(url, chain_id, token.parse()?, token.parse()?);
     settings.max_blocks_per_scan = blocks as u64;
     let mut scanner = EthereumScanner::new(settings);
-    let view = WatchView {
-        watch_keys: watched,
-        known: Vec::new(),
-        cursor: Some(ChainCursor {
-            tip: BlockId {
-                height: start,
-                hash: start_hash,
-            },
-            checkpoints: Vec::new(),
-        }),
-        now_ms: chrono::Utc::now().timestamp_millis(),
-        settle_depth: 12,
+    let cursor = ChainCursor {
+        tip: BlockId {
+            height: start,
+            hash: start_hash,
+        },
+        checkpoints: Vec::new(),
     };
-    let started = Instant::now();
-    let batch = scanner.scan(&view).await?;
-    let elapsed = started.elapsed();
+    let (batch, elapsed) = timed_scan(&mut scanner, watched, Some(cursor), 12).await?;
     anyhow::ensure!(
         batch.cursor.tip.height == start + blocks as u64,
         "the scan covered every busy block"
@@ -726,7 +721,6 @@ async fn tron(
     blocks: usize,
     transfers_per_block: usize,
 ) -> anyhow::Result<Vec<BenchLine>> {
-    use payrecon_chain_core::{ChainScanner, WatchView};
     use payrecon_chain_tron::testkit::{FakeTron, trc20, trx};
     use payrecon_chain_tron::{TronAddress, TronScanner, TronSettings};
     const USDT: &str = "TR7NHqjeKQxGTCi8q8ZY4pL8otSzgjLj6t";
@@ -762,16 +756,7 @@ async fn tron(
     settings.start_block = Some(start);
     settings.max_blocks_per_scan = blocks as u64;
     let mut scanner = TronScanner::new(settings);
-    let view = WatchView {
-        watch_keys: watched,
-        known: Vec::new(),
-        cursor: None,
-        now_ms: chrono::Utc::now().timestamp_millis(),
-        settle_depth: 19,
-    };
-    let started = Instant::now();
-    let batch = scanner.scan(&view).await?;
-    let elapsed = started.elapsed();
+    let (batch, elapsed) = timed_scan(&mut scanner, watched, None, 19).await?;
     anyhow::ensure!(
         batch.cursor.tip.height == node.head(),
         "the scan covered every busy block"
@@ -786,7 +771,6 @@ async fn tron(
 }
 
 async fn solana(references: usize, paid: usize) -> anyhow::Result<Vec<BenchLine>> {
-    use payrecon_chain_core::{ChainScanner, WatchView};
     use payrecon_chain_solana::testkit::{FakeSolana, random_pubkey};
     use payrecon_chain_solana::{SolanaScanner, SolanaSettings};
     let node = FakeSolana::start().await;
@@ -800,16 +784,7 @@ async fn solana(references: usize, paid: usize) -> anyhow::Result<Vec<BenchLine>
     let mut settings = SolanaSettings::new(node.url.clone(), recipient.parse()?);
     settings.references_per_scan = references;
     let mut scanner = SolanaScanner::new(settings);
-    let view = WatchView {
-        watch_keys: watched,
-        known: Vec::new(),
-        cursor: None,
-        now_ms: chrono::Utc::now().timestamp_millis(),
-        settle_depth: 1,
-    };
-    let started = Instant::now();
-    let batch = scanner.scan(&view).await?;
-    let elapsed = started.elapsed();
+    let (batch, elapsed) = timed_scan(&mut scanner, watched, None, 1).await?;
     anyhow::ensure!(batch.events.len() == paid, "every payment found once");
     Ok(vec![
         line("references checked", references, elapsed),
@@ -817,12 +792,32 @@ async fn solana(references: usize, paid: usize) -> anyhow::Result<Vec<BenchLine>
     ])
 }
 
+/// One scan over `watch_keys`, continuing after `cursor`, with no transfer known yet: what a
+/// scanner benchmark times.
+async fn timed_scan<S: ChainScanner>(
+    scanner: &mut S,
+    watch_keys: Vec<String>,
+    cursor: Option<ChainCursor>,
+    settle_depth: u32,
+) -> anyhow::Result<(ScanBatch, Duration)> {
+    let view = WatchView {
+        watch_keys,
+        known: Vec::new(),
+        cursor,
+        now_ms: chrono::Utc::now().timestamp_millis(),
+        settle_depth,
+    };
+    let started = Instant::now();
+    let batch = scanner.scan(&view).await?;
+    Ok((batch, started.elapsed()))
+}
+
 /// The figures of one timed scan of `blocks` blocks carrying `per_block` transfers each.
 fn scan_lines(
     addresses: usize,
     blocks: usize,
     per_block: usize,
-    batch: &payrecon_chain_core::ScanBatch,
+    batch: &ScanBatch,
     elapsed: Duration,
 ) -> Vec<BenchLine> {
     vec![

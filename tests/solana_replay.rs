@@ -178,16 +178,7 @@ async fn the_test_node_refuses_processed_commitment_like_a_real_node() {
     ] {
         let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": method,
             "params": [first, {"commitment": "processed", "encoding": "jsonParsed"}]});
-        let bytes = http
-            .post(&node.url)
-            .header("content-type", "application/json")
-            .body(body.to_string())
-            .send()
-            .await
-            .unwrap()
-            .bytes()
-            .await
-            .unwrap();
+        let bytes = common::post_json(http.post(&node.url), body.to_string()).await;
         let answer: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
         assert_eq!(answer["error"]["code"], -32602, "{method}: {answer}");
         assert!(

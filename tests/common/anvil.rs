@@ -17,8 +17,8 @@ use payrecon_chain_ethereum::{EthereumScanner, EthereumSettings};
 use serde_json::{Value, json};
 use tokio::sync::{Mutex, MutexGuard};
 
-use super::TestDb;
 use super::regtest::{Running, fast, wait_for_tip};
+use super::{TestDb, post_json};
 
 static ANVIL: Mutex<()> = Mutex::const_new(());
 
@@ -60,18 +60,8 @@ impl Anvil {
 
     pub async fn call(&self, method: &str, params: Value) -> Value {
         let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
-        let response: Value = self
-            .http
-            .post(&self.url)
-            .header("content-type", "application/json")
-            .body(body.to_string())
-            .send()
-            .await
-            .expect("anvil reachable")
-            .bytes()
-            .await
-            .map(|b| serde_json::from_slice(&b).expect("anvil answers JSON"))
-            .expect("anvil answers");
+        let answer = post_json(self.http.post(&self.url), body.to_string()).await;
+        let response: Value = serde_json::from_slice(&answer).expect("anvil answers JSON");
         if !response["error"].is_null() {
             panic!("{method} {params}: {}", response["error"]);
         }
@@ -339,15 +329,6 @@ async fn proxy(
         }
     }
     counts.forwarded.fetch_add(1, Ordering::SeqCst);
-    let answer = http
-        .post(&upstream)
-        .header("content-type", "application/json")
-        .body(body)
-        .send()
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
+    let answer = post_json(http.post(&upstream), body).await;
     ([("content-type", "application/json")], answer).into_response()
 }

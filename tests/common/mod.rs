@@ -107,6 +107,22 @@ impl Drop for TestDb {
     }
 }
 
+/// POSTs a JSON body and returns the answer's bytes: how the tests talk JSON-RPC to nodes.
+pub async fn post_json(
+    request: reqwest::RequestBuilder,
+    body: impl Into<reqwest::Body>,
+) -> axum::body::Bytes {
+    request
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .expect("the node is reachable")
+        .bytes()
+        .await
+        .expect("the node answers")
+}
+
 /// One multi-threaded runtime for property tests, which drive async code from sync closures.
 pub fn runtime() -> &'static tokio::runtime::Runtime {
     static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();

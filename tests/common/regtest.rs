@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use tokio::sync::{Mutex, MutexGuard, watch};
 use tokio::task::JoinHandle;
 
-use super::TestDb;
+use super::{TestDb, post_json};
 
 /// Litecoin activates MWEB at this height; block 432 needs a peg-in in the mempool.
 const MWEB_ACTIVATION: u64 = 432;
@@ -66,22 +66,13 @@ impl Chain {
             .and_then(|rest| rest.split_once('@'))
             .expect("rpc url http://user:pass@host");
         let (user, pass) = user_pass.split_once(':').expect("user:pass");
-        let response: Value = self
+        let request = self
             .http
             .post(format!("http://{host}"))
-            .basic_auth(user, Some(pass))
-            .header("content-type", "application/json")
-            .body(
-                json!({"jsonrpc": "1.0", "id": "t", "method": method, "params": params})
-                    .to_string(),
-            )
-            .send()
-            .await
-            .expect("node reachable")
-            .bytes()
-            .await
-            .map(|body| serde_json::from_slice(&body).expect("node answers JSON"))
-            .expect("node answers");
+            .basic_auth(user, Some(pass));
+        let body = json!({"jsonrpc": "1.0", "id": "t", "method": method, "params": params});
+        let response: Value = serde_json::from_slice(&post_json(request, body.to_string()).await)
+            .expect("node answers JSON");
         if !response["error"].is_null() {
             panic!("{method} {params}: {}", response["error"]);
         }

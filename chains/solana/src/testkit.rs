@@ -6,7 +6,7 @@
 //! reference, to the recipient or elsewhere, failing), finalize, drop a confirmed transaction
 //! with its fork, and queue faults (HTTP 429, answers slower than the client's timeout).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -73,7 +73,6 @@ struct Node {
     slot: u64,
     txs: Vec<Tx>,
     faults: VecDeque<Fault>,
-    requests: HashMap<String, usize>,
 }
 
 /// A running fake node.
@@ -96,7 +95,6 @@ impl FakeSolana {
             slot: 1000,
             txs: Vec::new(),
             faults: VecDeque::new(),
-            requests: HashMap::new(),
         }));
         let app = Router::new()
             .route("/", axum::routing::post(answer))
@@ -169,17 +167,6 @@ impl FakeSolana {
         self.node.lock().expect("node").faults.extend(faults);
     }
 
-    /// Requests received for `method`.
-    pub fn requests(&self, method: &str) -> usize {
-        self.node
-            .lock()
-            .expect("node")
-            .requests
-            .get(method)
-            .copied()
-            .unwrap_or(0)
-    }
-
     /// Faults queued and not met yet.
     pub fn pending_faults(&self) -> usize {
         self.node.lock().expect("node").faults.len()
@@ -196,12 +183,7 @@ async fn answer(State(node): State<Arc<Mutex<Node>>>, body: Bytes) -> Response {
         Ok(request) => request,
         Err(_) => return (StatusCode::BAD_REQUEST, "not JSON").into_response(),
     };
-    let fault = {
-        let mut node = node.lock().expect("node");
-        let method = request["method"].as_str().unwrap_or_default().to_owned();
-        *node.requests.entry(method).or_default() += 1;
-        node.faults.pop_front()
-    };
+    let fault = node.lock().expect("node").faults.pop_front();
     match fault {
         Some(Fault::TooManyRequests) => {
             return (

@@ -206,10 +206,10 @@ impl ChainScanner for SolanaScanner {
             .await?;
         listed.extend(swept_listings);
 
-        let known: HashMap<&str, &KnownTransfer> = view
+        let known: HashSet<&str> = view
             .known
             .iter()
-            .map(|k| (k.transfer.id.txid.as_str(), k))
+            .map(|k| k.transfer.id.txid.as_str())
             .collect();
         let mut found: Vec<(Transfer, u32, Option<u64>, i64)> = Vec::new();
         let mut looked_at: HashSet<String> = HashSet::new();
@@ -224,7 +224,7 @@ impl ChainScanner for SolanaScanner {
                     Some(TransactionConfirmationStatus::Finalized)
                 );
                 // Already recorded: only its finality can move, followed below.
-                if known.contains_key(status.signature.as_str()) {
+                if known.contains(status.signature.as_str()) {
                     continue;
                 }
                 let config = RpcTransactionConfig {
@@ -316,11 +316,14 @@ impl ChainScanner for SolanaScanner {
         }
 
         // Everything listed is handled: the next listings stop at the newest signatures.
+        // References of closed intents are not listed any more: forget them.
         for (address, signatures) in &listed {
             if let Some(newest) = signatures.first() {
                 self.newest.insert(*address, signature(&newest.signature)?);
             }
         }
+        self.newest
+            .retain(|address, _| *address == recipient || references.contains_key(address));
         if !swept.is_empty() {
             self.sweep = (self.sweep + budget) % swept.len();
         }

@@ -235,15 +235,14 @@ impl TronClient {
     /// `/wallet/gettransactioninfobyblocknum`: the execution results of a block's
     /// transactions.
     pub async fn transaction_infos(&self, height: u64) -> Result<Vec<TransactionInfo>, ScanError> {
-        let path = "/wallet/gettransactioninfobyblocknum";
-        let text = self
-            .post_text(path, serde_json::json!({ "num": height }))
-            .await?;
         // An empty block answers `[]`; block 0 answers `{}`.
-        if text.trim() == "{}" {
-            return Ok(Vec::new());
-        }
-        decode(path, &text)
+        let infos: Option<Vec<TransactionInfo>> = self
+            .post(
+                "/wallet/gettransactioninfobyblocknum",
+                serde_json::json!({ "num": height }),
+            )
+            .await?;
+        Ok(infos.unwrap_or_default())
     }
 
     async fn post<T: DeserializeOwned>(
@@ -252,7 +251,7 @@ impl TronClient {
         body: serde_json::Value,
     ) -> Result<T, ScanError> {
         let text = self.post_text(path, body).await?;
-        // java-tron answers `{}` for "no such block".
+        // java-tron answers `{}` for "nothing there" (no such block, no infos of block 0).
         if text.trim() == "{}" {
             return decode(path, "null");
         }

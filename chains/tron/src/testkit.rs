@@ -102,7 +102,6 @@ pub enum Fault {
 struct Mined {
     block: Value,
     infos: Vec<Value>,
-    txids: Vec<String>,
 }
 
 struct Chain {
@@ -114,7 +113,6 @@ struct Chain {
     next_tx: u64,
     fork: u64,
     faults: HashMap<String, VecDeque<Fault>>,
-    requests: HashMap<String, usize>,
     api_keys: Vec<String>,
 }
 
@@ -165,7 +163,6 @@ impl FakeTron {
                 next_tx: 1,
                 fork: 0,
                 faults: HashMap::new(),
-                requests: HashMap::new(),
                 api_keys: Vec::new(),
             })),
         };
@@ -180,8 +177,8 @@ impl FakeTron {
         self.chain.lock().expect("chain").blocks.len() as u64 - 1
     }
 
-    /// Mines one block with `txs` and returns its height and the transactions' ids.
-    pub fn mine(&self, txs: &[TxSpec]) -> (u64, Vec<String>) {
+    /// Mines one block with `txs`.
+    pub fn mine(&self, txs: &[TxSpec]) {
         let mut chain = self.chain.lock().expect("chain");
         let height = chain.blocks.len() as u64;
         let parent = chain
@@ -199,14 +196,12 @@ impl FakeTron {
             });
         let mut transactions = Vec::new();
         let mut infos = Vec::new();
-        let mut txids = Vec::new();
         for spec in txs {
             let txid = format!("{:016x}{:048x}", chain.fork, chain.next_tx);
             chain.next_tx += 1;
             let (tx, info) = build_tx(spec, &txid, height, timestamp);
             transactions.push(tx);
             infos.push(info);
-            txids.push(txid);
         }
         let mut block = recorded(BLOCK, "response");
         block["blockID"] = json!(format!("{height:016x}{:048x}", chain.fork));
@@ -224,12 +219,7 @@ impl FakeTron {
             }
             false => block["transactions"] = Value::Array(transactions),
         }
-        chain.blocks.push(Mined {
-            block,
-            infos,
-            txids: txids.clone(),
-        });
-        (height, txids)
+        chain.blocks.push(Mined { block, infos });
     }
 
     /// Mines `count` empty blocks.
@@ -280,24 +270,6 @@ impl FakeTron {
             .values()
             .map(VecDeque::len)
             .sum()
-    }
-
-    /// Requests received on `path`.
-    pub fn requests(&self, path: &str) -> usize {
-        self.chain
-            .lock()
-            .expect("chain")
-            .requests
-            .get(path)
-            .copied()
-            .unwrap_or(0)
-    }
-
-    /// The ids of the transactions mined at `height`.
-    pub fn txids(&self, height: u64) -> Vec<String> {
-        self.chain.lock().expect("chain").blocks[height as usize]
-            .txids
-            .clone()
     }
 
     /// The `TRON-PRO-API-KEY` headers received, in order.
@@ -365,7 +337,6 @@ async fn answer(
 ) -> Response {
     let path = format!("/{api}/{call}");
     let mut chain = chain.lock().expect("chain");
-    *chain.requests.entry(path.clone()).or_default() += 1;
     if let Some(key) = headers
         .get("TRON-PRO-API-KEY")
         .and_then(|v| v.to_str().ok())

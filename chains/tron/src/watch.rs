@@ -18,6 +18,7 @@ use payrecon_chain_core::{
     Amount, ChainScanner, Method, Network, ReceivedAsset, ScanBatch, ScanError, Transfer,
     TransferId, WatchView,
 };
+use serde::Deserialize as _;
 
 use crate::TronAddress;
 use crate::api::{Block, TransactionInfo, TransferValue, TronClient};
@@ -219,13 +220,12 @@ fn transfers(
                 "TransferAssetContract" => true,
                 _ => continue,
             };
-            let value: TransferValue = serde_json::from_value(contract.parameter.value.clone())
-                .map_err(|e| {
-                    ScanError::Fatal(format!(
-                        "block {height}: transaction {} has a malformed {}: {e}",
-                        tx.tx_id, contract.kind
-                    ))
-                })?;
+            let value = TransferValue::deserialize(&contract.parameter.value).map_err(|e| {
+                ScanError::Fatal(format!(
+                    "block {height}: transaction {} has a malformed {}: {e}",
+                    tx.tx_id, contract.kind
+                ))
+            })?;
             let to = TronAddress::from_hex(&value.to_address).map_err(|e| {
                 ScanError::Fatal(format!(
                     "block {height}: transaction {} pays {:?}: {e}",
