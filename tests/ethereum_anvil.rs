@@ -54,6 +54,7 @@ on_both_databases! {
         engine.tick().await.unwrap();
         assert_eq!(status(&engine, &pays[1].intent.id).await, IntentStatus::Underpaid);
         assert_eq!(status(&engine, &pays[3].intent.id).await, IntentStatus::Expired);
+        watcher.next_round().await;
         anvil.send_eth(&pays[3].intent.pay_to, TOPUP_WEI).await;
         anvil.next_block_at_least(clock.now().timestamp()).await;
         anvil.mine(2).await;

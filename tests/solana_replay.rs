@@ -51,6 +51,7 @@ on_both_databases! {
         engine.tick().await.unwrap();
         assert_eq!(status(&engine, &pays[1].intent.id).await, IntentStatus::Underpaid);
         assert_eq!(status(&engine, &pays[3].intent.id).await, IntentStatus::Expired);
+        watcher.next_round().await;
         node.pay(&solana.recipient, TOPUP_LAMPORTS, Some(&pays[3].intent.watch_key), clock.now().timestamp(), false);
         node.finalize_all();
         wait_status(&engine, &pays[3].intent.id, IntentStatus::PaidLate).await;

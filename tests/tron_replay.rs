@@ -61,6 +61,7 @@ on_both_databases! {
         engine.tick().await.unwrap();
         assert_eq!(status(&engine, &pays[1].intent.id).await, IntentStatus::Underpaid);
         assert_eq!(status(&engine, &pays[4].intent.id).await, IntentStatus::Expired);
+        watcher.next_round().await;
         node.set_clock_ms(clock.now().timestamp_millis());
         node.mine(&[trc20(USDT, &pays[4].intent.pay_to, TOPUP_USDT)]);
         node.mine_empty(1);

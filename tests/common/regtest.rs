@@ -362,6 +362,20 @@ impl Running {
         }
     }
 
+    /// Waits until a round that began after this call has committed, so its view carries
+    /// what was done before: a scan already under way read the engine's clock before the test
+    /// moved it, and would date a payment it finds next by that old clock.
+    pub async fn next_round(&self) {
+        let mut status = self.status.clone();
+        status.borrow_and_update();
+        for _ in 0..2 {
+            tokio::time::timeout(Duration::from_secs(60), status.changed())
+                .await
+                .expect("the watcher completes rounds")
+                .expect("the watcher runs");
+        }
+    }
+
     /// Asks the watcher to stop and waits for it.
     pub async fn stop(self) -> Result<(), payrecon::Error> {
         let _ = self.stop.send(true);
