@@ -56,8 +56,31 @@ enum Command {
     /// The journal.
     #[command(subcommand)]
     Ledger(LedgerCommand),
-    /// Run the watchers of every network with a node configured, and expire intents past
-    /// their deadline, until interrupted (Ctrl-C or SIGTERM).
+    /// Finance reports.
+    #[command(subcommand)]
+    Report(ReportCommand),
+    /// What operators must look at: payments marked paid but unseen, payments not
+    /// confirming, open exceptions, watchers behind or failing, stale rates.
+    Stuck {
+        /// Minutes after "I have paid" with nothing seen before it is stuck.
+        #[arg(long, default_value_t = 30)]
+        marked_paid_minutes: i64,
+        /// Hours a seen payment may stay unconfirmed before it is stuck.
+        #[arg(long, default_value_t = 2)]
+        seen_hours: i64,
+    },
+    /// Exceptions and the operators' actions on them.
+    #[command(subcommand)]
+    Exception(ExceptionCommand),
+    /// Bearer tokens of the HTTP API.
+    #[command(subcommand)]
+    Token(TokenCommand),
+    /// Webhook deliveries.
+    #[command(subcommand)]
+    Webhook(WebhookCommand),
+    /// Run the watchers of every network with a node configured, expire intents past their
+    /// deadline, serve the HTTP API (`[http] listen`) and send webhooks, until interrupted
+    /// (Ctrl-C or SIGTERM).
     Serve,
     /// Throughput benchmarks of the hot paths; prints figures, changes nothing else.
     #[command(subcommand)]
@@ -147,6 +170,109 @@ enum PayCommand {
         /// Intent id (pi_…).
         intent: String,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum ReportCommand {
+    /// Reconciliation of a period: per method expected, received, booked, credited and why
+    /// they differ; every transfer; every exception; the trial balance.
+    Reconcile {
+        /// Start, inclusive: a date (2026-12-01, midnight UTC) or an RFC 3339 time.
+        #[arg(long)]
+        from: String,
+        /// End, exclusive.
+        #[arg(long)]
+        to: String,
+        /// One method only.
+        #[arg(long)]
+        method: Option<String>,
+        /// csv (one table), json or html.
+        #[arg(long, value_enum, default_value = "csv")]
+        format: crate::report::ReportFormat,
+        /// The table a CSV report holds.
+        #[arg(long, value_enum, default_value = "transfers")]
+        section: crate::report::CsvSection,
+        /// Write to this file instead of stdout.
+        #[arg(long)]
+        output: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ExceptionCommand {
+    /// Exceptions, oldest first.
+    List {
+        /// Only those not resolved yet.
+        #[arg(long)]
+        open: bool,
+    },
+    /// Resolve an exception; money moves by compensating journal entries.
+    Resolve {
+        /// The exception id (as listed).
+        id: String,
+        /// accept-as-paid, credit-balance, mark-refunded or dismiss.
+        #[arg(long, value_enum)]
+        action: ActionArg,
+        /// Who is acting (recorded in the audit log).
+        #[arg(long)]
+        actor: String,
+        /// Why (recorded in the audit log).
+        #[arg(long)]
+        reason: String,
+        /// credit-balance: the customer account (default: the intent's).
+        #[arg(long)]
+        account: Option<String>,
+        /// credit-balance: USD to credit (default: the value at the locked rate).
+        #[arg(long)]
+        usd: Option<String>,
+        /// mark-refunded: the refund's transaction id.
+        #[arg(long, required_if_eq("action", "mark-refunded"))]
+        refund_txid: Option<String>,
+    },
+    /// The operators' audit log.
+    Log,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum ActionArg {
+    AcceptAsPaid,
+    CreditBalance,
+    MarkRefunded,
+    Dismiss,
+}
+
+#[derive(Debug, Subcommand)]
+enum TokenCommand {
+    /// Make a token; it is printed once and only its hash is stored.
+    Create {
+        /// Who it is for (appears in the audit log).
+        #[arg(long)]
+        name: String,
+        /// shop, finance or operator.
+        #[arg(long, value_enum)]
+        role: crate::tokens::Role,
+    },
+    /// Revoke a token by name.
+    Revoke {
+        /// The token's name.
+        #[arg(long)]
+        name: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum WebhookCommand {
+    /// Send an endpoint's events again from `--from-seq` on (receivers deduplicate by id).
+    Replay {
+        /// The endpoint's name in the configuration.
+        #[arg(long)]
+        endpoint: String,
+        /// The first event (`evt_<seq>`) to send again.
+        #[arg(long)]
+        from_seq: i64,
+    },
+    /// Deliveries per endpoint and state.
+    Status,
 }
 
 #[derive(Debug, Subcommand)]
@@ -439,6 +565,201 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 &serde_json::json!({ "intent": intent, "svg": svg }),
                 || svg.clone(),
             )
+        }
+        Command::Report(ReportCommand::Reconcile {
+            from,
+            to,
+            method,
+            format,
+            section,
+            output,
+        }) => {
+            let query = crate::report::ReportQuery {
+                from: crate::api::parse_time("--from", &from)?,
+                to: crate::api::parse_time("--to", &to)?,
+                method: method.map(|m| m.parse::<Method>()).transpose()?,
+            };
+            let totals = match &output {
+                Some(path) => {
+                    let file = tokio::fs::File::create(path)
+                        .await
+                        .with_context(|| format!("creating {}", path.display()))?;
+                    engine
+                        .write_reconciliation(&query, format, section, file)
+                        .await?
+                }
+                None => {
+                    engine
+                        .write_reconciliation(&query, format, section, tokio::io::stdout())
+                        .await?
+                }
+            };
+            if let Some(path) = output {
+                eprintln!(
+                    "wrote {}: {} transfers, {} exceptions",
+                    path.display(),
+                    totals.transfers,
+                    totals.exceptions
+                );
+            }
+            anyhow::ensure!(
+                totals.trial_balance_sound,
+                "the ledger's invariants do not hold (see the trial balance)"
+            );
+            Ok(())
+        }
+        Command::Stuck {
+            marked_paid_minutes,
+            seen_hours,
+        } => {
+            let options = crate::stuck::StuckOptions {
+                marked_paid_unseen: chrono::Duration::minutes(marked_paid_minutes),
+                seen_unconfirmed: chrono::Duration::hours(seen_hours),
+                ..crate::stuck::StuckOptions::default()
+            };
+            let items = engine.stuck(&options).await?;
+            emit(json, &items, || {
+                if items.is_empty() {
+                    return "nothing is stuck".to_owned();
+                }
+                let mut text = format!(
+                    "{:<19} {:<22} {:<26} {:<20} WHAT / ACTIONS",
+                    "CATEGORY", "KIND", "SINCE", "ORDER"
+                );
+                for item in &items {
+                    text.push_str(&format!(
+                        "\n{:<19} {:<22} {:<26} {:<20} {}\n{:>90} {}\n{:>90} -> {}",
+                        item.category,
+                        item.kind,
+                        item.since
+                            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                        item.order_ref.as_deref().unwrap_or("-"),
+                        item.what,
+                        "",
+                        item.subject,
+                        "",
+                        item.actions.join("; ")
+                    ));
+                }
+                text
+            })
+        }
+        Command::Exception(ExceptionCommand::List { open }) => {
+            let mut all = engine.exceptions(None).await?;
+            if open {
+                all.retain(|e| e.resolved_at.is_none());
+            }
+            emit(json, &all, || {
+                all.iter()
+                    .map(|e| {
+                        format!(
+                            "{} [{}] {}: {}",
+                            e.id,
+                            e.resolution.as_deref().unwrap_or("OPEN"),
+                            e.kind,
+                            e.detail
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            })
+        }
+        Command::Exception(ExceptionCommand::Resolve {
+            id,
+            action,
+            actor,
+            reason,
+            account,
+            usd,
+            refund_txid,
+        }) => {
+            let action = match action {
+                ActionArg::AcceptAsPaid => crate::operator::Action::AcceptAsPaid,
+                ActionArg::CreditBalance => crate::operator::Action::CreditBalance {
+                    account,
+                    usd: usd.map(|u| u.parse::<Usd>()).transpose()?,
+                },
+                ActionArg::MarkRefunded => crate::operator::Action::MarkRefunded {
+                    refund_txid: refund_txid.unwrap_or_default(),
+                },
+                ActionArg::Dismiss => crate::operator::Action::Dismiss,
+            };
+            let resolved = engine
+                .resolve_exception(&id, &action, &actor, &reason)
+                .await?;
+            emit(json, &resolved, || {
+                format!(
+                    "{} resolved: {}{}",
+                    resolved.exception.id,
+                    resolved.exception.resolution.as_deref().unwrap_or_default(),
+                    resolved
+                        .entry
+                        .as_ref()
+                        .map(|e| format!(" (entry {})", e.idempotency_key))
+                        .unwrap_or_default()
+                )
+            })
+        }
+        Command::Exception(ExceptionCommand::Log) => {
+            let log = engine.operator_actions().await?;
+            emit(json, &log, || {
+                log.iter()
+                    .map(|a| {
+                        format!(
+                            "{} {} {} on {} by {}: {}",
+                            a.seq,
+                            a.at.to_rfc3339(),
+                            a.action,
+                            a.exception_id,
+                            a.actor,
+                            a.reason
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            })
+        }
+        Command::Token(TokenCommand::Create { name, role }) => {
+            let token = engine.create_api_token(&name, role).await?;
+            emit(
+                json,
+                &serde_json::json!({ "name": name, "role": role, "token": token }),
+                || format!("{token}\n(a {role} token for {name}; it is shown only now)"),
+            )
+        }
+        Command::Token(TokenCommand::Revoke { name }) => {
+            anyhow::ensure!(
+                engine.revoke_api_token(&name).await?,
+                "no live token is named {name}"
+            );
+            emit(json, &serde_json::json!({ "revoked": name }), || {
+                format!("token {name} revoked")
+            })
+        }
+        Command::Webhook(WebhookCommand::Replay { endpoint, from_seq }) => {
+            let configured = config
+                .webhooks
+                .iter()
+                .find(|w| w.name == endpoint)
+                .with_context(|| format!("no webhook named {endpoint} is configured"))?;
+            let queued = engine
+                .replay_webhooks(&endpoint, from_seq, configured.retry_hours)
+                .await?;
+            emit(
+                json,
+                &serde_json::json!({ "endpoint": endpoint, "queued": queued }),
+                || format!("{queued} deliveries to {endpoint} queued again"),
+            )
+        }
+        Command::Webhook(WebhookCommand::Status) => {
+            let counts = engine.webhook_counts().await?;
+            emit(json, &counts, || {
+                counts
+                    .iter()
+                    .map(|(endpoint, state, n)| format!("{endpoint} {state} {n}"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            })
         }
         Command::Serve => {
             let (stop, shutdown) = tokio::sync::watch::channel(false);

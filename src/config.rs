@@ -37,6 +37,69 @@ pub struct Config {
     /// Per-network keys and confirmation rules; a method works only if its network is here.
     #[serde(default)]
     pub networks: NetworksConfig,
+    /// The HTTP API and pages of `payrecon serve`.
+    #[serde(default)]
+    pub http: HttpConfig,
+    /// Endpoints that receive every intent state change and exception.
+    #[serde(default)]
+    pub webhooks: Vec<WebhookConfig>,
+}
+
+/// `[http]`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// Address `payrecon serve` listens on, e.g. `127.0.0.1:8080`; no HTTP server without it.
+    pub listen: Option<String>,
+    /// Largest request body accepted, in bytes.
+    pub max_body_bytes: usize,
+}
+
+impl Default for HttpConfig {
+    fn default() -> HttpConfig {
+        HttpConfig {
+            listen: None,
+            max_body_bytes: 64 * 1024,
+        }
+    }
+}
+
+/// `[[webhooks]]`: one receiving endpoint.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookConfig {
+    /// A stable name: deliveries are tracked per name.
+    pub name: String,
+    /// Where events are POSTed.
+    pub url: String,
+    /// The HMAC-SHA256 key the receiver checks signatures with.
+    pub secret: String,
+    /// Hours a delivery is retried before it is abandoned (an operator can replay it).
+    #[serde(default = "webhook_retry_hours")]
+    pub retry_hours: u32,
+    /// How long the receiver may take to answer, in milliseconds.
+    #[serde(default = "webhook_timeout_ms")]
+    pub timeout_ms: u32,
+}
+
+impl std::fmt::Debug for WebhookConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebhookConfig")
+            .field("name", &self.name)
+            .field("url", &self.url)
+            .field("secret", &"***")
+            .field("retry_hours", &self.retry_hours)
+            .field("timeout_ms", &self.timeout_ms)
+            .finish()
+    }
+}
+
+fn webhook_retry_hours() -> u32 {
+    72
+}
+
+fn webhook_timeout_ms() -> u32 {
+    10_000
 }
 
 impl Default for Config {
@@ -46,6 +109,8 @@ impl Default for Config {
             payments: PaymentsConfig::default(),
             rates: RatesConfig::default(),
             networks: NetworksConfig::default(),
+            http: HttpConfig::default(),
+            webhooks: Vec::new(),
         }
     }
 }

@@ -48,6 +48,23 @@ pub enum Error {
     /// A watcher reported something no chain produces; nothing of its batch was applied.
     #[error("invalid chain event: {0}")]
     InvalidEvent(String),
+    /// No such exception.
+    #[error("unknown exception {0}")]
+    ExceptionNotFound(String),
+    /// The operator's action does not fit the exception; nothing was written.
+    #[error("cannot resolve {exception}: {reason}")]
+    ActionRefused {
+        /// The exception.
+        exception: String,
+        /// Why not.
+        reason: String,
+    },
+    /// A report could not be written to its destination.
+    #[error("cannot write the report: {0}")]
+    Report(String),
+    /// A caller's input is malformed; the message says which field and why.
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
     /// No such payment intent.
     #[error("unknown payment intent {0}")]
     IntentNotFound(String),

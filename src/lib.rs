@@ -6,6 +6,7 @@
 //! report what arrives and the matcher settles it. Money always flows one way:
 //! watcher -> chain event -> matcher -> ledger -> reports.
 
+pub mod api;
 pub mod bench;
 pub mod cli;
 pub mod clock;
@@ -16,12 +17,17 @@ pub mod intent;
 pub mod ledger;
 pub mod matcher;
 pub mod money;
+pub mod operator;
 pub mod order;
 pub mod payments;
 pub mod rates;
+pub mod report;
 pub mod serve;
 pub mod store;
+pub mod stuck;
+pub mod tokens;
 pub mod watcher;
+pub mod webhooks;
 
 pub use engine::{BalancePayment, Created, Engine, TrialBalance};
 pub use error::Error;

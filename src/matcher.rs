@@ -19,7 +19,7 @@ use crate::ledger::{Account, Currency, EntryKind, NewEntry, Posting, SuspenseRea
 use crate::money::Usd;
 use crate::order::{Order, OrderKind, OrderStatus, SettledVia};
 use crate::store::payments::{self, ExceptionRecord, StoredTransfer};
-use crate::store::{StoreError, WriteTx, ledger, orders};
+use crate::store::{StoreError, WriteTx, ledger, operations, orders};
 
 /// What happens to money beyond what an intent asked, or that arrived after its deadline.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -554,21 +554,32 @@ pub(crate) async fn evaluate_intent(
         payments::update_intent_state(tx.conn(), &intent).await?;
     }
     if intent.status != before.status {
-        let detail = serde_json::json!({
-            "from": before.status,
-            "to": intent.status,
-            "message": intent.status.customer_message(),
-        });
-        payments::append_event(
-            tx.conn(),
-            Some(&intent.id),
-            Some(intent.order_ref.as_str()),
-            "status_changed",
-            &detail,
-            now,
-        )
-        .await?;
+        record_status_change(tx, &intent, before.status, now).await?;
     }
+    Ok(())
+}
+
+/// Appends an intent's state change to the event stream (and so to the webhooks' outbox).
+pub(crate) async fn record_status_change(
+    tx: &mut WriteTx,
+    intent: &PaymentIntent,
+    from: IntentStatus,
+    now: DateTime<Utc>,
+) -> Result<(), Error> {
+    let detail = serde_json::json!({
+        "from": from,
+        "to": intent.status,
+        "message": intent.status.customer_message(),
+    });
+    payments::append_event(
+        tx.conn(),
+        Some(&intent.id),
+        Some(intent.order_ref.as_str()),
+        "status_changed",
+        &detail,
+        now,
+    )
+    .await?;
     Ok(())
 }
 
@@ -584,6 +595,10 @@ async fn take_back_credit(
     if let Some(rest) = key.strip_prefix("settle:") {
         keys.push(format!("overpaid:{rest}"));
     }
+    // What operators did with this transfer's money moved it on in the books: undo that too.
+    let resolutions =
+        operations::action_entries_for_transfer(tx.conn(), &transfer.id.to_string()).await?;
+    keys.extend(resolutions.iter().cloned());
     for key in &keys {
         reverse_with_coverage(tx, key, now).await?;
     }
@@ -597,6 +612,18 @@ async fn take_back_credit(
                 sibling.credited_entry = None;
                 payments::upsert_transfer(tx.conn(), &sibling, now).await?;
             }
+        }
+        for settled in resolutions.iter().filter(|k| k.starts_with("settle:")) {
+            orders::reopen_order(
+                tx.conn(),
+                &intent.order_ref,
+                settled,
+                "reorged_after_credit",
+            )
+            .await?;
+            intent.status = IntentStatus::ReorgedAfterCredit;
+            intent.settled_at = None;
+            payments::update_intent_state(tx.conn(), &intent).await?;
         }
         if key.starts_with("settle:") {
             orders::reopen_order(tx.conn(), &intent.order_ref, key, "reorged_after_credit").await?;
@@ -826,6 +853,7 @@ async fn open_exception(
         detail,
         opened_at: now,
         resolved_at: None,
+        resolution: None,
     };
     if payments::open_exception(tx.conn(), &record).await? {
         let detail =

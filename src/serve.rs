@@ -18,6 +18,7 @@ use crate::config::{
 use crate::engine::Engine;
 use crate::error::Error;
 use crate::watcher::{Watcher, WatcherOptions};
+use crate::webhooks::WebhookSender;
 
 /// How often intents past their deadline are looked at.
 const TICK_INTERVAL: Duration = Duration::from_secs(5);
@@ -184,6 +185,32 @@ pub async fn serve(
             }
             None => tracing::info!("no networks.solana.rpc_url: not watching solana"),
         }
+    }
+    if let Some(listen) = &config.http.listen {
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .map_err(|e| Error::Config(format!("cannot listen on {listen}: {e}")))?;
+        tracing::info!(address = %listen, "serving the HTTP API");
+        let retry_hours = config
+            .webhooks
+            .iter()
+            .map(|w| w.retry_hours)
+            .max()
+            .unwrap_or(72);
+        let app = crate::api::router(engine.clone(), config.http.max_body_bytes, retry_hours);
+        let mut stop = shutdown.clone();
+        tasks.spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = stop.wait_for(|stop| *stop).await;
+                })
+                .await
+                .map_err(|e| Error::Config(format!("the HTTP server stopped: {e}")))
+        });
+    }
+    if !config.webhooks.is_empty() {
+        let sender = WebhookSender::new(engine.clone(), config.webhooks.clone())?;
+        tasks.spawn(sender.run(shutdown.clone()));
     }
     tasks.spawn(tick_until(engine, shutdown));
     while let Some(joined) = tasks.join_next().await {

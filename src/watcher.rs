@@ -12,6 +12,7 @@ use tokio::sync::watch;
 
 use crate::engine::Engine;
 use crate::error::Error;
+use crate::store::operations::WatcherHealth;
 
 /// How often to scan and how to back off.
 #[derive(Clone, Debug)]
@@ -70,6 +71,10 @@ pub struct WatcherStatus {
     pub last_scan_at: Option<DateTime<Utc>>,
     /// Events committed since start.
     pub events_applied: u64,
+    /// The node's newest block at the last scan.
+    pub head: Option<u64>,
+    /// Failed rounds since start (node errors, timeouts, refused answers).
+    pub rpc_errors: u64,
 }
 
 /// One network's watcher: a scanner driven against the engine.
@@ -98,6 +103,8 @@ impl<S: ChainScanner> Watcher<S> {
             tip: None,
             last_scan_at: None,
             events_applied: 0,
+            head: None,
+            rpc_errors: 0,
         });
         Watcher {
             engine,
@@ -136,7 +143,9 @@ impl<S: ChainScanner> Watcher<S> {
             status.tip = Some(batch.cursor.tip.clone());
             status.last_scan_at = Some(Utc::now());
             status.events_applied += events as u64;
+            status.head = Some(batch.head);
         });
+        publish(&self.engine, &self.status).await;
         Ok(Round {
             events,
             more: batch.more,
@@ -152,6 +161,7 @@ impl<S: ChainScanner> Watcher<S> {
             if *shutdown.borrow() {
                 self.status
                     .send_modify(|s| s.state = WatcherState::Stopped { error: None });
+                publish(&self.engine, &self.status).await;
                 return Ok(());
             }
             let pause = match self.round().await {
@@ -169,8 +179,10 @@ impl<S: ChainScanner> Watcher<S> {
                     self.status.send_modify(|s| {
                         s.state = WatcherState::Stopped {
                             error: Some(reason.clone()),
-                        }
+                        };
+                        s.rpc_errors += 1;
                     });
+                    publish(&self.engine, &self.status).await;
                     return Err(Error::WatcherStopped { network, reason });
                 }
                 Err(ScanError::Transient(reason)) => {
@@ -182,8 +194,10 @@ impl<S: ChainScanner> Watcher<S> {
                         s.state = WatcherState::Retrying {
                             failures,
                             error: reason.clone(),
-                        }
+                        };
+                        s.rpc_errors += 1;
                     });
+                    publish(&self.engine, &self.status).await;
                     tokio::select! {
                         _ = tokio::time::sleep(pause) => {}
                         _ = shutdown.changed() => {}
@@ -198,6 +212,32 @@ impl<S: ChainScanner> Watcher<S> {
                 _ = shutdown.changed() => {}
             }
         }
+    }
+}
+
+/// Writes the status where operators and other processes read it (`payrecon stuck`,
+/// `/metrics`). Failing to write it is logged: health must never stop a watcher.
+async fn publish(engine: &Engine, status: &watch::Sender<WatcherStatus>) {
+    let status = status.borrow().clone();
+    let (state, failures, last_error) = match &status.state {
+        WatcherState::Starting => ("starting", 0, None),
+        WatcherState::Running => ("running", 0, None),
+        WatcherState::Retrying { failures, error } => ("retrying", *failures, Some(error.clone())),
+        WatcherState::Stopped { error } => ("stopped", 0, error.clone()),
+    };
+    let health = WatcherHealth {
+        network: status.network.to_string(),
+        state: state.to_owned(),
+        cursor_height: status.tip.as_ref().map(|tip| tip.height),
+        head_height: status.head,
+        failures: u64::from(failures),
+        rpc_errors: status.rpc_errors,
+        last_error,
+        last_scan_at: status.last_scan_at,
+        updated_at: Utc::now(),
+    };
+    if let Err(error) = engine.record_watcher_health(&health).await {
+        tracing::warn!(network = %status.network, %error, "cannot record watcher health");
     }
 }
 

@@ -389,7 +389,7 @@ impl PostingTotals {
     }
 }
 
-fn decode_posting(row: &sqlx::any::AnyRow) -> Result<Posting, StoreError> {
+pub(crate) fn decode_posting(row: &sqlx::any::AnyRow) -> Result<Posting, StoreError> {
     decode_posting_at(row, 0)
 }
 

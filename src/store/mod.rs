@@ -8,8 +8,10 @@
 
 pub mod cursors;
 pub mod ledger;
+pub mod operations;
 pub mod orders;
 pub mod payments;
+pub mod reports;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,7 +32,7 @@ const POSTGRES_MAX_CONNECTIONS: u32 = 16;
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The schema, in order. Each version has one script per database.
-const MIGRATIONS: [(i64, &str, &str, &str); 4] = [
+const MIGRATIONS: [(i64, &str, &str, &str); 5] = [
     (
         1,
         "foundation",
@@ -54,6 +56,12 @@ const MIGRATIONS: [(i64, &str, &str, &str); 4] = [
         "transfer block height",
         include_str!("../../migrations/sqlite/0004_transfer_block_height.sql"),
         include_str!("../../migrations/postgres/0004_transfer_block_height.sql"),
+    ),
+    (
+        5,
+        "operations",
+        include_str!("../../migrations/sqlite/0005_operations.sql"),
+        include_str!("../../migrations/postgres/0005_operations.sql"),
     ),
 ];
 
@@ -175,6 +183,12 @@ impl Store {
             backend: self.backend,
             _writer: writer,
         })
+    }
+
+    /// Checks that the database answers (readiness).
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
     }
 
     /// Closes every connection; pending writes have already committed or rolled back.

@@ -145,6 +145,18 @@ pub(crate) async fn reopen_order(
     Ok(())
 }
 
+/// Clears an order's attention flag once an operator has dealt with it.
+pub(crate) async fn clear_attention(
+    conn: &mut AnyConnection,
+    reference: &str,
+) -> Result<(), StoreError> {
+    sqlx::query("UPDATE orders SET attention = NULL WHERE reference = $1")
+        .bind(reference)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
 fn decode_order(row: &sqlx::any::AnyRow) -> Result<StoredOrder, StoreError> {
     let corrupt = |what: &str| StoreError::Corrupt(format!("order row: {what}"));
     let reference = OrderRef::new(row.try_get::<String, _>("reference")?)

@@ -318,7 +318,7 @@ pub fn asset_text(asset: &ReceivedAsset) -> String {
     }
 }
 
-fn parse_asset(text: &str) -> Result<ReceivedAsset, StoreError> {
+pub(crate) fn parse_asset(text: &str) -> Result<ReceivedAsset, StoreError> {
     match text.strip_prefix("token:") {
         Some(contract) => Ok(ReceivedAsset::OtherToken {
             contract: contract.to_owned(),
@@ -466,6 +466,8 @@ pub struct ExceptionRecord {
     pub opened_at: DateTime<Utc>,
     /// When an operator resolved it.
     pub resolved_at: Option<DateTime<Utc>>,
+    /// What the operator did, and who: `<action> by <actor>: <reason>`.
+    pub resolution: Option<String>,
 }
 
 /// Opens an exception unless one with that id exists. Returns whether it is new.
@@ -496,36 +498,38 @@ pub(crate) async fn exceptions(
 ) -> Result<Vec<ExceptionRecord>, StoreError> {
     let rows = match order_ref {
         Some(order_ref) => sqlx::query(
-            "SELECT id, kind, intent_id, order_ref, transfer, detail, opened_at_ms, resolved_at_ms \
+            "SELECT id, kind, intent_id, order_ref, transfer, detail, opened_at_ms, resolved_at_ms, resolution \
                  FROM exceptions WHERE order_ref = $1 ORDER BY opened_at_ms, id",
         )
         .bind(order_ref)
         .fetch_all(conn)
         .await?,
         None => sqlx::query(
-            "SELECT id, kind, intent_id, order_ref, transfer, detail, opened_at_ms, resolved_at_ms \
+            "SELECT id, kind, intent_id, order_ref, transfer, detail, opened_at_ms, resolved_at_ms, resolution \
                  FROM exceptions ORDER BY opened_at_ms, id",
         )
         .fetch_all(conn)
         .await?,
     };
-    rows.iter()
-        .map(|row| {
-            Ok(ExceptionRecord {
-                id: row.try_get("id")?,
-                kind: row.try_get("kind")?,
-                intent_id: row.try_get("intent_id")?,
-                order_ref: row.try_get("order_ref")?,
-                transfer: row.try_get("transfer")?,
-                detail: row.try_get("detail")?,
-                opened_at: millis(row.try_get("opened_at_ms")?)?,
-                resolved_at: row
-                    .try_get::<Option<i64>, _>("resolved_at_ms")?
-                    .map(millis)
-                    .transpose()?,
-            })
-        })
-        .collect()
+    rows.iter().map(decode_exception).collect()
+}
+
+/// An exception row, as every exception query selects it.
+pub(crate) fn decode_exception(row: &sqlx::any::AnyRow) -> Result<ExceptionRecord, StoreError> {
+    Ok(ExceptionRecord {
+        id: row.try_get("id")?,
+        kind: row.try_get("kind")?,
+        intent_id: row.try_get("intent_id")?,
+        order_ref: row.try_get("order_ref")?,
+        transfer: row.try_get("transfer")?,
+        detail: row.try_get("detail")?,
+        opened_at: millis(row.try_get("opened_at_ms")?)?,
+        resolved_at: row
+            .try_get::<Option<i64>, _>("resolved_at_ms")?
+            .map(millis)
+            .transpose()?,
+        resolution: row.try_get("resolution")?,
+    })
 }
 
 /// One entry of the intent event stream.

@@ -11,6 +11,7 @@ pub mod checks;
 pub mod payments;
 pub mod regtest;
 pub mod replay;
+pub mod seed;
 pub mod serve;
 pub mod solana;
 pub mod tron;

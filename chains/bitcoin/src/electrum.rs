@@ -597,6 +597,7 @@ impl Session {
             events,
             cursor: self.cursor(),
             more: false,
+            head: tip_height,
         })
     }
 

@@ -266,6 +266,7 @@ impl BlockRange {
                 checkpoints: checkpoints.split_off(keep_from),
             },
             more: tip < head,
+            head,
         }
     }
 }

@@ -50,6 +50,8 @@ pub struct ScanBatch {
     pub cursor: ChainCursor,
     /// The scanner is behind and has more to do right away (do not wait before the next scan).
     pub more: bool,
+    /// The node's newest block (or slot) at this scan: operators see how far the cursor lags.
+    pub head: u64,
 }
 
 /// Why a scan failed, which decides what the watcher loop does next.

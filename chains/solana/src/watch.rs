@@ -338,6 +338,7 @@ impl ChainScanner for SolanaScanner {
                 checkpoints: Vec::new(),
             },
             more: false,
+            head: tip,
         })
     }
 

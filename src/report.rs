@@ -1,0 +1,773 @@
+//! The finance reconciliation report: per method, what was expected, received, booked and
+//! credited in a period and why they differ; every transfer with its intent, ledger entry and
+//! state; every exception and its resolution; the trial balance.
+//!
+//! The report streams: a first pass folds the period into per-method and per-day sums, a
+//! second writes the transfers one by one. A million transfers never sit in memory.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use futures_util::TryStreamExt;
+use payrecon_chain_core::{Amount, Method, ReceivedAsset};
+use serde::Serialize;
+use tokio::io::{AsyncWrite, AsyncWriteExt, BufWriter};
+
+use crate::engine::{Engine, TrialBalance};
+use crate::error::Error;
+use crate::ledger::{Account, Currency};
+use crate::store::payments::{ExceptionRecord, asset_text};
+use crate::store::reports::{self, ReportTransfer};
+
+/// Which period and method a report covers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReportQuery {
+    /// Start, inclusive.
+    pub from: DateTime<Utc>,
+    /// End, exclusive.
+    pub to: DateTime<Utc>,
+    /// One method only, if given.
+    pub method: Option<Method>,
+}
+
+/// How the report is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReportFormat {
+    /// One table, one header row: opens in a spreadsheet as is.
+    Csv,
+    /// One JSON document, every section.
+    Json,
+    /// A printable page with tables, totals and a chart.
+    Html,
+}
+
+/// The table a CSV report holds (a CSV file has one header row, so one table).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CsvSection {
+    /// Every transfer of the period.
+    #[default]
+    Transfers,
+    /// The per-method summary.
+    Summary,
+    /// Every exception opened in the period.
+    Exceptions,
+    /// Each account's balance and each currency's total.
+    Balances,
+}
+
+/// One method's figures for the period. Crypto amounts are exact decimals of the asset.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct MethodSummary {
+    /// The method.
+    pub method: String,
+    /// Its asset.
+    pub asset: String,
+    /// Payment instructions created in the period (superseded ones not counted).
+    pub intents_created: u64,
+    /// Of them, settled.
+    pub intents_settled: u64,
+    /// Of them, expired without payment.
+    pub intents_expired: u64,
+    /// Of them, underpaid, paid late, reversed or with an open exception.
+    pub intents_in_exception: u64,
+    /// The amounts those instructions asked for.
+    pub expected: String,
+    /// Transfers of the asset first seen in the period, reorged ones excluded.
+    pub received: String,
+    /// Crypto the ledger took into custody in the period, net of reorg reversals.
+    pub booked: String,
+    /// Crypto converted to USD at locked rates in the period.
+    pub credited: String,
+    /// Crypto put in (or, negative, released from) suspense in the period.
+    pub held: String,
+    /// Crypto that left custody (refunds) in the period.
+    pub refunded: String,
+    /// USD credited to orders and balances in the period.
+    pub usd_credited: String,
+    /// Received minus credited.
+    pub difference: String,
+    /// What the difference is made of.
+    pub why: String,
+    #[serde(skip)]
+    sums: Sums,
+}
+
+/// Exact sums behind a [`MethodSummary`], in base units (signed for ledger nets).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Sums {
+    expected: u128,
+    received: u128,
+    unbooked: u128,
+    booked: i128,
+    credited: i128,
+    held: i128,
+    refunded: i128,
+    usd_cents: i128,
+}
+
+/// The report's totals, returned to the caller once it is written.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ReportTotals {
+    /// Transfers listed.
+    pub transfers: u64,
+    /// Exceptions listed.
+    pub exceptions: u64,
+    /// Per method.
+    pub methods: Vec<MethodSummary>,
+    /// Whether the trial balance is sound (every currency sums to zero).
+    pub trial_balance_sound: bool,
+}
+
+/// What the first pass learns about the period.
+struct Folded {
+    methods: BTreeMap<Method, MethodSummary>,
+    /// Received base units per day and method, for the chart.
+    per_day: BTreeMap<(String, Method), u128>,
+}
+
+impl Engine {
+    /// Writes the reconciliation report for `query` to `out`, streaming.
+    pub async fn write_reconciliation<W: AsyncWrite + Unpin + Send>(
+        &self,
+        query: &ReportQuery,
+        format: ReportFormat,
+        section: CsvSection,
+        out: W,
+    ) -> Result<ReportTotals, Error> {
+        if query.from >= query.to {
+            return Err(Error::InvalidInput(
+                "the report period is empty: --from must be before --to".into(),
+            ));
+        }
+        let mut out = BufWriter::new(out);
+        let folded = self.fold_period(query).await?;
+        let trial = self.trial_balance().await?;
+        let mut totals = ReportTotals {
+            transfers: 0,
+            exceptions: 0,
+            methods: folded.methods.values().cloned().collect(),
+            trial_balance_sound: trial.is_sound(),
+        };
+        let io = |e: std::io::Error| Error::Report(e.to_string());
+        match format {
+            ReportFormat::Csv => {
+                self.write_csv(query, section, &folded, &trial, &mut out, &mut totals)
+                    .await?
+            }
+            ReportFormat::Json => {
+                self.write_json(query, &folded, &trial, &mut out, &mut totals)
+                    .await?
+            }
+            ReportFormat::Html => {
+                self.write_html(query, &folded, &trial, &mut out, &mut totals)
+                    .await?
+            }
+        }
+        out.flush().await.map_err(io)?;
+        Ok(totals)
+    }
+
+    /// The first pass: intents, transfers and postings of the period folded into sums.
+    async fn fold_period(&self, query: &ReportQuery) -> Result<Folded, Error> {
+        let (from, to) = (query.from.timestamp_millis(), query.to.timestamp_millis());
+        let mut methods: BTreeMap<Method, MethodSummary> = Method::ALL
+            .into_iter()
+            .filter(|m| query.method.is_none_or(|q| q == *m))
+            .map(|m| {
+                let summary = MethodSummary {
+                    method: m.id().to_owned(),
+                    asset: m.asset().to_string(),
+                    ..MethodSummary::default()
+                };
+                (m, summary)
+            })
+            .collect();
+        let mut per_day = BTreeMap::new();
+        let mut conn = self.store().pool().acquire().await?;
+        {
+            let mut intents = reports::intents_in(&mut conn, from, to);
+            while let Some(intent) = intents.try_next().await? {
+                let Some(summary) = intent
+                    .method
+                    .parse()
+                    .ok()
+                    .and_then(|m: Method| methods.get_mut(&m))
+                else {
+                    continue;
+                };
+                if intent.superseded {
+                    continue;
+                }
+                summary.intents_created += 1;
+                match intent.status.as_str() {
+                    "settled" => summary.intents_settled += 1,
+                    "expired" => summary.intents_expired += 1,
+                    "underpaid" | "paid_late" | "reorged_after_credit" => {
+                        summary.intents_in_exception += 1
+                    }
+                    _ => {}
+                }
+                summary.sums.expected += intent.amount.base_units();
+            }
+        }
+        for (method, count) in reports::intents_with_open_exceptions(&mut conn, from, to).await? {
+            if let Some(summary) = method
+                .parse()
+                .ok()
+                .and_then(|m: Method| methods.get_mut(&m))
+            {
+                summary.intents_in_exception = summary.intents_in_exception.max(count as u64);
+            }
+        }
+        {
+            let mut transfers = reports::transfers_in(&mut conn, from, to);
+            while let Some(transfer) = transfers.try_next().await? {
+                let ReceivedAsset::Method { method } = transfer.asset else {
+                    continue;
+                };
+                let Some(summary) = methods.get_mut(&method) else {
+                    continue;
+                };
+                if transfer.removed {
+                    continue;
+                }
+                let units = transfer.amount.base_units();
+                summary.sums.received += units;
+                if transfer.credited_entry.is_none() {
+                    summary.sums.unbooked += units;
+                }
+                *per_day
+                    .entry((day(transfer.seen_at_ms), method))
+                    .or_insert(0) += units;
+            }
+        }
+        {
+            let mut postings = reports::postings_in(&mut conn, from, to);
+            while let Some((key, posting)) = postings.try_next().await? {
+                let method = match (&posting.account, posting.currency) {
+                    (_, Currency::Crypto(m)) => m,
+                    (Account::Fx(m), Currency::Usd) => *m,
+                    _ => continue,
+                };
+                let Some(summary) = methods.get_mut(&method) else {
+                    continue;
+                };
+                let amount = posting.amount_minor;
+                let sums = &mut summary.sums;
+                // A refund is an operator's entry that takes crypto out of custody; a reorg's
+                // reversal takes back what was booked.
+                let refund = key.starts_with("resolve:") && amount < 0;
+                match (&posting.account, posting.currency) {
+                    (Account::Custody(_), _) if refund => sums.refunded -= amount,
+                    (Account::Custody(_), _) => sums.booked += amount,
+                    (Account::Fx(_), Currency::Crypto(_)) => sums.credited -= amount,
+                    (Account::Fx(_), Currency::Usd) => sums.usd_cents += amount,
+                    (Account::Suspense(_), Currency::Crypto(_)) => sums.held -= amount,
+                    _ => {}
+                }
+            }
+        }
+        for (method, summary) in &mut methods {
+            let currency = Currency::Crypto(*method);
+            let s = &summary.sums;
+            summary.expected = currency.format(s.expected as i128);
+            summary.received = currency.format(s.received as i128);
+            summary.booked = currency.format(s.booked);
+            summary.credited = currency.format(s.credited);
+            summary.held = currency.format(s.held);
+            summary.refunded = currency.format(s.refunded);
+            summary.usd_credited = Currency::Usd.format(s.usd_cents);
+            summary.difference = currency.format(s.received as i128 - s.credited);
+            summary.why = format!(
+                "{} held in suspense, {} not booked yet (confirming, underpaid or unmatched), {} refunded",
+                currency.format(s.held),
+                currency.format(s.unbooked as i128),
+                currency.format(s.refunded)
+            );
+        }
+        Ok(Folded { methods, per_day })
+    }
+
+    /// The period's exceptions.
+    async fn period_exceptions(&self, query: &ReportQuery) -> Result<Vec<ExceptionRecord>, Error> {
+        let mut conn = self.store().pool().acquire().await?;
+        Ok(reports::exceptions_in(
+            &mut conn,
+            query.from.timestamp_millis(),
+            query.to.timestamp_millis(),
+        )
+        .try_collect()
+        .await?)
+    }
+
+    async fn write_csv<W: AsyncWrite + Unpin + Send>(
+        &self,
+        query: &ReportQuery,
+        section: CsvSection,
+        folded: &Folded,
+        trial: &TrialBalance,
+        out: &mut W,
+        totals: &mut ReportTotals,
+    ) -> Result<(), Error> {
+        match section {
+            CsvSection::Transfers => {
+                put(out, &csv_line(&TRANSFER_COLUMNS)).await?;
+                let mut conn = self.store().pool().acquire().await?;
+                let mut rows = std::pin::pin!(transfers_of(&mut conn, query));
+                while let Some(t) = rows.try_next().await? {
+                    put(out, &csv_line(&transfer_cells(&t))).await?;
+                    totals.transfers += 1;
+                }
+            }
+            CsvSection::Summary => {
+                put(out, &csv_line(&SUMMARY_COLUMNS)).await?;
+                for s in folded.methods.values() {
+                    put(out, &csv_line(&summary_cells(s))).await?;
+                }
+            }
+            CsvSection::Exceptions => {
+                put(out, &csv_line(&EXCEPTION_COLUMNS)).await?;
+                for e in self.period_exceptions(query).await? {
+                    put(out, &csv_line(&exception_cells(&e))).await?;
+                    totals.exceptions += 1;
+                }
+            }
+            CsvSection::Balances => {
+                put(out, &csv_line(&["account", "currency", "balance"])).await?;
+                for line in trial.accounts.iter().chain(&trial.totals) {
+                    let currency = line.currency.to_string();
+                    put(out, &csv_line(&[&line.account, &currency, &line.balance])).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn write_json<W: AsyncWrite + Unpin + Send>(
+        &self,
+        query: &ReportQuery,
+        folded: &Folded,
+        trial: &TrialBalance,
+        out: &mut W,
+        totals: &mut ReportTotals,
+    ) -> Result<(), Error> {
+        let head = serde_json::json!({
+            "from": query.from.to_rfc3339(),
+            "to": query.to.to_rfc3339(),
+            "method": query.method.map(|m| m.id()),
+        });
+        let summary: Vec<&MethodSummary> = folded.methods.values().collect();
+        put(
+            out,
+            &format!(
+                "{{\"period\":{head},\"summary\":{},\"transfers\":[",
+                json(&summary)?
+            ),
+        )
+        .await?;
+        let mut conn = self.store().pool().acquire().await?;
+        let mut rows = std::pin::pin!(transfers_of(&mut conn, query));
+        while let Some(t) = rows.try_next().await? {
+            let row: BTreeMap<&str, String> = TRANSFER_COLUMNS
+                .iter()
+                .copied()
+                .zip(transfer_cells(&t))
+                .collect();
+            let separator = if totals.transfers == 0 { "" } else { "," };
+            put(out, &format!("{separator}{}", json(&row)?)).await?;
+            totals.transfers += 1;
+        }
+        let exceptions = self.period_exceptions(query).await?;
+        totals.exceptions = exceptions.len() as u64;
+        put(
+            out,
+            &format!(
+                "],\"exceptions\":{},\"trial_balance\":{},\"trial_balance_sound\":{}}}\n",
+                json(&exceptions)?,
+                json(trial)?,
+                trial.is_sound()
+            ),
+        )
+        .await
+    }
+
+    async fn write_html<W: AsyncWrite + Unpin + Send>(
+        &self,
+        query: &ReportQuery,
+        folded: &Folded,
+        trial: &TrialBalance,
+        out: &mut W,
+        totals: &mut ReportTotals,
+    ) -> Result<(), Error> {
+        let title = format!(
+            "Reconciliation {} to {}{}",
+            query.from.format("%Y-%m-%d %H:%M"),
+            query.to.format("%Y-%m-%d %H:%M"),
+            query.method.map(|m| format!(", {m}")).unwrap_or_default()
+        );
+        let mut page = format!(
+            "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{t}</title>\n<style>{REPORT_CSS}</style></head>\n<body>\n<h1>{t}</h1>\n<p class=\"meta\">Generated {}. Times in UTC; amounts are exact, in each method's asset.</p>\n",
+            Utc::now().to_rfc3339(),
+            t = escape(&title)
+        );
+        page.push_str("<h2>Per method</h2>\n");
+        page.push_str(&html_table(
+            &SUMMARY_COLUMNS,
+            folded.methods.values().map(summary_cells),
+        ));
+        page.push_str("<h2>Received per day</h2>\n");
+        page.push_str(&chart(&folded.per_day));
+        put(out, &page).await?;
+        put(
+            out,
+            "<h2>Transfers</h2>\n<table id=\"transfers\"><thead><tr>",
+        )
+        .await?;
+        let header: String = TRANSFER_COLUMNS
+            .iter()
+            .map(|c| format!("<th>{}</th>", escape(c)))
+            .collect();
+        put(out, &format!("{header}</tr></thead><tbody>\n")).await?;
+        let mut conn = self.store().pool().acquire().await?;
+        let mut rows = std::pin::pin!(transfers_of(&mut conn, query));
+        while let Some(t) = rows.try_next().await? {
+            put(out, &html_row(&transfer_cells(&t))).await?;
+            totals.transfers += 1;
+        }
+        let mut page = format!(
+            "</tbody></table>\n<p class=\"total\">{} transfers</p>\n<h2>Exceptions</h2>\n",
+            totals.transfers
+        );
+        let exceptions = self.period_exceptions(query).await?;
+        totals.exceptions = exceptions.len() as u64;
+        page.push_str(&html_table(
+            &EXCEPTION_COLUMNS,
+            exceptions.iter().map(exception_cells),
+        ));
+        page.push_str(&format!(
+            "<h2>Trial balance</h2>\n<p class=\"{}\">{}</p>\n",
+            if trial.is_sound() { "sound" } else { "broken" },
+            if trial.is_sound() {
+                "Every currency sums to zero."
+            } else {
+                "INVARIANTS BROKEN: a currency does not sum to zero."
+            }
+        ));
+        page.push_str(&html_table(
+            &["account", "currency", "balance"],
+            trial.accounts.iter().chain(&trial.totals).map(|line| {
+                vec![
+                    line.account.clone(),
+                    line.currency.to_string(),
+                    line.balance.clone(),
+                ]
+            }),
+        ));
+        page.push_str("</body></html>\n");
+        put(out, &page).await
+    }
+}
+
+/// The period's transfers of the query's method (paid in it, or to an intent of it).
+fn transfers_of<'c>(
+    conn: &'c mut sqlx::AnyConnection,
+    query: &ReportQuery,
+) -> impl futures_util::Stream<Item = Result<ReportTransfer, crate::store::StoreError>> + Send + 'c
+{
+    let method = query.method;
+    reports::transfers_in(
+        conn,
+        query.from.timestamp_millis(),
+        query.to.timestamp_millis(),
+    )
+    .try_filter(move |t| {
+        let keep = method.is_none_or(|method| {
+            matches!(t.asset, ReceivedAsset::Method { method: m } if m == method)
+                || t.intent_method.as_deref() == Some(method.id())
+        });
+        std::future::ready(keep)
+    })
+}
+
+const TRANSFER_COLUMNS: [&str; 15] = [
+    "seen_at",
+    "network",
+    "txid",
+    "position",
+    "to_address",
+    "asset",
+    "amount",
+    "intent",
+    "order",
+    "intent_status",
+    "confirmations",
+    "block",
+    "state",
+    "ledger_entry",
+    "reorged",
+];
+
+const SUMMARY_COLUMNS: [&str; 15] = [
+    "method",
+    "asset",
+    "intents_created",
+    "intents_settled",
+    "intents_expired",
+    "intents_in_exception",
+    "expected",
+    "received",
+    "booked",
+    "credited",
+    "held",
+    "refunded",
+    "usd_credited",
+    "difference",
+    "why",
+];
+
+const EXCEPTION_COLUMNS: [&str; 8] = [
+    "opened_at",
+    "kind",
+    "exception",
+    "order",
+    "intent",
+    "detail",
+    "resolved_at",
+    "resolution",
+];
+
+fn transfer_cells(t: &ReportTransfer) -> Vec<String> {
+    let (asset, amount) = match &t.asset {
+        ReceivedAsset::Method { method } => {
+            (method.asset().to_string(), method.format_amount(t.amount))
+        }
+        other => (asset_text(other), t.amount.base_units().to_string()),
+    };
+    vec![
+        iso(t.seen_at_ms),
+        t.network.clone(),
+        t.txid.clone(),
+        t.position.to_string(),
+        t.to_address.clone(),
+        asset,
+        amount,
+        t.intent_id.clone().unwrap_or_default(),
+        t.order_ref.clone().unwrap_or_default(),
+        t.intent_status.clone().unwrap_or_default(),
+        t.confirmations.to_string(),
+        t.block_height.map(|h| h.to_string()).unwrap_or_default(),
+        transfer_state(t).to_owned(),
+        t.credited_entry.clone().unwrap_or_default(),
+        t.removed.to_string(),
+    ]
+}
+
+/// What became of a transfer, from the entry that accounted for it.
+fn transfer_state(t: &ReportTransfer) -> &'static str {
+    let prefix = t
+        .credited_entry
+        .as_deref()
+        .and_then(|key| key.split(':').next());
+    match (t.removed, prefix) {
+        (true, _) => "reorged",
+        (false, Some("settle")) => "settled",
+        (false, Some("late")) => "paid_late",
+        (false, Some("after-settlement")) => "paid_after_settlement",
+        (false, Some("wrong-asset")) => "wrong_asset",
+        (false, Some("unmatched")) => "unmatched",
+        (false, Some("resolve")) => "resolved_by_operator",
+        (false, Some(_)) => "accounted",
+        (false, None) if t.confirmations == 0 => "unconfirmed",
+        (false, None) if t.intent_id.is_none() => "unmatched_unbooked",
+        (false, None) => "not_booked",
+    }
+}
+
+fn summary_cells(s: &MethodSummary) -> Vec<String> {
+    vec![
+        s.method.clone(),
+        s.asset.clone(),
+        s.intents_created.to_string(),
+        s.intents_settled.to_string(),
+        s.intents_expired.to_string(),
+        s.intents_in_exception.to_string(),
+        s.expected.clone(),
+        s.received.clone(),
+        s.booked.clone(),
+        s.credited.clone(),
+        s.held.clone(),
+        s.refunded.clone(),
+        s.usd_credited.clone(),
+        s.difference.clone(),
+        s.why.clone(),
+    ]
+}
+
+fn exception_cells(e: &ExceptionRecord) -> Vec<String> {
+    vec![
+        e.opened_at.to_rfc3339(),
+        e.kind.clone(),
+        e.id.clone(),
+        e.order_ref.clone().unwrap_or_default(),
+        e.intent_id.clone().unwrap_or_default(),
+        e.detail.clone(),
+        e.resolved_at.map(|at| at.to_rfc3339()).unwrap_or_default(),
+        e.resolution.clone().unwrap_or_default(),
+    ]
+}
+
+/// A small bar chart per method of the asset received each day, as inline SVG (prints too).
+fn chart(per_day: &BTreeMap<(String, Method), u128>) -> String {
+    if per_day.is_empty() {
+        return "<p>Nothing received in this period.</p>\n".into();
+    }
+    let mut by_method: BTreeMap<Method, Vec<(&str, u128)>> = BTreeMap::new();
+    for ((day, method), units) in per_day {
+        by_method.entry(*method).or_default().push((day, *units));
+    }
+    let mut html = String::from("<div class=\"charts\">\n");
+    for (method, days) in by_method {
+        let max = days.iter().map(|(_, u)| *u).max().unwrap_or(1).max(1);
+        let bar_width = 24;
+        let width = days.len() * (bar_width + 6) + 10;
+        html.push_str(&format!(
+            "<figure class=\"chart\"><figcaption>{} ({})</figcaption><svg role=\"img\" aria-label=\"{} received per day\" width=\"{width}\" height=\"130\">",
+            method,
+            method.asset(),
+            method
+        ));
+        for (i, (day, units)) in days.iter().enumerate() {
+            let height = ((*units as f64 / max as f64) * 100.0).round().max(1.0);
+            let x = 5 + i * (bar_width + 6);
+            let amount = method.format_amount(Amount::from_base_units(*units));
+            html.push_str(&format!(
+                "<rect x=\"{x}\" y=\"{}\" width=\"{bar_width}\" height=\"{height}\"><title>{day}: {amount} {}</title></rect><text x=\"{x}\" y=\"125\">{}</text>",
+                105.0 - height,
+                method.asset(),
+                &day[5..]
+            ));
+        }
+        html.push_str("</svg></figure>\n");
+    }
+    html.push_str("</div>\n");
+    html
+}
+
+const REPORT_CSS: &str = "body{font:14px/1.4 system-ui,sans-serif;margin:2em;color:#111}\
+table{border-collapse:collapse;margin:0 0 1.5em;font-variant-numeric:tabular-nums}\
+th,td{border:1px solid #bbb;padding:3px 6px;text-align:left;vertical-align:top}\
+th{background:#eee}.meta{color:#555}.sound{color:#060}.broken{color:#b00;font-weight:bold}\
+.charts{display:flex;flex-wrap:wrap;gap:1em}.chart rect{fill:#3a6ea5}.chart text{font-size:9px}\
+@media print{body{margin:0;font-size:10px}h2{page-break-after:avoid}tr{page-break-inside:avoid}}";
+
+fn html_table(columns: &[&str], rows: impl Iterator<Item = Vec<String>>) -> String {
+    let mut html = String::from("<table><thead><tr>");
+    for column in columns {
+        html.push_str(&format!("<th>{}</th>", escape(column)));
+    }
+    html.push_str("</tr></thead><tbody>\n");
+    for row in rows {
+        html.push_str(&html_row(&row));
+    }
+    html.push_str("</tbody></table>\n");
+    html
+}
+
+fn html_row(cells: &[String]) -> String {
+    let cells: String = cells
+        .iter()
+        .map(|c| format!("<td>{}</td>", escape(c)))
+        .collect();
+    format!("<tr>{cells}</tr>\n")
+}
+
+/// Escapes text for HTML element content and attribute values.
+pub(crate) fn escape(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => escaped.push_str("&amp;"),
+            '<' => escaped.push_str("&lt;"),
+            '>' => escaped.push_str("&gt;"),
+            '"' => escaped.push_str("&quot;"),
+            '\'' => escaped.push_str("&#39;"),
+            c => escaped.push(c),
+        }
+    }
+    escaped
+}
+
+/// One CSV line (RFC 4180 quoting). Text a spreadsheet would run as a formula is prefixed
+/// with a quote; amounts (digits, one sign) are left as they are.
+fn csv_line<S: AsRef<str>>(cells: &[S]) -> String {
+    let mut line = cells
+        .iter()
+        .map(|cell| {
+            let cell = cell.as_ref();
+            let numeric = cell
+                .strip_prefix('-')
+                .unwrap_or(cell)
+                .chars()
+                .all(|c| c.is_ascii_digit() || c == '.');
+            let cell = if !numeric && cell.starts_with(['=', '+', '-', '@', '\t', '\r']) {
+                format!("'{cell}")
+            } else {
+                cell.to_owned()
+            };
+            if cell.contains([',', '"', '\n', '\r']) {
+                format!("\"{}\"", cell.replace('"', "\"\""))
+            } else {
+                cell
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",");
+    line.push_str("\r\n");
+    line
+}
+
+fn json<T: Serialize + ?Sized>(value: &T) -> Result<String, Error> {
+    serde_json::to_string(value).map_err(|e| Error::Report(e.to_string()))
+}
+
+async fn put<W: AsyncWrite + Unpin + Send>(out: &mut W, text: &str) -> Result<(), Error> {
+    out.write_all(text.as_bytes())
+        .await
+        .map_err(|e| Error::Report(e.to_string()))
+}
+
+fn iso(ms: i64) -> String {
+    DateTime::from_timestamp_millis(ms)
+        .map(|at| at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+        .unwrap_or_default()
+}
+
+fn day(ms: i64) -> String {
+    DateTime::from_timestamp_millis(ms)
+        .map(|at| at.format("%Y-%m-%d").to_string())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn csv_quotes_and_defuses_formulas() {
+        assert_eq!(
+            csv_line(&["a", "b,c", "say \"hi\""]),
+            "a,\"b,c\",\"say \"\"hi\"\"\"\r\n"
+        );
+        assert_eq!(
+            csv_line(&["=SUM(A1)", "-0.5", "@x"]),
+            "'=SUM(A1),-0.5,'@x\r\n"
+        );
+    }
+
+    #[test]
+    fn html_is_escaped() {
+        assert_eq!(escape("<a href='x'>&"), "&lt;a href=&#39;x&#39;&gt;&amp;");
+    }
+}

@@ -1,0 +1,161 @@
+//! SQL for the reconciliation report. Every query streams its rows: a report over millions of
+//! transfers holds one row at a time, plus per-method and per-day sums.
+
+use futures_util::{Stream, StreamExt};
+use payrecon_chain_core::Amount;
+use sqlx::{AnyConnection, Row};
+
+use super::StoreError;
+use super::payments::{ExceptionRecord, decode_exception, parse_asset};
+use crate::ledger::Posting;
+
+/// A transfer with the intent and order it paid, as the report lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ReportTransfer {
+    pub network: String,
+    pub txid: String,
+    pub position: i64,
+    pub to_address: String,
+    pub asset: payrecon_chain_core::ReceivedAsset,
+    pub amount: Amount,
+    pub intent_id: Option<String>,
+    pub order_ref: Option<String>,
+    pub intent_method: Option<String>,
+    pub intent_status: Option<String>,
+    pub confirmations: i64,
+    pub block_height: Option<i64>,
+    pub removed: bool,
+    pub seen_at_ms: i64,
+    pub credited_entry: Option<String>,
+}
+
+/// Transfers first seen in `[from_ms, to_ms)`, oldest first.
+pub(crate) fn transfers_in(
+    conn: &mut AnyConnection,
+    from_ms: i64,
+    to_ms: i64,
+) -> impl Stream<Item = Result<ReportTransfer, StoreError>> + '_ {
+    sqlx::query(
+        "SELECT t.network, t.txid, t.position, t.to_address, t.asset, t.amount_base, t.intent_id, \
+         i.order_ref, i.method, i.status, t.confirmations, t.block_height, t.removed, t.seen_at_ms, t.credited_entry \
+         FROM transfers t LEFT JOIN payment_intents i ON i.id = t.intent_id \
+         WHERE t.seen_at_ms >= $1 AND t.seen_at_ms < $2 ORDER BY t.seen_at_ms, t.network, t.txid, t.position",
+    )
+    .bind(from_ms)
+    .bind(to_ms)
+    .fetch(conn)
+    .map(|row| {
+        let row = row?;
+        Ok(ReportTransfer {
+            network: row.try_get("network")?,
+            txid: row.try_get("txid")?,
+            position: row.try_get("position")?,
+            to_address: row.try_get("to_address")?,
+            asset: parse_asset(&row.try_get::<String, _>("asset")?)?,
+            amount: base_units(&row)?,
+            intent_id: row.try_get("intent_id")?,
+            order_ref: row.try_get("order_ref")?,
+            intent_method: row.try_get("method")?,
+            intent_status: row.try_get("status")?,
+            confirmations: row.try_get("confirmations")?,
+            block_height: row.try_get("block_height")?,
+            removed: row.try_get::<i64, _>("removed")? != 0,
+            seen_at_ms: row.try_get("seen_at_ms")?,
+            credited_entry: row.try_get("credited_entry")?,
+        })
+    })
+}
+
+/// An intent as the report counts it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ReportIntent {
+    pub method: String,
+    pub status: String,
+    pub amount: Amount,
+    pub superseded: bool,
+}
+
+/// Intents created in `[from_ms, to_ms)`.
+pub(crate) fn intents_in(
+    conn: &mut AnyConnection,
+    from_ms: i64,
+    to_ms: i64,
+) -> impl Stream<Item = Result<ReportIntent, StoreError>> + '_ {
+    sqlx::query(
+        "SELECT method, status, amount_base, superseded_by FROM payment_intents \
+         WHERE created_at_ms >= $1 AND created_at_ms < $2",
+    )
+    .bind(from_ms)
+    .bind(to_ms)
+    .fetch(conn)
+    .map(|row| {
+        let row = row?;
+        Ok(ReportIntent {
+            method: row.try_get("method")?,
+            status: row.try_get("status")?,
+            amount: base_units(&row)?,
+            superseded: row.try_get::<Option<String>, _>("superseded_by")?.is_some(),
+        })
+    })
+}
+
+/// Postings of entries posted in `[from_ms, to_ms)`, each with its entry's idempotency key.
+pub(crate) fn postings_in(
+    conn: &mut AnyConnection,
+    from_ms: i64,
+    to_ms: i64,
+) -> impl Stream<Item = Result<(String, Posting), StoreError>> + '_ {
+    sqlx::query(
+        "SELECT p.account, p.currency, p.amount, j.idempotency_key FROM postings p JOIN journal_entries j ON j.seq = p.entry_seq \
+         WHERE j.posted_at_ms >= $1 AND j.posted_at_ms < $2",
+    )
+    .bind(from_ms)
+    .bind(to_ms)
+    .fetch(conn)
+    .map(|row| {
+        let row = row?;
+        Ok((row.try_get(3)?, super::ledger::decode_posting(&row)?))
+    })
+}
+
+/// Intents with an open exception, created in `[from_ms, to_ms)`.
+pub(crate) async fn intents_with_open_exceptions(
+    conn: &mut AnyConnection,
+    from_ms: i64,
+    to_ms: i64,
+) -> Result<Vec<(String, i64)>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT i.method, COUNT(DISTINCT i.id) AS n FROM payment_intents i JOIN exceptions e ON e.intent_id = i.id \
+         WHERE e.resolved_at_ms IS NULL AND i.created_at_ms >= $1 AND i.created_at_ms < $2 GROUP BY i.method",
+    )
+    .bind(from_ms)
+    .bind(to_ms)
+    .fetch_all(conn)
+    .await?;
+    rows.iter()
+        .map(|row| Ok((row.try_get("method")?, row.try_get("n")?)))
+        .collect()
+}
+
+/// Exceptions opened in `[from_ms, to_ms)`, with how they were resolved.
+pub(crate) fn exceptions_in(
+    conn: &mut AnyConnection,
+    from_ms: i64,
+    to_ms: i64,
+) -> impl Stream<Item = Result<ExceptionRecord, StoreError>> + '_ {
+    sqlx::query(
+        "SELECT id, kind, intent_id, order_ref, transfer, detail, opened_at_ms, resolved_at_ms, resolution \
+         FROM exceptions WHERE opened_at_ms >= $1 AND opened_at_ms < $2 ORDER BY opened_at_ms, id",
+    )
+    .bind(from_ms)
+    .bind(to_ms)
+    .fetch(conn)
+    .map(|row| decode_exception(&row?))
+}
+
+/// The row's `amount_base` column: base units as decimal text.
+fn base_units(row: &sqlx::any::AnyRow) -> Result<Amount, StoreError> {
+    let text: String = row.try_get("amount_base")?;
+    Amount::from_decimal_str(&text, 0)
+        .map_err(|_| StoreError::Corrupt(format!("amount_base {text:?}")))
+}
