@@ -6,6 +6,8 @@
 #
 #   scripts/devnet.sh up                      start (fresh chain) or reuse; prints `export` lines
 #   scripts/devnet.sh down                    stop everything started by `up`
+#   scripts/devnet.sh litecoin-cli ARGS…      the node's litecoin-cli (wallet: -rpcwallet=miner)
+#   scripts/devnet.sh mine [N]                mine N Litecoin blocks (default 1)
 #   scripts/devnet.sh electrumx-start DIR PORT   one more ElectrumX over the same node
 #   scripts/devnet.sh electrumx-stop DIR         stop that one (its index stays in DIR)
 #
@@ -188,10 +190,20 @@ case "${1:-}" in
       for _ in $(seq 1 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
     fi
     ;;
+  litecoin-cli)
+    # The devnet node's litecoin-cli, e.g. `litecoin-cli -rpcwallet=miner sendtoaddress ADDR 1.5`.
+    shift
+    cli "$@"
+    ;;
+  mine)
+    # Mines N blocks (default 1) to the devnet wallet.
+    cli -rpcwallet=miner generatetoaddress "${2:-1}" "$(cli -rpcwallet=miner getnewaddress '' bech32)" >/dev/null
+    log "mined ${2:-1} block(s); height $(cli getblockcount)"
+    ;;
   electrumx-start) electrumx_start "$2" "$3" ;;
   electrumx-stop) electrumx_stop "$2" ;;
   *)
-    echo "usage: $0 up | down | electrumx-start DIR PORT | electrumx-stop DIR" >&2
+    echo "usage: $0 up | down | litecoin-cli ARGS… | mine [N] | electrumx-start DIR PORT | electrumx-stop DIR" >&2
     exit 2
     ;;
 esac

@@ -5,6 +5,9 @@
 # - The Litecoin regtest node, ElectrumX and anvil come from PAYRECON_TEST_LTC_RPC,
 #   PAYRECON_TEST_ELECTRUM and PAYRECON_TEST_ETH_RPC when all are set; otherwise
 #   scripts/devnet.sh installs (first run) and starts them for this run and stops them after it.
+# - Headless Chromium for the browser test comes from PAYRECON_TEST_CHROMIUM or Debian's
+#   chromium, installed here when missing.
+# - After the suite, scripts/smoke.sh runs README's "Try it in five minutes" end to end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,4 +31,11 @@ else
   echo "using the nodes from PAYRECON_TEST_ELECTRUM, PAYRECON_TEST_LTC_RPC and PAYRECON_TEST_ETH_RPC"
 fi
 
+if [ -z "${PAYRECON_TEST_CHROMIUM:-}" ] && ! [ -x /usr/bin/chromium ]; then
+  echo "installing Debian's chromium for the browser test"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -q chromium >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }
+fi
+
 cargo test --workspace --locked
+scripts/smoke.sh

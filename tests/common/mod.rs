@@ -76,6 +76,16 @@ impl TestDb {
         }
     }
 
+    /// A SQLite database at `path`, owned by someone else (a `payrecon serve` under test).
+    pub fn sqlite_at(path: &std::path::Path) -> TestDb {
+        TestDb {
+            url: format!("sqlite://{}", path.display()),
+            db: Db::Sqlite,
+            _dir: None,
+            pg_schema: None,
+        }
+    }
+
     /// An engine over this database, migrated.
     pub async fn engine(&self) -> Engine {
         Engine::open(&self.url).await.expect("open engine")

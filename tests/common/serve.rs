@@ -36,6 +36,11 @@ impl ServeConfig {
         ServeConfig { dir, path }
     }
 
+    /// The embedded database `payrecon serve` and the CLI use.
+    pub fn database(&self) -> std::path::PathBuf {
+        self.dir.path().join("serve.db")
+    }
+
     /// Runs a CLI command that must succeed; its JSON answer.
     pub fn cli(&self, args: &[&str]) -> Value {
         let output = Command::new(env!("CARGO_BIN_EXE_payrecon"))
