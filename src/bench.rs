@@ -99,6 +99,16 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 1_000)]
         paid: usize,
     },
+    /// The reconciliation report over a period of many transfers, each with its ledger entry:
+    /// time per format and the process's peak memory while writing it (the report streams).
+    Report {
+        /// Transfers in the period.
+        #[arg(long, default_value_t = 100_000)]
+        transfers: usize,
+        /// A database the benchmark may fill. Default: a fresh temporary SQLite file.
+        #[arg(long)]
+        scratch_database: Option<String>,
+    },
     /// The Litecoin watcher over a real Electrum server: addresses followed from a cold start
     /// (a restart's full resync) and a steady scan, for fresh intents below a random key.
     Electrum {
@@ -128,6 +138,9 @@ pub struct BenchLine {
     pub elapsed_ms: u128,
     /// Entries per second.
     pub entries_per_second: u64,
+    /// The process's peak resident memory during the workload, where it was measured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_rss_mib: Option<u64>,
 }
 
 /// Runs a benchmark and prints its figures.
@@ -229,6 +242,31 @@ pub async fn run(command: BenchCommand, _config: &Config, json: bool) -> anyhow:
                 Some(&backend),
                 format!(
                     "electrum watcher on {backend} ({}), server {electrum_url}",
+                    crate::cli::redact(&url)
+                ),
+                &lines,
+                ITEMS,
+            )
+        }
+        BenchCommand::Report {
+            transfers,
+            scratch_database,
+        } => {
+            anyhow::ensure!(transfers > 0, "--transfers must be positive");
+            let scratch_dir = tempfile::tempdir().context("creating a scratch directory")?;
+            let url = scratch_database.unwrap_or_else(|| {
+                format!("sqlite://{}", scratch_dir.path().join("bench.db").display())
+            });
+            let engine = Engine::open(&url)
+                .await
+                .context("opening the scratch database")?;
+            let lines = reconciliation(&engine, transfers).await?;
+            let backend = format!("{:?}", engine.store().backend()).to_lowercase();
+            report(
+                json,
+                Some(&backend),
+                format!(
+                    "reconciliation report on {backend} ({})",
                     crate::cli::redact(&url)
                 ),
                 &lines,
@@ -905,6 +943,128 @@ fn debit(key: &str, customer: &AccountId) -> NewEntry {
 /// How the count and the rate of a workload are labelled.
 const ITEMS: (&str, &str) = ("items  ", "per second");
 
+/// Transfers loaded per transaction when building the report benchmark's period.
+const REPORT_LOAD_BATCH: usize = 10_000;
+
+/// Builds a period of `count` confirmed transfers to addresses no intent owns, each held in
+/// suspense by its own journal entry (as the matcher books them), then writes the report in
+/// every format to nowhere, timing each and reading the peak memory it took.
+async fn reconciliation(engine: &Engine, count: usize) -> anyhow::Result<Vec<BenchLine>> {
+    use crate::report::{CsvSection, ReportFormat, ReportQuery};
+    use crate::store::payments::StoredTransfer;
+    let start = chrono::Utc::now() - chrono::Duration::days(3);
+    // Spread over three days, so the chart has bars.
+    let spacing_ms = (3 * 24 * 3600 * 1000 / count as i64).max(1);
+    let bar = progress_bar(count as u64, "loading");
+    let started = Instant::now();
+    for first in (0..count).step_by(REPORT_LOAD_BATCH) {
+        let indexes = first..(first + REPORT_LOAD_BATCH).min(count);
+        let transfers: Vec<StoredTransfer> = indexes
+            .clone()
+            .map(|i| {
+                let id = TransferId {
+                    network: Network::Bitcoin,
+                    txid: format!("{i:064x}"),
+                    position: 0,
+                };
+                StoredTransfer {
+                    credited_entry: Some(format!("unmatched:{id}")),
+                    id,
+                    to_address: format!("bc1qbench{:06}", i % 1_000),
+                    asset: ReceivedAsset::Method {
+                        method: Method::Btc,
+                    },
+                    amount: payrecon_chain_core::Amount::from_base_units(
+                        10_000 + (i % 1_000) as u128,
+                    ),
+                    intent_id: None,
+                    confirmations: 6,
+                    block_height: Some(1_000 + (i / 1_000) as u64),
+                    removed: false,
+                    tip_height: 2_000,
+                    seen_at_ms: start.timestamp_millis() + i as i64 * spacing_ms,
+                }
+            })
+            .collect();
+        let btc = Currency::Crypto(Method::Btc);
+        let entries: Vec<NewEntry> = transfers
+            .iter()
+            .map(|t| NewEntry {
+                idempotency_key: t.credited_entry.clone().expect("set above"),
+                kind: EntryKind::Payment,
+                reference: None,
+                memo: "held: unmatched".into(),
+                postings: vec![
+                    Posting::debit(
+                        Account::Custody(Method::Btc),
+                        btc,
+                        t.amount.base_units() as i128,
+                    ),
+                    Posting::credit(
+                        Account::Suspense(crate::ledger::SuspenseReason::Unmatched),
+                        btc,
+                        t.amount.base_units() as i128,
+                    ),
+                ],
+            })
+            .collect();
+        let mut tx = engine.store().begin_write().await?;
+        crate::store::reports::load_transfers(&mut tx, &transfers, start.timestamp_millis())
+            .await?;
+        crate::store::ledger::post_batch(&mut tx, &entries, start + chrono::Duration::hours(1))
+            .await??;
+        tx.commit().await?;
+        bar.inc(indexes.len() as u64);
+    }
+    bar.finish_and_clear();
+    let mut lines = vec![line("load transfers and entries", count, started.elapsed())];
+    let query = ReportQuery {
+        from: start - chrono::Duration::hours(1),
+        to: chrono::Utc::now() + chrono::Duration::hours(1),
+        method: None,
+    };
+    for (name, format) in [
+        ("report csv (transfers)", ReportFormat::Csv),
+        ("report json", ReportFormat::Json),
+        ("report html", ReportFormat::Html),
+    ] {
+        reset_peak_memory();
+        let started = Instant::now();
+        let totals = engine
+            .write_reconciliation(&query, format, CsvSection::Transfers, tokio::io::sink())
+            .await?;
+        anyhow::ensure!(
+            totals.transfers as usize == count,
+            "the report listed {} transfers",
+            totals.transfers
+        );
+        let mut measured = line(name, count, started.elapsed());
+        measured.peak_rss_mib = peak_memory_mib();
+        lines.push(measured);
+    }
+    Ok(lines)
+}
+
+/// Resets the kernel's peak-RSS mark of this process (Linux), so the next reading is the
+/// peak of what follows.
+fn reset_peak_memory() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+/// The process's peak resident memory since the last reset, in MiB (Linux).
+fn peak_memory_mib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib / 1024)
+}
+
 /// Prints the figures: one JSON document, or a title and one aligned row per workload.
 fn report(
     json: bool,
@@ -921,9 +1081,13 @@ fn report(
         let mut text = format!("{title}\n");
         for line in lines {
             text.push_str(&format!(
-                "{:<44} {:>8} {count} {:>8} ms {:>9} {rate}\n",
+                "{:<44} {:>8} {count} {:>8} ms {:>9} {rate}",
                 line.workload, line.entries, line.elapsed_ms, line.entries_per_second
             ));
+            if let Some(peak) = line.peak_rss_mib {
+                text.push_str(&format!("  peak RSS {peak} MiB"));
+            }
+            text.push('\n');
         }
         text
     })
@@ -935,6 +1099,7 @@ fn line(workload: &str, entries: usize, elapsed: Duration) -> BenchLine {
         entries,
         elapsed_ms: elapsed.as_millis(),
         entries_per_second: (entries as f64 / elapsed.as_secs_f64().max(1e-9)) as u64,
+        peak_rss_mib: None,
     }
 }
 

@@ -195,6 +195,11 @@ enum ReportCommand {
         /// Write to this file instead of stdout.
         #[arg(long)]
         output: Option<PathBuf>,
+        /// Instead of the report: fetch every credited transfer of the period again from its
+        /// chain (the configured nodes) and list those the chain no longer backs. Exits
+        /// non-zero when there is any.
+        #[arg(long)]
+        audit: bool,
     },
 }
 
@@ -226,7 +231,7 @@ enum ExceptionCommand {
         #[arg(long)]
         usd: Option<String>,
         /// mark-refunded: the refund's transaction id.
-        #[arg(long, required_if_eq("action", "mark-refunded"))]
+        #[arg(long)]
         refund_txid: Option<String>,
     },
     /// The operators' audit log.
@@ -283,7 +288,10 @@ enum LedgerCommand {
 
 /// Runs the command line and maps failures to a one-line message and exit code 1.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => return usage_error(error),
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("PAYRECON_LOG")
@@ -305,6 +313,34 @@ pub fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Help and version print as clap writes them; a usage mistake is one line on stderr (the
+/// first of clap's message, which names the argument) and exit status 2.
+fn usage_error(error: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(
+        error.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        let _ = error.print();
+        return if error.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+            ExitCode::from(2)
+        } else {
+            ExitCode::SUCCESS
+        };
+    }
+    let message = error.to_string();
+    let first = message.lines().next().unwrap_or("invalid arguments");
+    let hint = message
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("[possible values: "))
+        .map(|values| format!(" (possible values: {})", values.trim_end_matches(']')))
+        .unwrap_or_default();
+    eprintln!("{first}{hint} (see --help)");
+    ExitCode::from(2)
 }
 
 /// Ctrl-C, or SIGTERM where there is one.
@@ -573,12 +609,39 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             format,
             section,
             output,
+            audit,
         }) => {
             let query = crate::report::ReportQuery {
                 from: crate::api::parse_time("--from", &from)?,
                 to: crate::api::parse_time("--to", &to)?,
                 method: method.map(|m| m.parse::<Method>()).transpose()?,
             };
+            if audit {
+                let report = engine.audit_credited(&config, &query).await?;
+                let text = report.render(format)?;
+                match &output {
+                    Some(path) => std::fs::write(path, text)
+                        .with_context(|| format!("writing {}", path.display()))?,
+                    None => print!("{text}"),
+                }
+                anyhow::ensure!(
+                    report.unchecked.is_empty(),
+                    "credited transfers of {} could not be checked: no node configured",
+                    report
+                        .unchecked
+                        .keys()
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+                anyhow::ensure!(
+                    report.findings.is_empty(),
+                    "{} of {} credited transfers are not backed by their chain",
+                    report.findings.len(),
+                    report.checked
+                );
+                return Ok(());
+            }
             let totals = match &output {
                 Some(path) => {
                     let file = tokio::fs::File::create(path)
@@ -680,7 +743,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     usd: usd.map(|u| u.parse::<Usd>()).transpose()?,
                 },
                 ActionArg::MarkRefunded => crate::operator::Action::MarkRefunded {
-                    refund_txid: refund_txid.unwrap_or_default(),
+                    refund_txid: refund_txid
+                        .context("--action mark-refunded needs --refund-txid")?,
                 },
                 ActionArg::Dismiss => crate::operator::Action::Dismiss,
             };

@@ -7,6 +7,7 @@
 //! watcher -> chain event -> matcher -> ledger -> reports.
 
 pub mod api;
+pub mod audit;
 pub mod bench;
 pub mod cli;
 pub mod clock;

@@ -471,7 +471,7 @@ impl Engine {
 }
 
 /// The period's transfers of the query's method (paid in it, or to an intent of it).
-fn transfers_of<'c>(
+pub(crate) fn transfers_of<'c>(
     conn: &'c mut sqlx::AnyConnection,
     query: &ReportQuery,
 ) -> impl futures_util::Stream<Item = Result<ReportTransfer, crate::store::StoreError>> + Send + 'c
@@ -662,7 +662,7 @@ th{background:#eee}.meta{color:#555}.sound{color:#060}.broken{color:#b00;font-we
 .charts{display:flex;flex-wrap:wrap;gap:1em}.chart rect{fill:#3a6ea5}.chart text{font-size:9px}\
 @media print{body{margin:0;font-size:10px}h2{page-break-after:avoid}tr{page-break-inside:avoid}}";
 
-fn html_table(columns: &[&str], rows: impl Iterator<Item = Vec<String>>) -> String {
+pub(crate) fn html_table(columns: &[&str], rows: impl Iterator<Item = Vec<String>>) -> String {
     let mut html = String::from("<table><thead><tr>");
     for column in columns {
         html.push_str(&format!("<th>{}</th>", escape(column)));
@@ -701,7 +701,7 @@ pub(crate) fn escape(text: &str) -> String {
 
 /// One CSV line (RFC 4180 quoting). Text a spreadsheet would run as a formula is prefixed
 /// with a quote; amounts (digits, one sign) are left as they are.
-fn csv_line<S: AsRef<str>>(cells: &[S]) -> String {
+pub(crate) fn csv_line<S: AsRef<str>>(cells: &[S]) -> String {
     let mut line = cells
         .iter()
         .map(|cell| {

@@ -204,3 +204,48 @@ fn the_solana_benchmark_checks_its_references() {
         (Some(200), Some(20))
     );
 }
+
+on_both_databases! {
+    async fn finance_and_operators_work_from_the_command_line(db) {
+        let seeded = common::seed::seed(&db).await;
+        let url = db.url.clone();
+        let csv = payrecon(&url, &["report", "reconcile", "--from", "2026-12-01", "--to", "2026-12-02", "--format", "csv", "--section", "summary"]);
+        assert!(csv.status.success(), "{}", String::from_utf8_lossy(&csv.stderr));
+        let csv = String::from_utf8(csv.stdout).unwrap();
+        assert!(csv.lines().any(|l| l.starts_with("btc,BTC,7,2,1,4,0.04375,")), "{csv}");
+        let dir = tempfile::tempdir().unwrap();
+        let page = dir.path().join("report.html");
+        let written = payrecon(&url, &["report", "reconcile", "--from", "2026-12-01T00:00:00Z", "--to", "2026-12-02", "--format", "html", "--output", page.to_str().unwrap()]);
+        assert!(written.status.success());
+        assert!(std::fs::read_to_string(&page).unwrap().contains("Trial balance"));
+        assert!(refused(&url, &["report", "reconcile", "--from", "yesterday", "--to", "2026-12-02"]).contains("--from must be a date"));
+        assert!(refused(&url, &["report", "reconcile", "--from", "2026-12-02", "--to", "2026-12-01"]).contains("period is empty"));
+        // Without any node configured the audit cannot vouch for anything: it prints what it
+        // could not check and fails, like a diff that found differences.
+        let audit = payrecon(&url, &["report", "reconcile", "--from", "2026-12-01", "--to", "2026-12-02", "--audit", "--format", "json"]);
+        assert!(!audit.status.success());
+        assert!(String::from_utf8_lossy(&audit.stderr).contains("could not be checked"));
+        let audit: Value = serde_json::from_slice(&audit.stdout).unwrap();
+        assert!(audit["unchecked"]["bitcoin"].as_str().unwrap().contains("no node configured"), "{audit}");
+
+        let stuck = json(&url, &["stuck"]);
+        assert!(stuck.as_array().unwrap().iter().any(|i| i["category"] == "marked_paid_unseen"));
+        let open = json(&url, &["exception", "list", "--open"]);
+        assert_eq!(open.as_array().unwrap().len(), 6);
+        let late = "paid_late:bitcoin:t4:0";
+        assert!(refused(&url, &["exception", "resolve", late, "--action", "dismiss", "--actor", "bob", "--reason", "x"]).contains("holds 0.00625 BTC"));
+        assert!(refused(&url, &["exception", "resolve", late, "--action", "mark-refunded", "--actor", "bob", "--reason", "x"]).contains("--refund-txid"));
+        let resolved = json(&url, &["exception", "resolve", late, "--action", "credit-balance", "--actor", "bob", "--reason", "customer asked"]);
+        assert_eq!(resolved["exception"]["resolution"], "credit_balance by bob: customer asked");
+        assert_eq!(json(&url, &["exception", "log"])[0]["actor"], "bob");
+        assert_eq!(json(&url, &["balance", "42"])["available_usd"], "1500.00");
+
+        let token = json(&url, &["token", "create", "--name", "shop-1", "--role", "shop"]);
+        assert!(token["token"].as_str().unwrap().starts_with("prt_"));
+        assert!(refused(&url, &["token", "create", "--name", "shop-1", "--role", "shop"]).contains("exists"));
+        assert!(refused(&url, &["token", "create", "--name", "x", "--role", "admin"]).contains("admin"));
+        json(&url, &["token", "revoke", "--name", "shop-1"]);
+        assert!(refused(&url, &["token", "revoke", "--name", "shop-1"]).contains("no live token"));
+        drop(seeded);
+    }
+}

@@ -138,6 +138,46 @@ on_both_databases! {
         sound(&engine).await;
     }
 
+    async fn the_audit_refetches_credited_transfers_and_finds_those_a_reorg_took(db) {
+        let anvil = Anvil::lock().await;
+        let tokens = anvil.tokens().await;
+        let xpub = fresh_ethereum_xpub();
+        let (engine, clock) = eth_engine(&db, &anvil, &tokens, &xpub, 2).await;
+        engine.create_topup(&topup("AUDIT-USDT", "70", "100")).await.unwrap();
+        engine.create_topup(&topup("AUDIT-ETH", "71", "100")).await.unwrap();
+        let usdt = engine.create_payment(&order("AUDIT-USDT"), Method::UsdtErc20).await.unwrap();
+        let eth = engine.create_payment(&order("AUDIT-ETH"), Method::Eth).await.unwrap();
+        let watcher = watch_ethereum(&engine, &anvil, &tokens, anvil.head().await);
+        anvil.send_token(&tokens.usdt, &usdt.intent.pay_to, 100_000_000).await;
+        anvil.send_eth(&eth.intent.pay_to, TOPUP_WEI).await;
+        anvil.mine(2).await;
+        wait_status(&engine, &usdt.intent.id, IntentStatus::Settled).await;
+        wait_status(&engine, &eth.intent.id, IntentStatus::Settled).await;
+        watcher.stop().await.unwrap();
+
+        let config = common::payments::config(|c| c.networks.ethereum = Some(common::anvil::ethereum(&anvil, &tokens, &xpub, 2)));
+        let now = clock.now();
+        let query = payrecon::report::ReportQuery { from: now - Duration::days(1), to: now + Duration::days(1), method: None };
+        let clean = engine.audit_credited(&config, &query).await.unwrap();
+        assert_eq!((clean.checked, clean.findings.len()), (2, 0), "{clean:?}");
+
+        // The payments' blocks are replaced while no watcher runs: the books still credit them.
+        anvil.reorg(3).await;
+        let audit = engine.audit_credited(&config, &query).await.unwrap();
+        assert_eq!(audit.checked, 2);
+        assert_eq!(audit.findings.len(), 2, "{audit:?}");
+        assert!(audit.findings.iter().all(|f| f.problem == "no longer on the chain" && f.confirmations_now.is_none()));
+        assert!(audit.findings.iter().all(|f| f.ledger_entry.starts_with("settle:")));
+        let csv = audit.render(payrecon::report::ReportFormat::Csv).unwrap();
+        assert_eq!(csv.lines().count(), 3);
+        assert!(csv.starts_with("network,txid,position,order,ledger_entry,"));
+
+        // Without a node for the network, the audit says what it could not check.
+        let blind = engine.audit_credited(&common::payments::config(|c| c.networks.ethereum.as_mut().unwrap().rpc_url = None), &query).await.unwrap();
+        assert_eq!(blind.checked, 0);
+        assert!(blind.unchecked["ethereum"].contains("no node configured"), "{blind:?}");
+    }
+
     async fn a_watcher_killed_mid_stream_ends_with_the_ledger_of_an_uninterrupted_run(db) {
         let anvil = Anvil::lock().await;
         let tokens = anvil.tokens().await;

@@ -60,3 +60,10 @@ CREATE TABLE webhook_deliveries (
 );
 CREATE INDEX webhook_deliveries_due ON webhook_deliveries (endpoint, state, next_attempt_at_ms);
 CREATE INDEX webhook_deliveries_by_stream ON webhook_deliveries (endpoint, stream, state, event_seq);
+
+-- The reconciliation report reads a period: transfers by first sighting, entries by posting
+-- time, intents by creation, exceptions by opening.
+CREATE INDEX transfers_by_seen ON transfers (seen_at_ms);
+CREATE INDEX journal_entries_by_posted ON journal_entries (posted_at_ms);
+CREATE INDEX payment_intents_by_created ON payment_intents (created_at_ms);
+CREATE INDEX exceptions_by_opened ON exceptions (opened_at_ms);

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::migrate::{Migration, MigrationType, Migrator};
-use sqlx::{Any, AnyConnection, AnyPool, Executor, SqlSafeStr, Transaction};
+use sqlx::{Any, AnyConnection, AnyPool, ConnectOptions, Executor, SqlSafeStr, Transaction};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
 /// How long a connection waits for another process's SQLite write lock before giving up.
@@ -105,7 +105,11 @@ impl Store {
             Backend::Sqlite => sqlite_url(url),
             Backend::Postgres => (url.to_owned(), POSTGRES_MAX_CONNECTIONS),
         };
-        let options: AnyConnectOptions = url.parse().map_err(StoreError::Connect)?;
+        // Reports stream long reads on purpose: a slow statement is for debugging, not a warning.
+        let options: AnyConnectOptions = url
+            .parse::<AnyConnectOptions>()
+            .map_err(StoreError::Connect)?
+            .log_slow_statements(log::LevelFilter::Debug, Duration::from_secs(1));
         let pool = AnyPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(ACQUIRE_TIMEOUT)

@@ -5,8 +5,9 @@ use futures_util::{Stream, StreamExt};
 use payrecon_chain_core::Amount;
 use sqlx::{AnyConnection, Row};
 
-use super::StoreError;
 use super::payments::{ExceptionRecord, decode_exception, parse_asset};
+use super::payments::{StoredTransfer, asset_text};
+use super::{StoreError, WriteTx, values_placeholders};
 use crate::ledger::Posting;
 
 /// A transfer with the intent and order it paid, as the report lists it.
@@ -22,6 +23,7 @@ pub(crate) struct ReportTransfer {
     pub order_ref: Option<String>,
     pub intent_method: Option<String>,
     pub intent_status: Option<String>,
+    pub intent_usd_cents: Option<i64>,
     pub confirmations: i64,
     pub block_height: Option<i64>,
     pub removed: bool,
@@ -37,7 +39,7 @@ pub(crate) fn transfers_in(
 ) -> impl Stream<Item = Result<ReportTransfer, StoreError>> + '_ {
     sqlx::query(
         "SELECT t.network, t.txid, t.position, t.to_address, t.asset, t.amount_base, t.intent_id, \
-         i.order_ref, i.method, i.status, t.confirmations, t.block_height, t.removed, t.seen_at_ms, t.credited_entry \
+         i.order_ref, i.method, i.status, i.usd_cents, t.confirmations, t.block_height, t.removed, t.seen_at_ms, t.credited_entry \
          FROM transfers t LEFT JOIN payment_intents i ON i.id = t.intent_id \
          WHERE t.seen_at_ms >= $1 AND t.seen_at_ms < $2 ORDER BY t.seen_at_ms, t.network, t.txid, t.position",
     )
@@ -57,6 +59,7 @@ pub(crate) fn transfers_in(
             order_ref: row.try_get("order_ref")?,
             intent_method: row.try_get("method")?,
             intent_status: row.try_get("status")?,
+            intent_usd_cents: row.try_get("usd_cents")?,
             confirmations: row.try_get("confirmations")?,
             block_height: row.try_get("block_height")?,
             removed: row.try_get::<i64, _>("removed")? != 0,
@@ -158,4 +161,43 @@ fn base_units(row: &sqlx::any::AnyRow) -> Result<Amount, StoreError> {
     let text: String = row.try_get("amount_base")?;
     Amount::from_decimal_str(&text, 0)
         .map_err(|_| StoreError::Corrupt(format!("amount_base {text:?}")))
+}
+
+/// Rows per multi-row insert of [`load_transfers`], under both databases' parameter limits.
+const TRANSFERS_PER_INSERT: usize = 2_000;
+
+/// Loads transfers as the matcher would have stored them, many rows per statement: how the
+/// report benchmark builds a period of a million transfers in reasonable time.
+pub(crate) async fn load_transfers(
+    tx: &mut WriteTx,
+    transfers: &[StoredTransfer],
+    now_ms: i64,
+) -> Result<(), StoreError> {
+    for chunk in transfers.chunks(TRANSFERS_PER_INSERT) {
+        let sql = format!(
+            "INSERT INTO transfers (network, txid, position, to_address, asset, amount_base, intent_id, confirmations, \
+             removed, tip_height, seen_at_ms, updated_at_ms, credited_entry, block_height) VALUES {}",
+            values_placeholders(tx.backend(), 14, chunk.len())
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for t in chunk {
+            query = query
+                .bind(t.id.network.as_str())
+                .bind(t.id.txid.as_str())
+                .bind(i64::from(t.id.position))
+                .bind(t.to_address.as_str())
+                .bind(asset_text(&t.asset))
+                .bind(t.amount.to_string())
+                .bind(t.intent_id.as_deref())
+                .bind(i64::from(t.confirmations))
+                .bind(i64::from(t.removed))
+                .bind(i64::try_from(t.tip_height).unwrap_or(i64::MAX))
+                .bind(t.seen_at_ms)
+                .bind(now_ms)
+                .bind(t.credited_entry.as_deref())
+                .bind(t.block_height.map(|h| i64::try_from(h).unwrap_or(i64::MAX)));
+        }
+        query.execute(tx.conn()).await?;
+    }
+    Ok(())
 }

@@ -163,6 +163,29 @@ impl ChainScanner for ElectrumScanner {
     fn reset(&mut self) {
         self.session = None;
     }
+
+    async fn recheck(
+        &mut self,
+        transfers: &[KnownTransfer],
+        _settle_depth: u32,
+    ) -> Result<Vec<Option<u32>>, ScanError> {
+        let settings = self.settings.clone();
+        let session = self.session.take();
+        let transfers = transfers.to_vec();
+        let (session, found) = tokio::task::spawn_blocking(move || {
+            let mut session = match session {
+                Some(session) => session,
+                None => Session::connect(&settings, None)?,
+            };
+            session.follow_tip()?;
+            let found = session.recheck(&settings, &transfers)?;
+            Ok::<_, ScanError>((session, found))
+        })
+        .await
+        .map_err(|e| ScanError::Transient(format!("scanner task: {e}")))??;
+        self.session = Some(session);
+        Ok(found)
+    }
 }
 
 /// A script the scanner follows, and its history once read.
@@ -385,24 +408,66 @@ impl Session {
         Ok(to_read)
     }
 
+    /// Each transfer's depth now, from its address's history as the server has it.
+    fn recheck(
+        &mut self,
+        settings: &ElectrumSettings,
+        transfers: &[KnownTransfer],
+    ) -> Result<Vec<Option<u32>>, ScanError> {
+        let mut found = Vec::with_capacity(transfers.len());
+        for chunk in transfers.chunks(settings.batch_size.max(1)) {
+            let scripts = chunk
+                .iter()
+                .map(|k| {
+                    script_pubkey(&k.transfer.to_address).map_err(|e| {
+                        ScanError::Fatal(format!(
+                            "{} is not a segwit address: {e}",
+                            k.transfer.to_address
+                        ))
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            for (known, history) in chunk.iter().zip(self.histories(&scripts)?) {
+                let entry = history
+                    .iter()
+                    .find(|h| h.tx_hash.to_string() == known.transfer.id.txid);
+                found.push(entry.map(|h| match u64::try_from(h.height) {
+                    Ok(height) if height > 0 && height <= self.tip_height => {
+                        u32::try_from(self.tip_height - height + 1).unwrap_or(u32::MAX)
+                    }
+                    _ => 0,
+                }));
+            }
+        }
+        Ok(found)
+    }
+
+    /// The histories of `scripts`, one per script, in one batch.
+    fn histories(
+        &mut self,
+        scripts: &[ScriptBuf],
+    ) -> Result<Vec<Vec<electrum_client::GetHistoryRes>>, ScanError> {
+        let histories = self
+            .client
+            .batch_script_get_history(scripts.iter().map(|s| s.as_script()))
+            .map_err(classify)?;
+        if histories.len() != scripts.len() {
+            return Err(ScanError::Fatal(format!(
+                "asked for {} histories, the server answered {}",
+                scripts.len(),
+                histories.len()
+            )));
+        }
+        Ok(histories)
+    }
+
     fn read_histories(
         &mut self,
         settings: &ElectrumSettings,
         scripts: &[ScriptBuf],
     ) -> Result<(), ScanError> {
         for chunk in scripts.chunks(settings.batch_size.max(1)) {
-            let histories = self
-                .client
-                .batch_script_get_history(chunk.iter().map(|s| s.as_script()))
-                .map_err(classify)?;
-            if histories.len() != chunk.len() {
-                return Err(ScanError::Fatal(format!(
-                    "asked for {} histories, the server answered {}",
-                    chunk.len(),
-                    histories.len()
-                )));
-            }
-            for (script, history) in chunk.iter().zip(histories) {
+            for (script, history) in chunk.iter().zip(self.histories(chunk)?) {
                 if let Some(watched) = self.scripts.get_mut(script) {
                     watched.history =
                         Some(history.into_iter().map(|h| (h.tx_hash, h.height)).collect());

@@ -81,6 +81,15 @@ pub trait ChainScanner: Send {
     /// Drops connections and session state after a failure; the next scan starts afresh.
     fn reset(&mut self);
 
+    /// Looks recorded transfers up again, straight from the node, for the finance audit: per
+    /// transfer, the confirmations it has now as a scan with `settle_depth` would report them,
+    /// or `None` when the chain no longer holds it (or holds it failed). Watchers never call it.
+    fn recheck(
+        &mut self,
+        transfers: &[KnownTransfer],
+        settle_depth: u32,
+    ) -> impl Future<Output = Result<Vec<Option<u32>>, ScanError>> + Send;
+
     /// Resolves when the node pushes news worth scanning before the next poll (a new head on a
     /// subscription). Polling stays the safety net: a scanner without a push channel never
     /// resolves, and a lost subscription only costs latency.

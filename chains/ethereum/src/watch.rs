@@ -25,8 +25,8 @@ use alloy::transports::{RpcError, TransportError, TransportErrorKind};
 use futures_util::{StreamExt as _, TryStreamExt as _};
 use payrecon_chain_core::blocks::{self, BlockRange};
 use payrecon_chain_core::{
-    Amount, ChainScanner, Method, Network, ReceivedAsset, ScanBatch, ScanError, Transfer,
-    TransferId, WatchView,
+    Amount, ChainScanner, KnownTransfer, Method, Network, ReceivedAsset, ScanBatch, ScanError,
+    Transfer, TransferId, WatchView,
 };
 use tokio::sync::broadcast::error::RecvError;
 
@@ -309,16 +309,7 @@ impl ChainScanner for EthereumScanner {
                 }
             }
         }
-        let finalized = match settings.finality {
-            Finality::Depth => None,
-            Finality::Finalized => Some(
-                provider
-                    .get_block_by_number(BlockNumberOrTag::Finalized)
-                    .await
-                    .map_err(classify)?
-                    .map_or(0, |b| b.header.number),
-            ),
-        };
+        let finalized = finalized_height(&provider, settings.finality).await?;
         Ok(range.into_batch(view, head, |height, tip| {
             blocks::confirmations(height, tip, finalized, view.settle_depth)
         }))
@@ -327,6 +318,37 @@ impl ChainScanner for EthereumScanner {
     fn reset(&mut self) {
         self.provider = None;
         self.heads = None;
+    }
+
+    async fn recheck(
+        &mut self,
+        transfers: &[KnownTransfer],
+        settle_depth: u32,
+    ) -> Result<Vec<Option<u32>>, ScanError> {
+        let provider = self.provider().await?;
+        let head = provider.get_block_number().await.map_err(classify)?;
+        let finalized = finalized_height(&provider, self.settings.finality).await?;
+        let mut found = Vec::with_capacity(transfers.len());
+        for known in transfers {
+            let hash: B256 = known.transfer.id.txid.parse().map_err(|e| {
+                ScanError::Fatal(format!(
+                    "{} is not a transaction hash: {e}",
+                    known.transfer.id.txid
+                ))
+            })?;
+            // A node answers receipts of canonical transactions only: no receipt, no transfer.
+            let receipt = provider
+                .get_transaction_receipt(hash)
+                .await
+                .map_err(classify)?;
+            found.push(
+                receipt
+                    .filter(|r| r.status())
+                    .and_then(|r| r.block_number)
+                    .map(|height| blocks::confirmations(height, head, finalized, settle_depth)),
+            );
+        }
+        Ok(found)
     }
 
     async fn news(&mut self) {
@@ -343,6 +365,23 @@ impl ChainScanner for EthereumScanner {
             }
         }
     }
+}
+
+/// The newest finalized block with `finalized` finality; `None` with depth finality.
+async fn finalized_height(
+    provider: &RootProvider,
+    finality: Finality,
+) -> Result<Option<u64>, ScanError> {
+    Ok(match finality {
+        Finality::Depth => None,
+        Finality::Finalized => Some(
+            provider
+                .get_block_by_number(BlockNumberOrTag::Finalized)
+                .await
+                .map_err(classify)?
+                .map_or(0, |b| b.header.number),
+        ),
+    })
 }
 
 /// ETH paid to watched addresses by the block's successful transactions. Receipts are

@@ -31,7 +31,7 @@ use solana_rpc_client_api::response::RpcConfirmedTransactionStatusWithSignature;
 use solana_signature::Signature;
 use solana_transaction_status_client_types::{
     EncodedConfirmedTransactionWithStatusMeta, EncodedTransaction, TransactionConfirmationStatus,
-    UiMessage, UiTransactionEncoding,
+    TransactionStatus, UiMessage, UiTransactionEncoding,
 };
 
 /// `getSignaturesForAddress` answers at most this many signatures per page.
@@ -277,18 +277,10 @@ impl ChainScanner for SolanaScanner {
         let pending: Vec<&KnownTransfer> =
             view.known.iter().filter(|k| k.confirmations == 0).collect();
         for chunk in pending.chunks(STATUSES_PER_CALL) {
-            let signatures: Vec<Signature> = chunk
+            for (k, status) in chunk
                 .iter()
-                .map(|k| signature(&k.transfer.id.txid))
-                .collect::<Result<_, _>>()?;
-            // With history: one finalized while the watcher was away is older than the node's
-            // recent-status cache, and must not look vanished.
-            let statuses = client
-                .get_signature_statuses_with_history(&signatures)
-                .await
-                .map_err(|e| classify("getSignatureStatuses", e))?
-                .value;
-            for (k, status) in chunk.iter().zip(statuses) {
+                .zip(statuses(&client, chunk.iter().copied()).await?)
+            {
                 match status {
                     None => events.push(ChainEvent::Removed {
                         id: k.transfer.id.clone(),
@@ -340,6 +332,33 @@ impl ChainScanner for SolanaScanner {
             more: false,
             head: tip,
         })
+    }
+
+    async fn recheck(
+        &mut self,
+        transfers: &[KnownTransfer],
+        _settle_depth: u32,
+    ) -> Result<Vec<Option<u32>>, ScanError> {
+        let client = self.client();
+        let mut found = Vec::with_capacity(transfers.len());
+        for chunk in transfers.chunks(STATUSES_PER_CALL) {
+            found.extend(
+                statuses(&client, chunk.iter())
+                    .await?
+                    .into_iter()
+                    .map(|status| {
+                        status.filter(|s| s.err.is_none()).map(|s| {
+                            let finalized = s.confirmations.is_none()
+                                || matches!(
+                                    s.confirmation_status,
+                                    Some(TransactionConfirmationStatus::Finalized)
+                                );
+                            u32::from(finalized)
+                        })
+                    }),
+            );
+        }
+        Ok(found)
     }
 
     fn reset(&mut self) {
@@ -433,6 +452,22 @@ fn verify(
         }
         (None, false) => None,
     })
+}
+
+/// The statuses of recorded transfers' signatures, with history: one finalized while the
+/// watcher was away is older than the node's recent-status cache, and must not look vanished.
+async fn statuses<'k>(
+    client: &RpcClient,
+    transfers: impl Iterator<Item = &'k KnownTransfer>,
+) -> Result<Vec<Option<TransactionStatus>>, ScanError> {
+    let signatures: Vec<Signature> = transfers
+        .map(|k| signature(&k.transfer.id.txid))
+        .collect::<Result<_, _>>()?;
+    Ok(client
+        .get_signature_statuses_with_history(&signatures)
+        .await
+        .map_err(|e| classify("getSignatureStatuses", e))?
+        .value)
 }
 
 fn signature(text: &str) -> Result<Signature, ScanError> {

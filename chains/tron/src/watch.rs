@@ -15,8 +15,8 @@ use std::time::Duration;
 use futures_util::{StreamExt as _, TryStreamExt as _};
 use payrecon_chain_core::blocks::{self, BlockRange};
 use payrecon_chain_core::{
-    Amount, ChainScanner, Method, Network, ReceivedAsset, ScanBatch, ScanError, Transfer,
-    TransferId, WatchView,
+    Amount, ChainScanner, KnownTransfer, Method, Network, ReceivedAsset, ScanBatch, ScanError,
+    Transfer, TransferId, WatchView,
 };
 use serde::Deserialize as _;
 
@@ -150,12 +150,7 @@ impl ChainScanner for TronScanner {
                 }
             }
         }
-        let solidified = match settings.finality {
-            TronFinality::Depth => None,
-            TronFinality::Solidified => {
-                Some(client.now_block(true).await?.block_header.raw_data.number)
-            }
-        };
+        let solidified = solidified_height(&client, settings.finality).await?;
         Ok(range.into_batch(view, head, |height, tip| {
             blocks::confirmations(height, tip, solidified, view.settle_depth)
         }))
@@ -164,6 +159,53 @@ impl ChainScanner for TronScanner {
     fn reset(&mut self) {
         self.client = None;
     }
+
+    async fn recheck(
+        &mut self,
+        transfers_to_check: &[KnownTransfer],
+        settle_depth: u32,
+    ) -> Result<Vec<Option<u32>>, ScanError> {
+        let client = self.client()?;
+        let head = client.now_block(false).await?.block_header.raw_data.number;
+        let solidified = solidified_height(&client, self.settings.finality).await?;
+        let mut found = Vec::with_capacity(transfers_to_check.len());
+        for known in transfers_to_check {
+            // Read its block again and decode it as a scan would: the transfer must still be
+            // there, successful, to the same address.
+            let Some(height) = known.block_height.filter(|h| *h <= head) else {
+                found.push(None);
+                continue;
+            };
+            let address: TronAddress = known.transfer.to_address.parse().map_err(|e| {
+                ScanError::Fatal(format!(
+                    "{} is not a Tron address: {e}",
+                    known.transfer.to_address
+                ))
+            })?;
+            let watched = HashMap::from([(address, known.transfer.to_address.as_str())]);
+            let (block, infos) = read_block(&client, height).await?;
+            let present = transfers(&self.settings, &block, &infos, &watched)?
+                .iter()
+                .any(|t| t.id == known.transfer.id && t.amount == known.transfer.amount);
+            found.push(
+                present.then(|| blocks::confirmations(height, head, solidified, settle_depth)),
+            );
+        }
+        Ok(found)
+    }
+}
+
+/// The solidified head with solidified finality; `None` with depth finality.
+async fn solidified_height(
+    client: &TronClient,
+    finality: TronFinality,
+) -> Result<Option<u64>, ScanError> {
+    Ok(match finality {
+        TronFinality::Depth => None,
+        TronFinality::Solidified => {
+            Some(client.now_block(true).await?.block_header.raw_data.number)
+        }
+    })
 }
 
 /// A block and, when it holds contract calls, its transaction infos.

@@ -1,0 +1,304 @@
+//! The finance audit: every credited transfer of a period fetched again from its chain,
+//! through the same clients the watchers use, and any that the chain no longer holds, or
+//! holds with fewer confirmations than the credit required, reported.
+
+use std::collections::BTreeMap;
+
+use futures_util::TryStreamExt;
+use payrecon_chain_bitcoin::ElectrumScanner;
+use payrecon_chain_core::{ChainScanner, KnownTransfer, Network, ScanError, Transfer};
+use payrecon_chain_ethereum::EthereumScanner;
+use payrecon_chain_solana::SolanaScanner;
+use payrecon_chain_tron::TronScanner;
+use serde::Serialize;
+
+use crate::config::Config;
+use crate::engine::Engine;
+use crate::error::Error;
+use crate::money::Usd;
+use crate::report::{ReportFormat, ReportQuery, csv_line, html_table};
+use crate::store::reports::ReportTransfer;
+
+/// Transfers rechecked per call to a node.
+const RECHECK_BATCH: usize = 200;
+
+/// A credited transfer the chain does not back any more.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct AuditFinding {
+    /// The network.
+    pub network: String,
+    /// The transaction.
+    pub txid: String,
+    /// The output, log or instruction index.
+    pub position: i64,
+    /// The order it was credited to, if any.
+    pub order: Option<String>,
+    /// The journal entry that credited it.
+    pub ledger_entry: String,
+    /// Confirmations when it was last recorded.
+    pub recorded_confirmations: i64,
+    /// Confirmations now; `None` when the chain no longer holds it.
+    pub confirmations_now: Option<u32>,
+    /// Confirmations the credit required.
+    pub required: u32,
+    /// What is wrong, for people.
+    pub problem: String,
+}
+
+/// What the audit did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct AuditReport {
+    /// Credited transfers fetched again.
+    pub checked: u64,
+    /// Those the chain does not back.
+    pub findings: Vec<AuditFinding>,
+    /// Networks whose credited transfers could not be checked, and why.
+    pub unchecked: BTreeMap<String, String>,
+}
+
+/// A scanner of any chain, as the audit uses it.
+enum Rechecker {
+    Electrum(Box<ElectrumScanner>),
+    Ethereum(EthereumScanner),
+    Tron(TronScanner),
+    Solana(SolanaScanner),
+}
+
+impl Rechecker {
+    /// The configured client of `network`, or why there is none.
+    fn for_network(config: &Config, network: Network) -> Result<Rechecker, String> {
+        let missing = || format!("networks.{network} has no node configured");
+        let configured = |e: Error| e.to_string();
+        let networks = &config.networks;
+        match network {
+            Network::Bitcoin | Network::Litecoin => {
+                let utxo = match network {
+                    Network::Bitcoin => networks.bitcoin.as_ref(),
+                    _ => networks.litecoin.as_ref(),
+                }
+                .ok_or_else(missing)?;
+                crate::serve::electrum_settings(network, utxo)
+                    .map_err(configured)?
+                    .map(|s| Rechecker::Electrum(Box::new(ElectrumScanner::new(s))))
+                    .ok_or_else(missing)
+            }
+            Network::Ethereum => networks
+                .ethereum
+                .as_ref()
+                .map(crate::serve::ethereum_settings)
+                .transpose()
+                .map_err(configured)?
+                .flatten()
+                .map(|s| Rechecker::Ethereum(EthereumScanner::new(s)))
+                .ok_or_else(missing),
+            Network::Tron => networks
+                .tron
+                .as_ref()
+                .map(crate::serve::tron_settings)
+                .transpose()
+                .map_err(configured)?
+                .flatten()
+                .map(|s| Rechecker::Tron(TronScanner::new(s)))
+                .ok_or_else(missing),
+            Network::Solana => networks
+                .solana
+                .as_ref()
+                .map(crate::serve::solana_settings)
+                .transpose()
+                .map_err(configured)?
+                .flatten()
+                .map(|s| Rechecker::Solana(SolanaScanner::new(s)))
+                .ok_or_else(missing),
+        }
+    }
+
+    async fn recheck(
+        &mut self,
+        transfers: &[KnownTransfer],
+        settle_depth: u32,
+    ) -> Result<Vec<Option<u32>>, ScanError> {
+        match self {
+            Rechecker::Electrum(s) => s.recheck(transfers, settle_depth).await,
+            Rechecker::Ethereum(s) => s.recheck(transfers, settle_depth).await,
+            Rechecker::Tron(s) => s.recheck(transfers, settle_depth).await,
+            Rechecker::Solana(s) => s.recheck(transfers, settle_depth).await,
+        }
+    }
+}
+
+/// One network's credited transfers waiting for a recheck.
+struct Pending {
+    checker: Result<Rechecker, String>,
+    batch: Vec<ReportTransfer>,
+}
+
+impl Engine {
+    /// Fetches every transfer credited in the query's period again from its chain, in
+    /// batches, and reports those the chain no longer backs. A node failing is an error, not a
+    /// clean audit.
+    pub async fn audit_credited(
+        &self,
+        config: &Config,
+        query: &ReportQuery,
+    ) -> Result<AuditReport, Error> {
+        let mut report = AuditReport::default();
+        let mut pending: BTreeMap<Network, Pending> = BTreeMap::new();
+        let mut conn = self.store().pool().acquire().await?;
+        let mut rows = std::pin::pin!(crate::report::transfers_of(&mut conn, query));
+        while let Some(transfer) = rows.try_next().await? {
+            // Accounted for in the books: credited, held in suspense or resolved by an operator.
+            if transfer.removed || transfer.credited_entry.is_none() {
+                continue;
+            }
+            let network: Network = transfer
+                .network
+                .parse()
+                .map_err(|_| Error::Report(format!("unknown network {}", transfer.network)))?;
+            let entry = pending.entry(network).or_insert_with(|| Pending {
+                checker: Rechecker::for_network(config, network),
+                batch: Vec::new(),
+            });
+            entry.batch.push(transfer);
+            if entry.batch.len() >= RECHECK_BATCH {
+                self.recheck_batch(network, entry, &mut report).await?;
+            }
+        }
+        for (network, entry) in &mut pending {
+            self.recheck_batch(*network, entry, &mut report).await?;
+        }
+        Ok(report)
+    }
+
+    async fn recheck_batch(
+        &self,
+        network: Network,
+        pending: &mut Pending,
+        report: &mut AuditReport,
+    ) -> Result<(), Error> {
+        let batch = std::mem::take(&mut pending.batch);
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let checker = match &mut pending.checker {
+            Ok(checker) => checker,
+            Err(why) => {
+                report.unchecked.insert(network.to_string(), why.clone());
+                return Ok(());
+            }
+        };
+        let rule = self.payment_settings().policy.confirmations.get(&network);
+        let settle_depth = rule.map_or(1, |r| {
+            r.tiers
+                .iter()
+                .map(|t| t.confirmations)
+                .fold(r.confirmations, u32::max)
+        });
+        let known: Vec<KnownTransfer> = batch.iter().map(|t| known(network, t)).collect();
+        let now = checker
+            .recheck(&known, settle_depth)
+            .await
+            .map_err(|e| Error::Report(format!("the {network} node: {e}")))?;
+        for (transfer, confirmations) in batch.into_iter().zip(now) {
+            report.checked += 1;
+            let usd = Usd::from_cents(transfer.intent_usd_cents.unwrap_or(0)).unwrap_or(Usd::ZERO);
+            let required = rule.map_or(1, |r| r.required(usd));
+            let problem = match confirmations {
+                None => "no longer on the chain".to_owned(),
+                Some(now) if now < required => {
+                    format!("{now} confirmations, {required} required")
+                }
+                Some(_) => continue,
+            };
+            report.findings.push(AuditFinding {
+                network: transfer.network,
+                txid: transfer.txid,
+                position: transfer.position,
+                order: transfer.order_ref,
+                ledger_entry: transfer.credited_entry.unwrap_or_default(),
+                recorded_confirmations: transfer.confirmations,
+                confirmations_now: confirmations,
+                required,
+                problem,
+            });
+        }
+        Ok(())
+    }
+}
+
+fn known(network: Network, transfer: &ReportTransfer) -> KnownTransfer {
+    KnownTransfer {
+        transfer: Transfer {
+            id: payrecon_chain_core::TransferId {
+                network,
+                txid: transfer.txid.clone(),
+                position: u32::try_from(transfer.position).unwrap_or(u32::MAX),
+            },
+            to_address: transfer.to_address.clone(),
+            asset: transfer.asset.clone(),
+            amount: transfer.amount,
+        },
+        confirmations: u32::try_from(transfer.confirmations).unwrap_or(0),
+        block_height: transfer.block_height.and_then(|h| u64::try_from(h).ok()),
+        tip_height: 0,
+        seen_at_ms: transfer.seen_at_ms,
+    }
+}
+
+const FINDING_COLUMNS: [&str; 9] = [
+    "network",
+    "txid",
+    "position",
+    "order",
+    "ledger_entry",
+    "recorded_confirmations",
+    "confirmations_now",
+    "required",
+    "problem",
+];
+
+impl AuditReport {
+    /// The audit as a CSV table (one row per finding), a JSON document or a printable page.
+    pub fn render(&self, format: ReportFormat) -> Result<String, Error> {
+        let rows = self.findings.iter().map(|f| {
+            vec![
+                f.network.clone(),
+                f.txid.clone(),
+                f.position.to_string(),
+                f.order.clone().unwrap_or_default(),
+                f.ledger_entry.clone(),
+                f.recorded_confirmations.to_string(),
+                f.confirmations_now
+                    .map(|c| c.to_string())
+                    .unwrap_or_default(),
+                f.required.to_string(),
+                f.problem.clone(),
+            ]
+        });
+        Ok(match format {
+            ReportFormat::Json => {
+                serde_json::to_string_pretty(self).map_err(|e| Error::Report(e.to_string()))?
+            }
+            ReportFormat::Csv => std::iter::once(csv_line(&FINDING_COLUMNS))
+                .chain(rows.map(|row| csv_line(&row)))
+                .collect(),
+            ReportFormat::Html => {
+                let unchecked: String = self
+                    .unchecked
+                    .iter()
+                    .map(|(network, why)| {
+                        format!(
+                            "<p class=\"broken\">{network} not checked: {}</p>\n",
+                            crate::report::escape(why)
+                        )
+                    })
+                    .collect();
+                format!(
+                    "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>Audit</title></head><body>\n<h1>Audit of credited transfers</h1>\n<p>{} checked, {} not backed by their chain.</p>\n{unchecked}{}</body></html>\n",
+                    self.checked,
+                    self.findings.len(),
+                    html_table(&FINDING_COLUMNS, rows)
+                )
+            }
+        })
+    }
+}
