@@ -43,6 +43,31 @@ pub struct Config {
     /// Endpoints that receive every intent state change and exception.
     #[serde(default)]
     pub webhooks: Vec<WebhookConfig>,
+    /// How `payrecon serve` processes share one database.
+    #[serde(default)]
+    pub serve: ServeConfig,
+}
+
+/// `[serve]`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServeConfig {
+    /// On PostgreSQL, a network's watcher lease lasts this long unless renewed: another
+    /// process takes over a dead or stalled holder's watcher within it.
+    pub lease_seconds: u32,
+    /// A lease holder none of whose watcher rounds completed for this long is stalled: it
+    /// gives the lease up. Longer than the slowest scan (a first Electrum scan of many
+    /// addresses takes minutes).
+    pub stall_seconds: u32,
+}
+
+impl Default for ServeConfig {
+    fn default() -> ServeConfig {
+        ServeConfig {
+            lease_seconds: 15,
+            stall_seconds: 600,
+        }
+    }
 }
 
 /// `[http]`.
@@ -111,6 +136,7 @@ impl Default for Config {
             networks: NetworksConfig::default(),
             http: HttpConfig::default(),
             webhooks: Vec::new(),
+            serve: ServeConfig::default(),
         }
     }
 }

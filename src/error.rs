@@ -71,6 +71,10 @@ pub enum Error {
     /// The configuration cannot be used.
     #[error("configuration: {0}")]
     Config(String),
+    /// Another process holds this network's watcher lease now: this process's write was
+    /// refused, with nothing written.
+    #[error("the {0} watcher lease is held by another process")]
+    LeaseLost(payrecon_chain_core::Network),
     /// A watcher stopped because its chain data source cannot be trusted.
     #[error("the {network} watcher stopped: {reason}")]
     WatcherStopped {

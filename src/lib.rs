@@ -15,6 +15,7 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod intent;
+pub mod leases;
 pub mod ledger;
 pub mod matcher;
 pub mod money;

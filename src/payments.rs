@@ -398,7 +398,7 @@ impl Engine {
 
     /// Applies chain events, in one transaction: all or none.
     pub async fn apply_chain_events(&self, events: &[ChainEvent]) -> Result<(), Error> {
-        self.apply(events, None).await
+        self.apply(events, None, None).await
     }
 
     /// Applies a watcher's events and moves its cursor in the same transaction: after a crash
@@ -409,39 +409,43 @@ impl Engine {
         events: &[ChainEvent],
         cursor: &ChainCursor,
     ) -> Result<(), Error> {
-        if let Some(stray) = events.iter().find(|e| e.transfer_id().network != network) {
-            return Err(Error::InvalidEvent(format!(
-                "the {network} watcher reported a transfer on {}",
-                stray.transfer_id().network
-            )));
-        }
-        let hash_ok = |block: &BlockId| {
-            !block.hash.is_empty()
-                && block.hash.len() <= 128
-                && block.hash.chars().all(|c| c.is_ascii_graphic())
-        };
-        if cursor.checkpoints.len() > MAX_CHECKPOINTS
-            || !hash_ok(&cursor.tip)
-            || !cursor
-                .checkpoints
-                .iter()
-                .all(|b| hash_ok(b) && b.height < cursor.tip.height)
-        {
-            return Err(Error::InvalidEvent(format!(
-                "the {network} cursor must name its tip and at most {MAX_CHECKPOINTS} lower checkpoints"
-            )));
-        }
-        self.apply(events, Some((network, cursor))).await
+        check_batch(network, events, cursor)?;
+        self.apply(events, Some((network, cursor)), None).await
+    }
+
+    /// [`Engine::apply_chain_events_at`] for a watcher running under `lease`: refused with
+    /// [`Error::LeaseLost`], and nothing written, once another process holds the lease.
+    pub async fn apply_chain_events_fenced(
+        &self,
+        events: &[ChainEvent],
+        cursor: &ChainCursor,
+        lease: &crate::leases::Lease,
+    ) -> Result<(), Error> {
+        check_batch(lease.network, events, cursor)?;
+        self.apply(events, Some((lease.network, cursor)), Some(lease))
+            .await
     }
 
     async fn apply(
         &self,
         events: &[ChainEvent],
         cursor: Option<(Network, &ChainCursor)>,
+        lease: Option<&crate::leases::Lease>,
     ) -> Result<(), Error> {
         let now = self.now();
         let settings = self.payment_settings();
         let mut tx = self.store().begin_write().await?;
+        if let Some(lease) = lease
+            && !crate::store::leases::check_fence(
+                &mut tx,
+                lease.network.as_str(),
+                &lease.holder,
+                lease.token,
+            )
+            .await?
+        {
+            return Err(Error::LeaseLost(lease.network));
+        }
         for event in events {
             matcher::apply_event(&mut tx, &settings.policy, event, now).await?;
         }
@@ -538,4 +542,32 @@ impl Engine {
     fn now(&self) -> DateTime<Utc> {
         self.clock().now()
     }
+}
+
+/// Refuses a watcher's batch that no chain could produce: a transfer of another network, a
+/// cursor without a usable tip or with too many or misplaced checkpoints.
+fn check_batch(network: Network, events: &[ChainEvent], cursor: &ChainCursor) -> Result<(), Error> {
+    if let Some(stray) = events.iter().find(|e| e.transfer_id().network != network) {
+        return Err(Error::InvalidEvent(format!(
+            "the {network} watcher reported a transfer on {}",
+            stray.transfer_id().network
+        )));
+    }
+    let hash_ok = |block: &BlockId| {
+        !block.hash.is_empty()
+            && block.hash.len() <= 128
+            && block.hash.chars().all(|c| c.is_ascii_graphic())
+    };
+    if cursor.checkpoints.len() > MAX_CHECKPOINTS
+        || !hash_ok(&cursor.tip)
+        || !cursor
+            .checkpoints
+            .iter()
+            .all(|b| hash_ok(b) && b.height < cursor.tip.height)
+    {
+        return Err(Error::InvalidEvent(format!(
+            "the {network} cursor must name its tip and at most {MAX_CHECKPOINTS} lower checkpoints"
+        )));
+    }
+    Ok(())
 }

@@ -17,7 +17,8 @@ use crate::config::{
 };
 use crate::engine::Engine;
 use crate::error::Error;
-use crate::watcher::{Watcher, WatcherOptions};
+use crate::store::Backend;
+use crate::watcher::{LeaseOptions, Watcher, WatcherOptions};
 use crate::webhooks::WebhookSender;
 
 /// How often intents past their deadline are looked at.
@@ -119,6 +120,7 @@ pub async fn serve(
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), Error> {
     let mut tasks = JoinSet::new();
+    let watchers = Watchers::new(&engine, config)?;
     for (network, utxo) in [
         (Network::Bitcoin, &config.networks.bitcoin),
         (Network::Litecoin, &config.networks.litecoin),
@@ -130,26 +132,14 @@ pub async fn serve(
         };
         tracing::info!(%network, url = %settings.url, "starting watcher");
         let scanner = ElectrumScanner::new(settings);
-        spawn_watcher(
-            &mut tasks,
-            &engine,
-            scanner,
-            utxo.poll_interval_ms,
-            &shutdown,
-        );
+        watchers.spawn(&mut tasks, scanner, utxo.poll_interval_ms, &shutdown);
     }
     if let Some(ethereum) = &config.networks.ethereum {
         match ethereum_settings(ethereum)? {
             Some(settings) => {
                 tracing::info!(url = %settings.url, "starting the ethereum watcher");
                 let scanner = EthereumScanner::new(settings);
-                spawn_watcher(
-                    &mut tasks,
-                    &engine,
-                    scanner,
-                    ethereum.poll_interval_ms,
-                    &shutdown,
-                );
+                watchers.spawn(&mut tasks, scanner, ethereum.poll_interval_ms, &shutdown);
             }
             None => tracing::info!("no networks.ethereum.rpc_url: not watching ethereum"),
         }
@@ -159,13 +149,7 @@ pub async fn serve(
             Some(settings) => {
                 tracing::info!(url = %settings.url, "starting the tron watcher");
                 let scanner = TronScanner::new(settings);
-                spawn_watcher(
-                    &mut tasks,
-                    &engine,
-                    scanner,
-                    tron.poll_interval_ms,
-                    &shutdown,
-                );
+                watchers.spawn(&mut tasks, scanner, tron.poll_interval_ms, &shutdown);
             }
             None => tracing::info!("no networks.tron.api_url: not watching tron"),
         }
@@ -175,13 +159,7 @@ pub async fn serve(
             Some(settings) => {
                 tracing::info!(url = %settings.url, "starting the solana watcher");
                 let scanner = SolanaScanner::new(settings);
-                spawn_watcher(
-                    &mut tasks,
-                    &engine,
-                    scanner,
-                    solana.poll_interval_ms,
-                    &shutdown,
-                );
+                watchers.spawn(&mut tasks, scanner, solana.poll_interval_ms, &shutdown);
             }
             None => tracing::info!("no networks.solana.rpc_url: not watching solana"),
         }
@@ -223,16 +201,78 @@ pub async fn serve(
     Ok(())
 }
 
-/// Runs a watcher over `scanner` among the tasks of serve.
-fn spawn_watcher<S: ChainScanner + 'static>(
-    tasks: &mut JoinSet<Result<(), Error>>,
-    engine: &Engine,
-    scanner: S,
-    poll_interval_ms: u32,
-    shutdown: &watch::Receiver<bool>,
-) {
-    let watcher = Watcher::new(engine.clone(), scanner, options(poll_interval_ms));
-    tasks.spawn(watcher.run(shutdown.clone()));
+/// How this process runs its watchers: on PostgreSQL each under a lease (several processes
+/// share the database, one watches each network); on SQLite as the only process that does.
+struct Watchers {
+    engine: Engine,
+    lease: Option<LeaseOptions>,
+    /// Held for the life of serve: the SQLite single-process guard.
+    _guard: Option<std::fs::File>,
+}
+
+impl Watchers {
+    fn new(engine: &Engine, config: &Config) -> Result<Watchers, Error> {
+        let (lease, guard) = match engine.store().backend() {
+            Backend::Postgres => {
+                let lease = LeaseOptions {
+                    holder: format!("{}-{}", std::process::id(), uuid::Uuid::new_v4().simple()),
+                    ttl: Duration::from_secs(u64::from(config.serve.lease_seconds.max(1))),
+                    stall: Duration::from_secs(u64::from(config.serve.stall_seconds.max(1))),
+                };
+                tracing::info!(holder = %lease.holder, "watchers run under leases");
+                (Some(lease), None)
+            }
+            Backend::Sqlite => (None, sqlite_guard(&config.database_url)?),
+        };
+        Ok(Watchers {
+            engine: engine.clone(),
+            lease,
+            _guard: guard,
+        })
+    }
+
+    /// Runs a watcher over `scanner` among the tasks of serve.
+    fn spawn<S: ChainScanner + 'static>(
+        &self,
+        tasks: &mut JoinSet<Result<(), Error>>,
+        scanner: S,
+        poll_interval_ms: u32,
+        shutdown: &watch::Receiver<bool>,
+    ) {
+        let mut watcher = Watcher::new(self.engine.clone(), scanner, options(poll_interval_ms));
+        if let Some(lease) = &self.lease {
+            watcher = watcher.with_lease(lease.clone());
+        }
+        tasks.spawn(watcher.run(shutdown.clone()));
+    }
+}
+
+/// SQLite is single-process: a second `payrecon serve` on the same file would run a second
+/// set of watchers. An exclusive lock on `<database>.watchers.lock` says so at start.
+fn sqlite_guard(database_url: &str) -> Result<Option<std::fs::File>, Error> {
+    let path = database_url
+        .trim_start_matches("sqlite://")
+        .trim_start_matches("sqlite:");
+    let path = path.split('?').next().unwrap_or_default();
+    if path.is_empty() || path.contains(":memory:") {
+        return Ok(None);
+    }
+    let lock_path = format!("{path}.watchers.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| Error::Config(format!("cannot open {lock_path}: {e}")))?;
+    match file.try_lock() {
+        Ok(()) => Ok(Some(file)),
+        Err(std::fs::TryLockError::WouldBlock) => Err(Error::Config(format!(
+            "another payrecon serve is running watchers on {path} (it holds {lock_path}); SQLite is single-process: use PostgreSQL to run several"
+        ))),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(Error::Config(format!("cannot lock {lock_path}: {e}")))
+        }
+    }
 }
 
 /// Moves intents past their deadline every few seconds.

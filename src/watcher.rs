@@ -3,7 +3,8 @@
 //! transaction. Failures of the node are retried with backoff and never skip data; an answer
 //! that cannot be trusted stops this network's watcher and says why.
 
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use payrecon_chain_core::{BlockId, ChainScanner, Network, ScanError};
@@ -12,6 +13,7 @@ use tokio::sync::watch;
 
 use crate::engine::Engine;
 use crate::error::Error;
+use crate::leases::Lease;
 use crate::store::operations::WatcherHealth;
 
 /// How often to scan and how to back off.
@@ -50,6 +52,8 @@ pub enum WatcherState {
         /// The newest failure.
         error: String,
     },
+    /// Another process holds this network's lease; this one waits to take over.
+    Standby,
     /// Stopped for good: the data source cannot be trusted, or shutdown was asked.
     Stopped {
         /// Why, or `None` after a requested shutdown.
@@ -77,12 +81,35 @@ pub struct WatcherStatus {
     pub rpc_errors: u64,
 }
 
+/// Running under a lease: several processes share the database, one watches each network.
+#[derive(Clone, Debug)]
+pub struct LeaseOptions {
+    /// This process's unique name.
+    pub holder: String,
+    /// How long a lease lasts unless renewed: a dead holder is replaced after it.
+    pub ttl: Duration,
+    /// A holder none of whose rounds completed for this long is stalled: it stops renewing,
+    /// and is replaced a lease time later.
+    pub stall: Duration,
+}
+
 /// One network's watcher: a scanner driven against the engine.
 pub struct Watcher<S> {
     engine: Engine,
     scanner: S,
     options: WatcherOptions,
     status: watch::Sender<WatcherStatus>,
+    lease_options: Option<LeaseOptions>,
+    /// The lease held.
+    lease: Option<Lease>,
+    /// When the last round ended (either way): what tells a slow round from a stalled one.
+    last_round: Arc<Mutex<Instant>>,
+}
+
+/// Why a run of rounds ended without an error.
+enum RunEnd {
+    Shutdown,
+    LeaseLost,
 }
 
 /// What one round did.
@@ -111,7 +138,17 @@ impl<S: ChainScanner> Watcher<S> {
             scanner,
             options,
             status,
+            lease_options: None,
+            lease: None,
+            last_round: Arc::new(Mutex::new(Instant::now())),
         }
+    }
+
+    /// Runs only while holding the network's lease (shared PostgreSQL): waits in standby
+    /// while another process holds it, and takes over when it expires.
+    pub fn with_lease(mut self, options: LeaseOptions) -> Watcher<S> {
+        self.lease_options = Some(options);
+        self
     }
 
     /// Follows this watcher's health.
@@ -122,6 +159,15 @@ impl<S: ChainScanner> Watcher<S> {
     /// One scan and its commit. A failed round changed nothing: repeating it is safe.
     pub async fn round(&mut self) -> Result<Round, ScanError> {
         let network = self.scanner.network();
+        let round = self.round_once(network).await;
+        *self.last_round.lock().expect("never poisoned") = Instant::now();
+        round
+    }
+
+    async fn round_once(&mut self, network: Network) -> Result<Round, ScanError> {
+        if self.lease_options.is_some() && self.lease.is_none() {
+            return Err(ScanError::Transient(LEASE_LOST.into()));
+        }
         let view = self
             .engine
             .watch_view(network)
@@ -130,10 +176,23 @@ impl<S: ChainScanner> Watcher<S> {
         let batch = self.scanner.scan(&view).await?;
         let events = batch.events.len();
         if events > 0 || view.cursor.as_ref() != Some(&batch.cursor) {
-            self.engine
-                .apply_chain_events_at(network, &batch.events, &batch.cursor)
-                .await
-                .map_err(engine_failure)?;
+            let applied = match &self.lease {
+                Some(lease) => {
+                    self.engine
+                        .apply_chain_events_fenced(&batch.events, &batch.cursor, lease)
+                        .await
+                }
+                None => {
+                    self.engine
+                        .apply_chain_events_at(network, &batch.events, &batch.cursor)
+                        .await
+                }
+            };
+            if let Err(Error::LeaseLost(_)) = applied {
+                self.lease = None;
+                return Err(ScanError::Transient(LEASE_LOST.into()));
+            }
+            applied.map_err(engine_failure)?;
         }
         if events > 0 {
             tracing::info!(%network, events, tip = batch.cursor.tip.height, "chain events committed");
@@ -152,8 +211,71 @@ impl<S: ChainScanner> Watcher<S> {
         })
     }
 
-    /// Runs rounds until `shutdown` turns true or the data source is refused.
+    /// Runs rounds until `shutdown` turns true or the data source is refused. Under a lease,
+    /// waits for it in standby first, and goes back to standby when it is lost.
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<(), Error> {
+        let Some(options) = self.lease_options.clone() else {
+            self.run_rounds(&mut shutdown).await?;
+            return Ok(());
+        };
+        let network = self.scanner.network();
+        loop {
+            if *shutdown.borrow() {
+                return Ok(());
+            }
+            match self
+                .engine
+                .acquire_lease(network, &options.holder, options.ttl)
+                .await
+            {
+                Ok(Some(lease)) => {
+                    tracing::info!(%network, holder = %options.holder, token = lease.token, "watcher lease taken");
+                    self.lease = Some(lease.clone());
+                    *self.last_round.lock().expect("never poisoned") = Instant::now();
+                    let keep = keep_lease(
+                        self.engine.clone(),
+                        lease,
+                        options.clone(),
+                        self.last_round.clone(),
+                    );
+                    let end = tokio::select! {
+                        end = self.run_rounds(&mut shutdown) => end?,
+                        // Lost (or given up as stalled): the round under way is dropped; it
+                        // changed nothing that counts, and its write would be fenced off.
+                        () = keep => {
+                            self.lease = None;
+                            RunEnd::LeaseLost
+                        }
+                    };
+                    match end {
+                        RunEnd::Shutdown => {
+                            if let Some(lease) = self.lease.take()
+                                && let Err(error) = self.engine.release_lease(&lease).await
+                            {
+                                tracing::warn!(%network, %error, "cannot release the watcher lease");
+                            }
+                            return Ok(());
+                        }
+                        RunEnd::LeaseLost => {
+                            tracing::warn!(%network, "watcher lease lost to another process: standing by");
+                            self.scanner.reset();
+                        }
+                    }
+                }
+                Ok(None) => {}
+                Err(error) => tracing::warn!(%network, %error, "cannot read the watcher lease"),
+            }
+            self.status.send_modify(|s| s.state = WatcherState::Standby);
+            tokio::select! {
+                _ = tokio::time::sleep(options.ttl / 3) => {}
+                _ = shutdown.changed() => {}
+            }
+        }
+    }
+
+    /// The rounds of a watcher that may write: until shutdown, a refused data source (an
+    /// error), or a lost lease.
+    async fn run_rounds(&mut self, shutdown: &mut watch::Receiver<bool>) -> Result<RunEnd, Error> {
         let network = self.scanner.network();
         let mut wake = self.engine.subscribe();
         let mut failures: u32 = 0;
@@ -162,9 +284,13 @@ impl<S: ChainScanner> Watcher<S> {
                 self.status
                     .send_modify(|s| s.state = WatcherState::Stopped { error: None });
                 publish(&self.engine, &self.status).await;
-                return Ok(());
+                return Ok(RunEnd::Shutdown);
             }
-            let pause = match self.round().await {
+            let round = self.round().await;
+            if self.lease_options.is_some() && self.lease.is_none() {
+                return Ok(RunEnd::LeaseLost);
+            }
+            let pause = match round {
                 Ok(round) => {
                     failures = 0;
                     // Our own commit notified every subscriber, us included.
@@ -215,6 +341,35 @@ impl<S: ChainScanner> Watcher<S> {
     }
 }
 
+/// Renews the lease every third of its time while rounds keep completing; returns when it
+/// was lost to another process, or when no round completed for the stall time (it then stops
+/// renewing, so another process takes over).
+async fn keep_lease(
+    engine: Engine,
+    lease: Lease,
+    options: LeaseOptions,
+    last_round: Arc<Mutex<Instant>>,
+) {
+    loop {
+        tokio::time::sleep(options.ttl / 3).await;
+        let since = last_round.lock().expect("never poisoned").elapsed();
+        if since > options.stall {
+            tracing::error!(network = %lease.network, ?since, "watcher stalled: giving its lease up");
+            return;
+        }
+        match engine.renew_lease(&lease, options.ttl).await {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(error) => {
+                tracing::warn!(network = %lease.network, %error, "cannot renew the watcher lease")
+            }
+        }
+    }
+}
+
+/// The transient error of a round whose lease was lost.
+const LEASE_LOST: &str = "the watcher lease was lost to another process";
+
 /// Writes the status where operators and other processes read it (`payrecon stuck`,
 /// `/metrics`). Failing to write it is logged: health must never stop a watcher.
 async fn publish(engine: &Engine, status: &watch::Sender<WatcherStatus>) {
@@ -224,6 +379,8 @@ async fn publish(engine: &Engine, status: &watch::Sender<WatcherStatus>) {
         WatcherState::Running => ("running", 0, None),
         WatcherState::Retrying { failures, error } => ("retrying", *failures, Some(error.clone())),
         WatcherState::Stopped { error } => ("stopped", 0, error.clone()),
+        // The lease holder reports for the network; a process in standby has nothing to say.
+        WatcherState::Standby => return,
     };
     let health = WatcherHealth {
         network: status.network.to_string(),

@@ -7,6 +7,7 @@
 //! spellings side by side.
 
 pub mod cursors;
+pub mod leases;
 pub mod ledger;
 pub mod operations;
 pub mod orders;
@@ -32,7 +33,7 @@ const POSTGRES_MAX_CONNECTIONS: u32 = 16;
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The schema, in order. Each version has one script per database.
-const MIGRATIONS: [(i64, &str, &str, &str); 5] = [
+const MIGRATIONS: [(i64, &str, &str, &str); 6] = [
     (
         1,
         "foundation",
@@ -62,6 +63,12 @@ const MIGRATIONS: [(i64, &str, &str, &str); 5] = [
         "operations",
         include_str!("../../migrations/sqlite/0005_operations.sql"),
         include_str!("../../migrations/postgres/0005_operations.sql"),
+    ),
+    (
+        6,
+        "watcher leases",
+        include_str!("../../migrations/sqlite/0006_watcher_leases.sql"),
+        include_str!("../../migrations/postgres/0006_watcher_leases.sql"),
     ),
 ];
 

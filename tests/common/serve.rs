@@ -36,6 +36,14 @@ impl ServeConfig {
         ServeConfig { dir, path }
     }
 
+    /// Points the configuration at another database (PostgreSQL, shared by several servers).
+    pub fn on_database(self, url: &str) -> ServeConfig {
+        let text = std::fs::read_to_string(&self.path).unwrap();
+        let rest = text.split_once('\n').unwrap().1;
+        std::fs::write(&self.path, format!("database_url = \"{url}\"\n{rest}")).unwrap();
+        self
+    }
+
     /// The embedded database `payrecon serve` and the CLI use.
     pub fn database(&self) -> std::path::PathBuf {
         self.dir.path().join("serve.db")
@@ -87,24 +95,45 @@ impl ServeConfig {
             .current_dir(self.dir.path())
             .spawn()
             .unwrap();
-        Serving { child }
+        Serving { child: Some(child) }
     }
 }
 
-/// A running `payrecon serve`.
+/// A running `payrecon serve`; killed if dropped (a failed test leaves no server behind).
 pub struct Serving {
-    child: Child,
+    child: Option<Child>,
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
 
 impl Serving {
+    /// The process id (lease holders are named after it).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// SIGKILL: the process dies mid-whatever, without any cleanup.
+    pub fn kill9(mut self) {
+        let mut child = self.child.take().expect("running");
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
     /// SIGTERM, and the process must exit cleanly.
-    pub async fn stop(self) {
+    pub async fn stop(mut self) {
+        let mut child = self.child.take().expect("running");
         let stopped = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
+            .args(["-TERM", &child.id().to_string()])
             .status()
             .unwrap();
         assert!(stopped.success());
-        let mut child = self.child;
         let exit = tokio::task::spawn_blocking(move || child.wait().unwrap())
             .await
             .unwrap();
