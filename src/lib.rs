@@ -12,6 +12,7 @@ pub mod bench;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod crash;
 pub mod engine;
 pub mod error;
 pub mod intent;

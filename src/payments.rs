@@ -16,6 +16,7 @@ use payrecon_chain_tron::TronDeriver;
 use serde::Serialize;
 
 use crate::config::{Config, EthereumFinality, NetworksConfig, RatesConfig, TronFinality};
+use crate::crash::crash_point;
 use crate::engine::Engine;
 use crate::error::Error;
 use crate::intent::{
@@ -448,11 +449,14 @@ impl Engine {
         }
         for event in events {
             matcher::apply_event(&mut tx, &settings.policy, event, now).await?;
+            crash_point("apply.after_event");
         }
         if let Some((network, cursor)) = cursor {
             crate::store::cursors::put(tx.conn(), network, cursor, now).await?;
         }
+        crash_point("apply.before_commit");
         tx.commit().await?;
+        crash_point("apply.after_commit");
         self.notify_events();
         Ok(())
     }

@@ -174,6 +174,9 @@ impl<S: ChainScanner> Watcher<S> {
             .await
             .map_err(engine_failure)?;
         let batch = self.scanner.scan(&view).await?;
+        if !batch.events.is_empty() {
+            crate::crash::crash_point("watcher.after_scan");
+        }
         let events = batch.events.len();
         if events > 0 || view.cursor.as_ref() != Some(&batch.cursor) {
             let applied = match &self.lease {

@@ -239,6 +239,8 @@ async fn insert_postings(
     tx: &mut WriteTx,
     rows: &[(i64, usize, &Posting)],
 ) -> Result<(), StoreError> {
+    // Entries written, their legs not yet: a crash here must leave no entry without legs.
+    crate::crash::crash_point("ledger.before_postings");
     let sql = format!(
         "INSERT INTO postings (entry_seq, leg, account, currency, amount) VALUES {}",
         values_placeholders(tx.backend(), 5, rows.len())

@@ -86,6 +86,31 @@ impl ServeConfig {
         )
     }
 
+    /// Runs `payrecon serve` with `env` set until it exits by itself (a crash point); its
+    /// exit status. Fails the test if it is still running after a minute.
+    pub async fn serve_until_exit(&self, env: &[(&str, &str)]) -> std::process::ExitStatus {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_payrecon"))
+            .arg("--config")
+            .arg(&self.path)
+            .arg("serve")
+            .envs(env.iter().copied())
+            .current_dir(self.dir.path())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let started = std::time::Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            if started.elapsed() > std::time::Duration::from_secs(60) {
+                let _ = child.kill();
+                panic!("serve did not reach the crash point {env:?}");
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+
     /// Starts `payrecon serve`.
     pub fn serve(&self) -> Serving {
         let child = Command::new(env!("CARGO_BIN_EXE_payrecon"))
