@@ -440,6 +440,7 @@ async fn payments(
     let reference = |i: usize| crate::order::OrderRef::new(format!("b{}-{i}", &run_id[..8]));
 
     let progress = progress_bar(intents as u64, "top-ups");
+    reset_peak_memory();
     let started = Instant::now();
     let created: Vec<_> = spread(intents, concurrency, |i| {
         let (engine, reference, progress) = (engine.clone(), reference(i), progress.clone());
@@ -456,9 +457,14 @@ async fn payments(
     })
     .await?;
     progress.finish_and_clear();
-    let mut lines = vec![line("top-ups created", created.len(), started.elapsed())];
+    let mut lines = vec![with_peak(line(
+        "top-ups created",
+        created.len(),
+        started.elapsed(),
+    ))];
 
     let progress = progress_bar(intents as u64, "intents");
+    reset_peak_memory();
     let started = Instant::now();
     let instructions = spread(intents, concurrency, |i| {
         let (engine, reference, progress) = (engine.clone(), reference(i), progress.clone());
@@ -470,11 +476,11 @@ async fn payments(
     })
     .await?;
     progress.finish_and_clear();
-    lines.push(line(
+    lines.push(with_peak(line(
         &format!("intents created, {concurrency} callers"),
         intents,
         started.elapsed(),
-    ));
+    )));
 
     let events: Vec<ChainEvent> = instructions
         .iter()
@@ -499,17 +505,18 @@ async fn payments(
         })
         .collect();
     let progress = progress_bar(intents as u64, "events");
+    reset_peak_memory();
     let started = Instant::now();
     for batch in events.chunks(events_per_batch) {
         engine.apply_chain_events(batch).await?;
         progress.inc(batch.len() as u64);
     }
     progress.finish_and_clear();
-    lines.push(line(
+    lines.push(with_peak(line(
         &format!("events matched and settled, {events_per_batch} per transaction"),
         intents,
         started.elapsed(),
-    ));
+    )));
 
     let trial = engine.trial_balance().await?;
     anyhow::ensure!(trial.is_sound(), "the benchmark left the ledger unsound");
@@ -517,6 +524,31 @@ async fn payments(
         trial.entries as usize == intents,
         "every intent settled exactly once"
     );
+
+    let query = crate::report::ReportQuery {
+        from: chrono::Utc::now() - chrono::Duration::days(1),
+        to: chrono::Utc::now() + chrono::Duration::days(1),
+        method: None,
+    };
+    reset_peak_memory();
+    let started = Instant::now();
+    let totals = engine
+        .write_reconciliation(
+            &query,
+            crate::report::ReportFormat::Json,
+            crate::report::CsvSection::Transfers,
+            tokio::io::sink(),
+        )
+        .await?;
+    anyhow::ensure!(
+        totals.transfers as usize == intents,
+        "the report lists every transfer"
+    );
+    lines.push(with_peak(line(
+        "reconciliation report (json)",
+        intents,
+        started.elapsed(),
+    )));
     Ok(lines)
 }
 
@@ -1038,11 +1070,15 @@ async fn reconciliation(engine: &Engine, count: usize) -> anyhow::Result<Vec<Ben
             "the report listed {} transfers",
             totals.transfers
         );
-        let mut measured = line(name, count, started.elapsed());
-        measured.peak_rss_mib = peak_memory_mib();
-        lines.push(measured);
+        lines.push(with_peak(line(name, count, started.elapsed())));
     }
     Ok(lines)
+}
+
+/// `measured` with the peak memory since the last reset.
+fn with_peak(mut measured: BenchLine) -> BenchLine {
+    measured.peak_rss_mib = peak_memory_mib();
+    measured
 }
 
 /// Resets the kernel's peak-RSS mark of this process (Linux), so the next reading is the
