@@ -128,6 +128,43 @@ on_both_databases! {
         sound(&engine).await;
     }
 
+    async fn the_audit_asks_the_node_again_and_a_node_without_the_payments_fails_it(db) {
+        let node = FakeSolana::start().await;
+        let solana = solana_config(&node);
+        let (engine, clock) = solana_engine(&db, &solana).await;
+        let mut pays = Vec::new();
+        for (i, reference) in ["A1", "A2"].iter().enumerate() {
+            engine.create_topup(&topup(reference, &format!("8{i}"), "100")).await.unwrap();
+            pays.push(engine.create_payment(&order(reference), Method::Sol).await.unwrap());
+        }
+        let now = clock.now().timestamp();
+        let watcher = watch_solana(&engine, &solana);
+        for pay in &pays {
+            node.pay(&solana.recipient, TOPUP_LAMPORTS, Some(&pay.intent.watch_key), now, false);
+        }
+        node.finalize_all();
+        for pay in &pays {
+            wait_status(&engine, &pay.intent.id, IntentStatus::Settled).await;
+        }
+        watcher.stop().await.unwrap();
+
+        let config = common::payments::config(|c| c.networks.solana = Some(solana.clone()));
+        let now = clock.now();
+        let query = payrecon::report::ReportQuery { from: now - Duration::days(1), to: now + Duration::days(1), method: None };
+        let clean = engine.audit_credited(&config, &query).await.unwrap();
+        assert_eq!((clean.checked, clean.findings.len()), (2, 0), "{clean:?}");
+        // A node of another cluster (or one that lost its ledger) backs none of them.
+        let other = FakeSolana::start().await;
+        let config = common::payments::config(|c| {
+            let mut elsewhere = solana.clone();
+            elsewhere.rpc_url = Some(other.url.clone());
+            c.networks.solana = Some(elsewhere);
+        });
+        let audit = engine.audit_credited(&config, &query).await.unwrap();
+        assert_eq!(audit.findings.len(), 2, "{audit:?}");
+        assert!(audit.findings.iter().all(|f| f.problem == "no longer on the chain"));
+    }
+
     async fn rate_limits_and_timeouts_are_retried_and_lose_nothing(db) {
         let node = FakeSolana::start().await;
         let solana = solana_config(&node);

@@ -228,6 +228,33 @@ on_both_databases! {
         watcher.stop().await.unwrap();
         sound(&engine).await;
     }
+
+    async fn the_audit_reads_credited_blocks_again_and_finds_what_a_reorg_took(db) {
+        let node = FakeTron::start(50).await;
+        let tron = tron_config(&node, &fresh_tron_xpub(), 2, TronFinality::Depth);
+        let (engine, clock) = tron_engine(&db, &tron).await;
+        engine.create_topup(&topup("AUDIT-TRX", "70", "100")).await.unwrap();
+        engine.create_topup(&topup("AUDIT-USDT", "71", "100")).await.unwrap();
+        let trx_pay = engine.create_payment(&order("AUDIT-TRX"), Method::Trx).await.unwrap();
+        let usdt_pay = engine.create_payment(&order("AUDIT-USDT"), Method::UsdtTrc20).await.unwrap();
+        let watcher = watch_tron(&engine, &tron, node.head() + 1);
+        node.mine(&[trx(&trx_pay.intent.pay_to, TOPUP_SUN), trc20(USDT, &usdt_pay.intent.pay_to, TOPUP_USDT)]);
+        node.mine_empty(1);
+        wait_status(&engine, &trx_pay.intent.id, IntentStatus::Settled).await;
+        wait_status(&engine, &usdt_pay.intent.id, IntentStatus::Settled).await;
+        watcher.stop().await.unwrap();
+
+        let config = common::payments::config(|c| c.networks.tron = Some(tron.clone()));
+        let now = clock.now();
+        let query = payrecon::report::ReportQuery { from: now - Duration::days(1), to: now + Duration::days(1), method: None };
+        let clean = engine.audit_credited(&config, &query).await.unwrap();
+        assert_eq!((clean.checked, clean.findings.len()), (2, 0), "{clean:?}");
+        // The payments' block is replaced while no watcher runs.
+        node.reorg(2);
+        let audit = engine.audit_credited(&config, &query).await.unwrap();
+        assert_eq!(audit.findings.len(), 2, "{audit:?}");
+        assert!(audit.findings.iter().all(|f| f.problem == "no longer on the chain"));
+    }
 }
 
 /// `payrecon serve` with `[networks.tron] api_url` set watches Tron and credits a top-up.
