@@ -156,10 +156,7 @@ pub async fn run(command: BenchCommand, _config: &Config, json: bool) -> anyhow:
                 intents > 0 && events_per_batch > 0 && concurrency > 0,
                 "counts must be positive"
             );
-            let scratch_dir = tempfile::tempdir().context("creating a scratch directory")?;
-            let url = scratch_database.unwrap_or_else(|| {
-                format!("sqlite://{}", scratch_dir.path().join("bench.db").display())
-            });
+            let (scratch_dir, url) = scratch(scratch_database)?;
             let engine = payments_engine(&url, scratch_dir.path()).await?;
             let lines = payments(&engine, intents, events_per_batch, concurrency).await?;
             let backend = format!("{:?}", engine.store().backend()).to_lowercase();
@@ -229,10 +226,7 @@ pub async fn run(command: BenchCommand, _config: &Config, json: bool) -> anyhow:
             scratch_database,
         } => {
             anyhow::ensure!(addresses > 0, "--addresses must be positive");
-            let scratch_dir = tempfile::tempdir().context("creating a scratch directory")?;
-            let url = scratch_database.unwrap_or_else(|| {
-                format!("sqlite://{}", scratch_dir.path().join("bench.db").display())
-            });
+            let (scratch_dir, url) = scratch(scratch_database)?;
             let config = electrum_config(&url, scratch_dir.path(), &electrum_url, &network)?;
             let engine = Engine::from_config(&config).await?;
             let lines = electrum(&engine, &config, addresses).await?;
@@ -253,10 +247,7 @@ pub async fn run(command: BenchCommand, _config: &Config, json: bool) -> anyhow:
             scratch_database,
         } => {
             anyhow::ensure!(transfers > 0, "--transfers must be positive");
-            let scratch_dir = tempfile::tempdir().context("creating a scratch directory")?;
-            let url = scratch_database.unwrap_or_else(|| {
-                format!("sqlite://{}", scratch_dir.path().join("bench.db").display())
-            });
+            let (_scratch_dir, url) = scratch(scratch_database)?;
             let engine = Engine::open(&url)
                 .await
                 .context("opening the scratch database")?;
@@ -282,10 +273,7 @@ pub async fn run(command: BenchCommand, _config: &Config, json: bool) -> anyhow:
                 entries > 0 && batch_size > 0,
                 "--entries and --batch-size must be positive"
             );
-            let scratch_dir = tempfile::tempdir().context("creating a scratch directory")?;
-            let url = scratch_database.unwrap_or_else(|| {
-                format!("sqlite://{}", scratch_dir.path().join("bench.db").display())
-            });
+            let (_scratch_dir, url) = scratch(scratch_database)?;
             let engine = Engine::open(&url)
                 .await
                 .context("opening the scratch database")?;
@@ -974,6 +962,15 @@ fn debit(key: &str, customer: &AccountId) -> NewEntry {
 
 /// How the count and the rate of a workload are labelled.
 const ITEMS: (&str, &str) = ("items  ", "per second");
+
+/// Where a database benchmark writes: the database named, or a fresh SQLite file in a
+/// temporary directory (removed with the returned guard).
+fn scratch(database: Option<String>) -> anyhow::Result<(tempfile::TempDir, String)> {
+    let dir = tempfile::tempdir().context("creating a scratch directory")?;
+    let url =
+        database.unwrap_or_else(|| format!("sqlite://{}", dir.path().join("bench.db").display()));
+    Ok((dir, url))
+}
 
 /// Transfers loaded per transaction when building the report benchmark's period.
 const REPORT_LOAD_BATCH: usize = 10_000;
