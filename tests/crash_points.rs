@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::regtest::{Chain, eventually, fresh_account_xpub};
+use common::regtest::{Chain, eventually};
 use common::serve::ServeConfig;
 use common::{Db, TestDb};
 use payrecon::crash::{CRASH_AT_ENV, CRASH_POINTS};
@@ -15,36 +15,15 @@ const PAYMENTS: usize = 3;
 /// serves to the end: what the ledger holds, without the ids that differ between runs.
 async fn run(chain: &Chain, db: Db, crash: Option<&str>) -> String {
     let database = TestDb::new(db).await;
-    let config = ServeConfig::new(
-        &["ltc"],
-        r#"{"LTC":"100"}"#,
-        &format!(
-            "[networks.litecoin]\nxpub = \"{xpub}\"\nnetwork = \"regtest\"\nconfirmations = 1\n\
-             electrum_url = \"{url}\"\npoll_interval_ms = 100\n",
-            xpub = fresh_account_xpub(),
-            url = chain.electrum_url,
-        ),
-    );
+    let config = ServeConfig::litecoin(&chain.electrum_url, "");
     let config = match db {
         Db::Postgres => config.on_database(&database.url),
         Db::Sqlite => config,
     };
     let mut intents = Vec::new();
-    for i in 0..PAYMENTS {
-        let reference = format!("T{i}");
-        config.cli(&[
-            "topup",
-            "create",
-            "--reference",
-            &reference,
-            "--account",
-            "42",
-            "--amount-usd",
-            "100",
-        ]);
-        let pay = config.cli(&["pay", "create", "--order", &reference, "--method", "ltc"]);
-        chain.send(pay["pay_to"].as_str().unwrap(), "1").await;
-        intents.push(pay["id"].as_str().unwrap().to_owned());
+    for (id, address) in config.ltc_topups(PAYMENTS) {
+        chain.send(&address, "1").await;
+        intents.push(id);
     }
     chain.mine(1).await;
     if let Some(point) = crash {

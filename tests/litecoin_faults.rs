@@ -335,16 +335,7 @@ async fn a_server_of_another_chain_stops_the_watcher_with_a_clear_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn payrecon_serve_watches_and_credits_a_top_up() {
     let chain = Chain::lock().await;
-    let config = ServeConfig::new(
-        &["ltc"],
-        r#"{"LTC":"100"}"#,
-        &format!(
-            "[networks.litecoin]\nxpub = \"{xpub}\"\nnetwork = \"regtest\"\nconfirmations = 1\n\
-             electrum_url = \"{url}\"\npoll_interval_ms = 100\n",
-            xpub = fresh_account_xpub(),
-            url = chain.electrum_url,
-        ),
-    );
+    let config = ServeConfig::litecoin(&chain.electrum_url, "");
     let (intent, address) = config.topup_and_pay("ltc");
     let serving = config.serve();
     chain.send(&address, "1").await;

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::regtest::{Chain, eventually, fresh_account_xpub};
+use common::regtest::{Chain, eventually};
 use common::serve::{ServeConfig, Serving};
 use common::{Db, TestDb};
 use payrecon::Engine;
@@ -15,16 +15,7 @@ const PAYMENTS: usize = 12;
 const SERVERS: usize = 3;
 
 fn litecoin_config(chain: &Chain) -> ServeConfig {
-    ServeConfig::new(
-        &["ltc"],
-        r#"{"LTC":"100"}"#,
-        &format!(
-            "[serve]\nlease_seconds = 2\n[networks.litecoin]\nxpub = \"{xpub}\"\nnetwork = \"regtest\"\nconfirmations = 1\n\
-             electrum_url = \"{url}\"\npoll_interval_ms = 100\n",
-            xpub = fresh_account_xpub(),
-            url = chain.electrum_url,
-        ),
-    )
+    ServeConfig::litecoin(&chain.electrum_url, "[serve]\nlease_seconds = 2\n")
 }
 
 /// The server holding the Litecoin lease now, once one holds it.
@@ -49,25 +40,7 @@ async fn killing_the_lease_holder_again_and_again_loses_and_doubles_nothing() {
     let chain = Chain::lock().await;
     let db = TestDb::new(Db::Postgres).await;
     let config = litecoin_config(&chain).on_database(&db.url);
-    let mut intents = Vec::new();
-    for i in 0..PAYMENTS {
-        let reference = format!("T{i}");
-        config.cli(&[
-            "topup",
-            "create",
-            "--reference",
-            &reference,
-            "--account",
-            "42",
-            "--amount-usd",
-            "100",
-        ]);
-        let pay = config.cli(&["pay", "create", "--order", &reference, "--method", "ltc"]);
-        intents.push((
-            pay["id"].as_str().unwrap().to_owned(),
-            pay["pay_to"].as_str().unwrap().to_owned(),
-        ));
-    }
+    let intents = config.ltc_topups(PAYMENTS);
     let engine = Engine::open(&db.url).await.unwrap();
     let mut servers: Vec<Serving> = (0..SERVERS).map(|_| config.serve()).collect();
     let mut tokens = Vec::new();

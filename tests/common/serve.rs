@@ -36,6 +36,45 @@ impl ServeConfig {
         ServeConfig { dir, path }
     }
 
+    /// Litecoin (`ltc`, 100 USD) on the regtest node behind `electrum_url`, below a fresh key,
+    /// one confirmation, fast polling; `extra` TOML sections (e.g. `[serve]`) come first.
+    pub fn litecoin(electrum_url: &str, extra: &str) -> ServeConfig {
+        ServeConfig::new(
+            &["ltc"],
+            r#"{"LTC":"100"}"#,
+            &format!(
+                "{extra}[networks.litecoin]\nxpub = \"{xpub}\"\nnetwork = \"regtest\"\nconfirmations = 1\n\
+                 electrum_url = \"{electrum_url}\"\npoll_interval_ms = 100\n",
+                xpub = super::regtest::fresh_account_xpub(),
+            ),
+        )
+    }
+
+    /// `count` 100 USD top-ups `T0`… for customer 42, each with LTC payment instructions:
+    /// (intent id, pay to).
+    pub fn ltc_topups(&self, count: usize) -> Vec<(String, String)> {
+        (0..count)
+            .map(|i| {
+                let reference = format!("T{i}");
+                self.cli(&[
+                    "topup",
+                    "create",
+                    "--reference",
+                    &reference,
+                    "--account",
+                    "42",
+                    "--amount-usd",
+                    "100",
+                ]);
+                let pay = self.cli(&["pay", "create", "--order", &reference, "--method", "ltc"]);
+                (
+                    pay["id"].as_str().unwrap().to_owned(),
+                    pay["pay_to"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect()
+    }
+
     /// Points the configuration at another database (PostgreSQL, shared by several servers).
     pub fn on_database(self, url: &str) -> ServeConfig {
         let text = std::fs::read_to_string(&self.path).unwrap();
