@@ -77,7 +77,7 @@ impl Rechecker {
                     _ => networks.litecoin.as_ref(),
                 }
                 .ok_or_else(missing)?;
-                crate::serve::electrum_settings(network, utxo)
+                crate::networks::electrum_settings(network, utxo)
                     .map_err(configured)?
                     .map(|s| Rechecker::Electrum(Box::new(ElectrumScanner::new(s))))
                     .ok_or_else(missing)
@@ -85,7 +85,7 @@ impl Rechecker {
             Network::Ethereum => networks
                 .ethereum
                 .as_ref()
-                .map(crate::serve::ethereum_settings)
+                .map(crate::networks::ethereum_settings)
                 .transpose()
                 .map_err(configured)?
                 .flatten()
@@ -94,7 +94,7 @@ impl Rechecker {
             Network::Tron => networks
                 .tron
                 .as_ref()
-                .map(crate::serve::tron_settings)
+                .map(crate::networks::tron_settings)
                 .transpose()
                 .map_err(configured)?
                 .flatten()
@@ -103,7 +103,7 @@ impl Rechecker {
             Network::Solana => networks
                 .solana
                 .as_ref()
-                .map(crate::serve::solana_settings)
+                .map(crate::networks::solana_settings)
                 .transpose()
                 .map_err(configured)?
                 .flatten()

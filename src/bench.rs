@@ -611,7 +611,7 @@ async fn electrum(
         .litecoin
         .as_ref()
         .context("litecoin configured")?;
-    let settings = crate::serve::electrum_settings(Network::Litecoin, utxo)?
+    let settings = crate::networks::electrum_settings(Network::Litecoin, utxo)?
         .context("electrum_url configured")?;
     let new_watcher = || {
         crate::watcher::Watcher::new(

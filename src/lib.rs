@@ -20,6 +20,7 @@ pub mod leases;
 pub mod ledger;
 pub mod matcher;
 pub mod money;
+pub mod networks;
 pub mod operator;
 pub mod order;
 pub mod payments;

@@ -237,8 +237,10 @@ pub struct PaymentInstructions {
 }
 
 impl Engine {
-    /// Opens the database and builds payment settings from `config`.
+    /// Opens the database and builds payment settings from `config`; a configuration that a
+    /// network's watcher could not use is refused here, before anything runs on it.
     pub async fn from_config(config: &Config) -> Result<Engine, Error> {
+        crate::networks::check(config)?;
         let settings = PaymentSettings::from_config(config)?;
         Ok(Engine::open(&config.database_url)
             .await?

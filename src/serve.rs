@@ -3,106 +3,24 @@
 
 use std::time::Duration;
 
-use alloy_primitives::Address;
-use payrecon_chain_bitcoin::{ElectrumScanner, ElectrumSettings, UtxoChain};
-use payrecon_chain_core::{ChainScanner, DeriveError, Network};
-use payrecon_chain_ethereum::{EthereumScanner, EthereumSettings, Finality};
-use payrecon_chain_solana::{SolanaScanner, SolanaSettings};
-use payrecon_chain_tron::{TronAddress, TronScanner, TronSettings};
+use payrecon_chain_bitcoin::ElectrumScanner;
+use payrecon_chain_core::{ChainScanner, Network};
+use payrecon_chain_ethereum::EthereumScanner;
+use payrecon_chain_solana::SolanaScanner;
+use payrecon_chain_tron::TronScanner;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::config::{
-    Config, EthereumConfig, EthereumFinality, SolanaConfig, TronConfig, TronFinality, UtxoConfig,
-};
+use crate::config::Config;
 use crate::engine::Engine;
 use crate::error::Error;
+use crate::networks::{electrum_settings, ethereum_settings, solana_settings, tron_settings};
 use crate::store::Backend;
 use crate::watcher::{LeaseOptions, Watcher, WatcherOptions};
 use crate::webhooks::WebhookSender;
 
 /// How often intents past their deadline are looked at.
 const TICK_INTERVAL: Duration = Duration::from_secs(5);
-
-/// The Electrum scanner settings of a configured UTXO network, if it names a server.
-pub fn electrum_settings(
-    network: Network,
-    config: &UtxoConfig,
-) -> Result<Option<ElectrumSettings>, Error> {
-    let Some(url) = &config.electrum_url else {
-        return Ok(None);
-    };
-    let chain = match network {
-        Network::Litecoin => UtxoChain::Litecoin,
-        _ => UtxoChain::Bitcoin,
-    };
-    let utxo_network = config
-        .network
-        .parse()
-        .map_err(|e: DeriveError| Error::Config(format!("networks.{network}.network: {e}")))?;
-    let mut settings = ElectrumSettings::new(url.clone(), chain, utxo_network);
-    settings.genesis_hash = config.genesis_hash.clone();
-    settings
-        .expected_genesis()
-        .map_err(|e| Error::Config(format!("networks.{network}.genesis_hash: {e}")))?;
-    Ok(Some(settings))
-}
-
-/// The Ethereum scanner settings, if a node is configured.
-pub fn ethereum_settings(config: &EthereumConfig) -> Result<Option<EthereumSettings>, Error> {
-    let Some(url) = &config.rpc_url else {
-        return Ok(None);
-    };
-    let contract = |name: &str, text: &str| -> Result<Address, Error> {
-        text.parse()
-            .map_err(|e| Error::Config(format!("networks.ethereum.{name}: {e}")))
-    };
-    let mut settings = EthereumSettings::new(
-        url.clone(),
-        config.chain_id,
-        contract("usdt_contract", &config.usdt_contract)?,
-        contract("usdc_contract", &config.usdc_contract)?,
-    );
-    settings.finality = match config.finality {
-        EthereumFinality::Depth => Finality::Depth,
-        EthereumFinality::Finalized => Finality::Finalized,
-    };
-    settings.start_block = config.start_block;
-    Ok(Some(settings))
-}
-
-/// The Tron scanner settings, if a node is configured.
-pub fn tron_settings(config: &TronConfig) -> Result<Option<TronSettings>, Error> {
-    let Some(url) = &config.api_url else {
-        return Ok(None);
-    };
-    let usdt: TronAddress = config
-        .usdt_contract
-        .parse()
-        .map_err(|e| Error::Config(format!("networks.tron.usdt_contract: {e}")))?;
-    let mut settings = TronSettings::new(url.clone(), usdt);
-    settings.api_key = config.api_key.clone();
-    settings.finality = match config.finality {
-        TronFinality::Depth => payrecon_chain_tron::TronFinality::Depth,
-        TronFinality::Solidified => payrecon_chain_tron::TronFinality::Solidified,
-    };
-    settings.start_block = config.start_block;
-    Ok(Some(settings))
-}
-
-/// The Solana scanner settings, if an RPC endpoint is configured.
-pub fn solana_settings(config: &SolanaConfig) -> Result<Option<SolanaSettings>, Error> {
-    let Some(url) = &config.rpc_url else {
-        return Ok(None);
-    };
-    let recipient = config
-        .recipient
-        .parse()
-        .map_err(|e| Error::Config(format!("networks.solana.recipient: {e}")))?;
-    let mut settings = SolanaSettings::new(url.clone(), recipient);
-    settings.references_per_scan = config.references_per_scan;
-    Ok(Some(settings))
-}
 
 /// The watcher options of a network polled every `poll_interval_ms`.
 fn options(poll_interval_ms: u32) -> WatcherOptions {

@@ -42,7 +42,7 @@ pub async fn solana_engine(db: &TestDb, solana: &SolanaConfig) -> (Engine, Arc<M
 /// Starts the Solana watcher of `engine` the way `payrecon serve` builds it, with requests
 /// timing out after a second.
 pub fn watch_solana(engine: &Engine, config: &SolanaConfig) -> Running {
-    let mut settings = payrecon::serve::solana_settings(config).unwrap().unwrap();
+    let mut settings = payrecon::networks::solana_settings(config).unwrap().unwrap();
     settings.timeout = Duration::from_secs(1);
     Running::spawn(engine, SolanaScanner::new(settings), fast())
 }

@@ -71,7 +71,7 @@ pub async fn tron_engine(db: &TestDb, tron: &TronConfig) -> (Engine, Arc<ManualC
 /// Starts the Tron watcher of `engine` the way `payrecon serve` builds it from the
 /// configuration, scanning from `start_block` without a cursor yet.
 pub fn watch_tron(engine: &Engine, config: &TronConfig, start_block: u64) -> Running {
-    let mut settings: TronSettings = payrecon::serve::tron_settings(config).unwrap().unwrap();
+    let mut settings: TronSettings = payrecon::networks::tron_settings(config).unwrap().unwrap();
     settings.start_block = Some(start_block);
     Running::spawn(engine, TronScanner::new(settings), fast())
 }
