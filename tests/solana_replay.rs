@@ -9,7 +9,7 @@ mod common;
 use chrono::Duration;
 use common::checks::{cents, kinds, order, sound, status, wait_status};
 use common::regtest::eventually;
-use common::solana::{solana_config, solana_engine, watch_solana};
+use common::solana::{solana_config, solana_engine, watch_solana, watch_solana_with};
 use common::topup;
 use payrecon::clock::Clock;
 use payrecon::intent::IntentStatus;
@@ -196,6 +196,36 @@ on_both_databases! {
             assert_eq!(cents(&engine, &format!("3{i}")).await, 10_000);
             assert_eq!(engine.transfers_for(&order(reference)).await.unwrap().len(), 1, "one transfer, not one per retry");
         }
+        watcher.stop().await.unwrap();
+        sound(&engine).await;
+    }
+
+    // A payment lands and finalizes between the round's `getSlot` and its listing (a slow
+    // node makes that likely; the fault-proxy test found it): its slot is above the tip the
+    // round began with, and the round must raise its tip rather than report a transfer above
+    // it, which the engine refuses and which stopped the watcher.
+    async fn a_payment_newer_than_the_rounds_first_slot_is_taken(db) {
+        let node = FakeSolana::start().await;
+        let solana = solana_config(&node);
+        let (engine, clock) = solana_engine(&db, &solana).await;
+        engine.create_topup(&topup("EARLY", "51", "100")).await.unwrap();
+        let early = engine.create_payment(&order("EARLY"), Method::Sol).await.unwrap();
+        // Rounds only when woken (a new intent wakes the watcher), so the test knows which
+        // requests a round makes: getSlot, then the recipient's listing.
+        let options = payrecon::watcher::WatcherOptions { poll_interval: std::time::Duration::from_secs(3600), ..common::regtest::fast() };
+        let watcher = watch_solana_with(&engine, &solana, options);
+        eventually("the first round's commit", || async { engine.watcher_cursor(payrecon_chain_core::Network::Solana).await.unwrap().is_some() }).await;
+        node.inject([Fault::Slow(std::time::Duration::ZERO), Fault::Slow(std::time::Duration::from_millis(600))]);
+        engine.create_topup(&topup("WAKE", "52", "100")).await.unwrap();
+        engine.create_payment(&order("WAKE"), Method::Sol).await.unwrap();
+        // Both faults taken: getSlot has answered and the listing is held for 600 ms, its
+        // answer read from the node only afterwards.
+        eventually("the round's listing", || async { node.pending_faults() == 0 }).await;
+        node.pay(&solana.recipient, TOPUP_LAMPORTS, Some(&early.intent.watch_key), clock.now().timestamp(), false);
+        node.finalize_all();
+        wait_status(&engine, &early.intent.id, IntentStatus::Settled).await;
+        assert_eq!(watcher.status.borrow().state, WatcherState::Running);
+        assert_eq!(cents(&engine, "51").await, 10_000);
         watcher.stop().await.unwrap();
         sound(&engine).await;
     }

@@ -8,6 +8,7 @@
 
 pub mod anvil;
 pub mod checks;
+pub mod faults;
 pub mod payments;
 pub mod regtest;
 pub mod replay;

@@ -8,6 +8,7 @@ use std::time::Duration;
 use payrecon::Engine;
 use payrecon::clock::ManualClock;
 use payrecon::config::{Config, SolanaConfig};
+use payrecon::watcher::WatcherOptions;
 use payrecon_chain_core::{Asset, Method};
 use payrecon_chain_solana::SolanaScanner;
 use payrecon_chain_solana::testkit::{FakeSolana, random_pubkey};
@@ -42,7 +43,18 @@ pub async fn solana_engine(db: &TestDb, solana: &SolanaConfig) -> (Engine, Arc<M
 /// Starts the Solana watcher of `engine` the way `payrecon serve` builds it, with requests
 /// timing out after a second.
 pub fn watch_solana(engine: &Engine, config: &SolanaConfig) -> Running {
-    let mut settings = payrecon::networks::solana_settings(config).unwrap().unwrap();
+    watch_solana_with(engine, config, fast())
+}
+
+/// [`watch_solana`] with these watcher options.
+pub fn watch_solana_with(
+    engine: &Engine,
+    config: &SolanaConfig,
+    options: WatcherOptions,
+) -> Running {
+    let mut settings = payrecon::networks::solana_settings(config)
+        .unwrap()
+        .unwrap();
     settings.timeout = Duration::from_secs(1);
-    Running::spawn(engine, SolanaScanner::new(settings), fast())
+    Running::spawn(engine, SolanaScanner::new(settings), options)
 }

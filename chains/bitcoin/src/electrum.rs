@@ -694,6 +694,11 @@ fn classify(error: ElectrumError) -> ScanError {
             let last = errors.into_iter().next_back().expect("not empty");
             classify(last)
         }
+        // A line cut off by a dropped connection ends in the middle of its JSON: the link
+        // failed, not the server.
+        ElectrumError::JSON(e) if e.is_eof() => {
+            ScanError::Transient(format!("Electrum: an answer was cut off: {e}"))
+        }
         ElectrumError::JSON(_)
         | ElectrumError::Hex(_)
         | ElectrumError::Bitcoin(_)
@@ -736,9 +741,19 @@ mod tests {
     }
 
     #[test]
-    fn garbage_is_fatal_and_a_dropped_socket_is_not() {
+    fn garbage_is_fatal_and_a_dropped_socket_or_cut_off_answer_is_not() {
         let garbage = ElectrumError::InvalidResponse(serde_json::json!({"x": 1}));
         assert!(matches!(classify(garbage), ScanError::Fatal(_)));
+        let not_json = serde_json::from_str::<serde_json::Value>("{\"id\": x}").unwrap_err();
+        assert!(matches!(
+            classify(ElectrumError::JSON(not_json)),
+            ScanError::Fatal(_)
+        ));
+        let cut_off = serde_json::from_str::<serde_json::Value>("{\"id\": 1, \"res").unwrap_err();
+        assert!(matches!(
+            classify(ElectrumError::JSON(cut_off)),
+            ScanError::Transient(_)
+        ));
         let dropped =
             ElectrumError::IOError(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
         assert!(matches!(

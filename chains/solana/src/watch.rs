@@ -163,7 +163,7 @@ impl ChainScanner for SolanaScanner {
             })?;
             references.insert(reference, key);
         }
-        let tip = client
+        let mut tip = client
             .get_slot_with_commitment(CommitmentConfig::confirmed())
             .await
             .map_err(|e| classify("getSlot", e))?;
@@ -260,6 +260,12 @@ impl ChainScanner for SolanaScanner {
             }
         }
 
+        // Transactions listed after `getSlot` answered may sit in newer slots: the tip is at
+        // least the newest slot seen in this round.
+        tip = found
+            .iter()
+            .filter_map(|(_, _, block, _)| *block)
+            .fold(tip, u64::max);
         let mut events: Vec<ChainEvent> = found
             .into_iter()
             .map(
@@ -299,7 +305,7 @@ impl ChainScanner for SolanaScanner {
                             confirmations: 1,
                             block_height: Some(status.slot),
                             seen_at_ms: k.seen_at_ms,
-                            tip_height: tip.max(k.tip_height),
+                            tip_height: tip.max(k.tip_height).max(status.slot),
                         });
                     }
                     Some(_) => {}
