@@ -116,6 +116,21 @@ mod tests {
 
     use payrecon_chain_core::test_vectors::BIP84_ZPUB;
 
+    proptest::proptest! {
+        #[test]
+        fn any_text_is_an_address_or_refused(text in ".{0,90}|(bc1|ltc1|bcrt1|rltc1)[02-9ac-hj-np-z]{6,80}") {
+            let _ = script_pubkey(&text);
+        }
+
+        /// Every address the deriver hands out is one the watcher can turn into its script.
+        #[test]
+        fn derived_addresses_have_their_script(index in 0..u32::MAX / 2) {
+            let address = bitcoin_mainnet().derive(index).unwrap().address;
+            let script = script_pubkey(&address).unwrap();
+            proptest::prop_assert!(script.is_p2wpkh());
+        }
+    }
+
     fn bitcoin_mainnet() -> SegwitDeriver {
         SegwitDeriver::new(
             BIP84_ZPUB.parse().unwrap(),

@@ -502,21 +502,7 @@ impl Session {
                 )));
             }
             for (txid, raw) in chunk.iter().zip(raws) {
-                let tx: Transaction = bitcoin::consensus::deserialize(&raw).map_err(|e| {
-                    ScanError::Fatal(format!("transaction {txid} does not decode: {e}"))
-                })?;
-                if tx.compute_txid() != *txid {
-                    return Err(ScanError::Fatal(format!(
-                        "the server answered transaction {} when asked for {txid}",
-                        tx.compute_txid()
-                    )));
-                }
-                let outputs = tx
-                    .output
-                    .into_iter()
-                    .map(|out| (out.script_pubkey, out.value.to_sat()))
-                    .collect();
-                self.outputs.insert(*txid, outputs);
+                self.outputs.insert(*txid, outputs_of(txid, &raw)?);
             }
         }
         Ok(())
@@ -682,6 +668,25 @@ impl Session {
     }
 }
 
+/// The outputs (script, value in satoshi) of the raw transaction the server answered for
+/// `txid`. The bytes must decode and hash to `txid`, so a corrupted or substituted answer is
+/// refused rather than read as someone's payment.
+fn outputs_of(txid: &Txid, raw: &[u8]) -> Result<Vec<(ScriptBuf, u64)>, ScanError> {
+    let tx: Transaction = bitcoin::consensus::deserialize(raw)
+        .map_err(|e| ScanError::Fatal(format!("transaction {txid} does not decode: {e}")))?;
+    if tx.compute_txid() != *txid {
+        return Err(ScanError::Fatal(format!(
+            "the server answered transaction {} when asked for {txid}",
+            tx.compute_txid()
+        )));
+    }
+    Ok(tx
+        .output
+        .into_iter()
+        .map(|out| (out.script_pubkey, out.value.to_sat()))
+        .collect())
+}
+
 fn height_u32(height: u64) -> Result<u32, ScanError> {
     u32::try_from(height)
         .map_err(|_| ScanError::Fatal(format!("block height {height} out of range")))
@@ -738,6 +743,80 @@ mod tests {
             settings.expected_genesis(),
             Err(ScanError::Fatal(_))
         ));
+    }
+
+    use bitcoin::hashes::Hash as _;
+
+    /// A segwit transaction of `outputs`, spending one input with a witness.
+    fn transaction(outputs: &[(Vec<u8>, u64)], witness: Vec<Vec<u8>>) -> Transaction {
+        use bitcoin::{Amount, OutPoint, Sequence, TxIn, TxOut, Witness, absolute, transaction};
+        Transaction {
+            version: transaction::Version::TWO,
+            lock_time: absolute::LockTime::ZERO,
+            input: vec![TxIn {
+                previous_output: OutPoint::new(Txid::from_byte_array([3; 32]), 1),
+                script_sig: ScriptBuf::new(),
+                sequence: Sequence::MAX,
+                witness: Witness::from_slice(&witness),
+            }],
+            output: outputs
+                .iter()
+                .map(|(script, value)| TxOut {
+                    value: Amount::from_sat(*value),
+                    script_pubkey: ScriptBuf::from_bytes(script.clone()),
+                })
+                .collect(),
+        }
+    }
+
+    fn arbitrary_transaction() -> impl proptest::strategy::Strategy<Value = Transaction> {
+        use proptest::prelude::*;
+        (
+            proptest::collection::vec(
+                (proptest::collection::vec(any::<u8>(), 0..40), any::<u64>()),
+                1..4,
+            ),
+            proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..72), 1..3),
+        )
+            .prop_map(|(outputs, witness)| transaction(&outputs, witness))
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn a_served_transaction_reads_as_its_outputs(tx in arbitrary_transaction()) {
+            let raw = bitcoin::consensus::serialize(&tx);
+            let outputs = outputs_of(&tx.compute_txid(), &raw).unwrap();
+            let expected: Vec<(ScriptBuf, u64)> = tx.output.iter().map(|o| (o.script_pubkey.clone(), o.value.to_sat())).collect();
+            proptest::prop_assert_eq!(outputs, expected);
+        }
+
+        /// One corrupted byte, or bytes cut off or appended: the answer is refused, or (a
+        /// witness byte, which the txid does not cover) still reads as exactly the original
+        /// outputs. Never a different payment, never a panic.
+        #[test]
+        fn a_corrupted_transaction_is_refused_or_unchanged(
+            tx in arbitrary_transaction(),
+            at in proptest::prelude::any::<proptest::sample::Index>(),
+            byte in proptest::prelude::any::<u8>(),
+            how in 0..3u8,
+        ) {
+            let mut raw = bitcoin::consensus::serialize(&tx);
+            let i = at.index(raw.len());
+            match how {
+                0 => raw[i] = byte,
+                1 => raw.truncate(i),
+                _ => raw.insert(i, byte),
+            }
+            if let Ok(outputs) = outputs_of(&tx.compute_txid(), &raw) {
+                let expected: Vec<(ScriptBuf, u64)> = tx.output.iter().map(|o| (o.script_pubkey.clone(), o.value.to_sat())).collect();
+                proptest::prop_assert_eq!(outputs, expected);
+            }
+        }
+
+        #[test]
+        fn any_bytes_are_refused_or_a_transaction(raw in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300)) {
+            let _ = outputs_of(&Txid::from_byte_array([0; 32]), &raw);
+        }
     }
 
     #[test]

@@ -134,6 +134,23 @@ pub enum DeriveError {
 mod tests {
     use super::*;
 
+    proptest::proptest! {
+        #[test]
+        fn any_text_is_an_xpub_or_refused(text in ".{0,120}|[1-9A-HJ-NP-Za-km-z]{100,120}") {
+            let _ = text.parse::<AccountXpub>();
+        }
+
+        /// A mistyped key (one character changed) never parses as some other key.
+        #[test]
+        fn a_changed_character_is_refused(at in 0..111usize, to in "[1-9A-HJ-NP-Za-km-z]") {
+            let key = crate::test_vectors::BIP84_ZPUB;
+            let mut changed = key.to_owned();
+            changed.replace_range(at..at + 1, &to);
+            proptest::prop_assume!(changed != key);
+            proptest::prop_assert!(changed.parse::<AccountXpub>().is_err());
+        }
+    }
+
     #[test]
     fn refuses_what_is_not_an_account_xpub() {
         assert!(matches!(

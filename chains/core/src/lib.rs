@@ -7,6 +7,8 @@ mod amount;
 pub mod blocks;
 mod derive;
 mod event;
+#[cfg(feature = "fuzz")]
+pub mod fuzz;
 mod method;
 mod scan;
 

@@ -531,3 +531,110 @@ fn classify(error: RpcError<TransportErrorKind>) -> ScanError {
         other => ScanError::Transient(format!("Ethereum RPC: {other}")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use alloy::primitives::{Bytes, LogData, address};
+
+    use super::*;
+
+    /// DAI's contract in the recorded log, configured here as the "USDC" so the recorded
+    /// transfer takes the credited path.
+    const RECORDED_TOKEN: Address = address!("6b175474e89094c44da98b954eedeac495271d0f");
+
+    /// The recorded log's recipient.
+    const RECIPIENT: Address = address!("56178a0d5f301baf6cf3e1cd53d9863437345bf9");
+
+    fn settings() -> EthereumSettings {
+        EthereumSettings::new(
+            "http://node.invalid",
+            1,
+            address!("dac17f958d2ee523a2206206994597c13d831ec7"),
+            RECORDED_TOKEN,
+        )
+    }
+
+    fn watched() -> HashMap<Address, &'static str> {
+        HashMap::from([(RECIPIENT, "key")])
+    }
+
+    fn recorded_logs() -> serde_json::Value {
+        let fixture: serde_json::Value = serde_json::from_str(include_str!(
+            "../../../fixtures/ethereum/eth_getLogs_erc20_transfer_dai_mainnet.json"
+        ))
+        .unwrap();
+        fixture["response"]["result"].clone()
+    }
+
+    #[test]
+    fn the_recorded_log_is_a_token_transfer_to_the_watched_recipient() {
+        let logs: Vec<Log> = serde_json::from_value(recorded_logs()).unwrap();
+        let (transfer, height) = settings()
+            .token_transfer(&logs[0], &watched())
+            .unwrap()
+            .unwrap();
+        assert_eq!(height, 0xe20360);
+        assert_eq!(transfer.id.position, 0xf0 + 1);
+        assert_eq!(transfer.to_address, "key");
+        assert_eq!(
+            transfer.asset,
+            ReceivedAsset::Method {
+                method: Method::UsdcErc20
+            }
+        );
+        assert_eq!(transfer.amount.base_units(), 771_618_057_897_599_959_040);
+    }
+
+    proptest::proptest! {
+        /// A corrupted `eth_getLogs` answer either fails to decode or decodes into logs that
+        /// yield an error or transfers to the watched recipient only; never a panic.
+        #[test]
+        fn corrupted_log_answers_never_panic(value in payrecon_chain_core::fuzz::mutated_n(&recorded_logs())) {
+            if let Ok(logs) = serde_json::from_value::<Vec<Log>>(value) {
+                for log in &logs {
+                    if let Ok(Some((transfer, _))) = settings().token_transfer(log, &watched()) {
+                        proptest::prop_assert_eq!(transfer.to_address, "key");
+                    }
+                }
+            }
+        }
+
+        /// Logs of every shape a contract can emit: wrong topic counts (ERC-721 has four),
+        /// short or long data, values past `u128`, log indexes at the edge.
+        #[test]
+        fn any_log_shape_is_a_transfer_an_error_or_nothing(
+            topics in proptest::collection::vec(proptest::prelude::any::<[u8; 32]>(), 0..5),
+            to_watched in proptest::prelude::any::<bool>(),
+            data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..70),
+            credited_token in proptest::prelude::any::<bool>(),
+            log_index in proptest::prelude::any::<u64>(),
+        ) {
+            let mut topics: Vec<B256> = topics.into_iter().map(B256::from).collect();
+            if to_watched && topics.len() >= 3 {
+                topics[2] = RECIPIENT.into_word();
+            }
+            let contract = if credited_token { RECORDED_TOKEN } else { Address::repeat_byte(7) };
+            let log = Log {
+                inner: alloy::primitives::Log {
+                    address: contract,
+                    data: LogData::new_unchecked(topics.clone(), Bytes::from(data.clone())),
+                },
+                block_number: Some(1),
+                log_index: Some(log_index),
+                transaction_hash: Some(B256::repeat_byte(1)),
+                ..Log::default()
+            };
+            match settings().token_transfer(&log, &watched()) {
+                Ok(Some((transfer, _))) => {
+                    proptest::prop_assert!(topics.len() == 3 && data.len() == 32 && topics[2] == RECIPIENT.into_word());
+                    let value = U256::from_be_slice(&data);
+                    if credited_token {
+                        proptest::prop_assert_eq!(U256::from(transfer.amount.base_units()), value);
+                    }
+                }
+                Ok(None) => proptest::prop_assert!(topics.len() != 3 || data.len() != 32 || topics[2] != RECIPIENT.into_word()),
+                Err(_) => {}
+            }
+        }
+    }
+}

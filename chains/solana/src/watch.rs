@@ -491,3 +491,70 @@ fn classify(call: &str, error: ClientError) -> ScanError {
         _ => ScanError::Transient(format!("{call}: {error}")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RECIPIENT: &str = "G1wZ113tiUHdSpQEBcid8n1x8BAvcWZoZgxPKxgE5B7o";
+
+    fn reference() -> Pubkey {
+        Pubkey::new_from_array([9; 32])
+    }
+
+    /// The recorded Solana Pay transaction, its placeholder reference replaced by a real key.
+    fn recorded_transaction() -> serde_json::Value {
+        let text = include_str!(
+            "../../../fixtures/solana/getTransaction_jsonParsed_solana_pay_reference_SYNTHETIC.json"
+        )
+        .replace(
+            "Ref111111111111111111111111111111111111111",
+            &reference().to_string(),
+        );
+        let fixture: serde_json::Value = serde_json::from_str(&text).unwrap();
+        fixture["response"]["result"].clone()
+    }
+
+    fn verified(value: serde_json::Value) -> Option<Result<Option<Transfer>, ScanError>> {
+        let tx: EncodedConfirmedTransactionWithStatusMeta = serde_json::from_value(value).ok()?;
+        let references = HashMap::from([(reference(), "order-key")]);
+        Some(verify(
+            "sig",
+            &tx,
+            &Pubkey::from_str(RECIPIENT).unwrap(),
+            &references,
+        ))
+    }
+
+    #[test]
+    fn the_recorded_payment_pays_the_recipient_under_its_reference() {
+        let transfer = verified(recorded_transaction()).unwrap().unwrap().unwrap();
+        assert_eq!(transfer.to_address, "order-key");
+        assert_eq!(transfer.amount.base_units(), 10_000_000);
+        assert_eq!(
+            transfer.asset,
+            ReceivedAsset::Method {
+                method: Method::Sol
+            }
+        );
+    }
+
+    proptest::proptest! {
+        /// A corrupted `getTransaction` answer is refused, ignored, or read as a transfer of
+        /// a positive amount to the reference or the recipient; never a panic.
+        #[test]
+        fn corrupted_transactions_never_panic(value in payrecon_chain_core::fuzz::mutated_n(&recorded_transaction())) {
+            if let Some(Ok(Some(transfer))) = verified(value) {
+                proptest::prop_assert!(["order-key", RECIPIENT].contains(&transfer.to_address.as_str()));
+                if transfer.asset == (ReceivedAsset::Method { method: Method::Sol }) {
+                    proptest::prop_assert!(transfer.amount.base_units() > 0);
+                }
+            }
+        }
+
+        #[test]
+        fn any_signature_text_parses_or_is_refused(text in ".{0,100}|[1-9A-HJ-NP-Za-km-z]{80,92}") {
+            let _ = signature(&text);
+        }
+    }
+}

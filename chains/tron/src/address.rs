@@ -88,6 +88,32 @@ pub enum TronAddressError {
 mod tests {
     use super::*;
 
+    proptest::proptest! {
+        #[test]
+        fn any_text_parses_or_is_refused(text in ".{0,60}|[1-9A-HJ-NP-Za-km-z]{30,40}|(0x)?[0-9a-fA-F]{38,46}") {
+            let _ = text.parse::<TronAddress>();
+            let _ = TronAddress::from_hex(&text);
+        }
+
+        #[test]
+        fn both_spellings_round_trip(bytes in proptest::prelude::any::<[u8; 20]>()) {
+            let address = TronAddress::from_account_bytes(bytes);
+            let base58 = address.to_string();
+            proptest::prop_assert!(base58.starts_with('T'));
+            proptest::prop_assert_eq!(base58.parse::<TronAddress>(), Ok(address));
+            proptest::prop_assert_eq!(TronAddress::from_hex(&address.to_hex()), Ok(address));
+        }
+
+        #[test]
+        fn a_changed_character_fails_the_checksum(bytes in proptest::prelude::any::<[u8; 20]>(), at in 1..34usize, to in "[1-9A-HJ-NP-Za-km-z]") {
+            let text = TronAddress::from_account_bytes(bytes).to_string();
+            let mut changed = text.clone();
+            changed.replace_range(at..at + 1, &to);
+            proptest::prop_assume!(changed != text);
+            proptest::prop_assert!(changed.parse::<TronAddress>().is_err());
+        }
+    }
+
     #[test]
     fn usdt_contract_in_both_spellings() {
         let base58: TronAddress = "TR7NHqjeKQxGTCi8q8ZY4pL8otSzgjLj6t".parse().unwrap();

@@ -350,7 +350,7 @@ enum Attempt {
 
 /// A complete answer that does not have the documented shape cannot be trusted: the watcher
 /// stops rather than skip what it could not read.
-fn decode<T: DeserializeOwned>(path: &str, text: &str) -> Result<T, ScanError> {
+pub(crate) fn decode<T: DeserializeOwned>(path: &str, text: &str) -> Result<T, ScanError> {
     serde_json::from_str(text).map_err(|e| {
         let excerpt: String = text.chars().take(200).collect();
         ScanError::Fatal(format!("{path} answered a malformed body ({e}): {excerpt}"))

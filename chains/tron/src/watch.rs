@@ -404,4 +404,111 @@ mod tests {
         let huge = format!("{}{}", "1".repeat(32), "0".repeat(32));
         assert_eq!(trc20_transfer(&topics, &huge).unwrap().1, None);
     }
+
+    /// A recorded block with its TRX transfer, plus the recorded USDT call as one more
+    /// transaction of that block, and the USDT call's recorded receipt: one TRX and one USDT
+    /// transfer to the two watched recipients.
+    fn recorded_block_and_infos() -> serde_json::Value {
+        let fixture = |text: &str| -> serde_json::Value { serde_json::from_str(text).unwrap() };
+        let mut block = fixture(include_str!(
+            "../../../fixtures/tron/wallet_getblockbynum_with_transfercontract.json"
+        ))["response"]
+            .clone();
+        let info = fixture(include_str!(
+            "../../../fixtures/tron/wallet_gettransactioninfobyid_usdt_transfer_mainnet.json"
+        ))["response"]
+            .clone();
+        let mut call = fixture(include_str!(
+            "../../../fixtures/tron/usdt_transfer_transaction_raw_data_mainnet.json"
+        ))["transaction"]
+            .clone();
+        call["txID"] = info["id"].clone();
+        call["ret"] = serde_json::json!([{"contractRet": "SUCCESS"}]);
+        block["block_header"]["raw_data"]["number"] = info["blockNumber"].clone();
+        block["transactions"].as_array_mut().unwrap().push(call);
+        serde_json::json!({"block": block, "infos": [info]})
+    }
+
+    fn usdt() -> TronAddress {
+        "TR7NHqjeKQxGTCi8q8ZY4pL8otSzgjLj6t".parse().unwrap()
+    }
+
+    /// The two recipients of the recorded transfers, watched.
+    fn watched() -> HashMap<TronAddress, &'static str> {
+        HashMap::from([
+            (
+                TronAddress::from_hex("4108a8954b7862d07cf4ce6ac78c3a83d72bd917e4").unwrap(),
+                "trx-key",
+            ),
+            (
+                "TWsghcMkFXe1hnwZAWVQ9fUrZBtYv2aGJ8".parse().unwrap(),
+                "usdt-key",
+            ),
+        ])
+    }
+
+    /// Decodes the two bodies the way the client does and extracts the block's transfers.
+    fn transfers_of(value: &serde_json::Value) -> Result<Vec<Transfer>, ScanError> {
+        let block: Block =
+            crate::api::decode("/wallet/getblockbynum", &value["block"].to_string())?;
+        let infos: Vec<TransactionInfo> = crate::api::decode(
+            "/wallet/gettransactioninfobyblocknum",
+            &value["infos"].to_string(),
+        )?;
+        transfers(
+            &TronSettings::new("http://node.invalid", usdt()),
+            &block,
+            &infos,
+            &watched(),
+        )
+    }
+
+    #[test]
+    fn the_recorded_block_yields_its_trx_and_usdt_transfers() {
+        let found = transfers_of(&recorded_block_and_infos()).unwrap();
+        let summary: Vec<(&str, &ReceivedAsset, u128)> = found
+            .iter()
+            .map(|t| (t.to_address.as_str(), &t.asset, t.amount.base_units()))
+            .collect();
+        let paid = |method| ReceivedAsset::Method { method };
+        assert_eq!(
+            summary,
+            [
+                ("trx-key", &paid(Method::Trx), 1_000_000_000),
+                ("usdt-key", &paid(Method::UsdtTrc20), 79_000_000)
+            ]
+        );
+    }
+
+    proptest::proptest! {
+        /// A node (or anything between it and us) answering a corrupted block or receipt
+        /// gets an error or a subset of honest-looking transfers, never a panic, and never a
+        /// transfer to an address nobody watches.
+        #[test]
+        fn corrupted_blocks_and_receipts_never_panic(value in payrecon_chain_core::fuzz::mutated_n(&recorded_block_and_infos())) {
+            if let Ok(found) = transfers_of(&value) {
+                for transfer in found {
+                    proptest::prop_assert!(["trx-key", "usdt-key"].contains(&transfer.to_address.as_str()));
+                }
+            }
+        }
+
+        #[test]
+        fn any_log_decodes_or_is_ignored(topics in proptest::collection::vec("[0-9a-fA-F]{0,70}|.{0,70}", 0..5), data in "[0-9a-fA-F]{0,70}|.{0,70}") {
+            let _ = trc20_transfer(&topics, &data);
+        }
+
+        #[test]
+        fn every_transfer_log_round_trips(to in proptest::prelude::any::<[u8; 20]>(), high in proptest::prelude::any::<u128>(), low in proptest::prelude::any::<u128>()) {
+            let topics = [TRANSFER_TOPIC.to_owned(), "0".repeat(64), format!("{}{}", "0".repeat(24), hex_of(&to))];
+            let data = format!("{high:032x}{low:032x}");
+            let (recipient, value) = trc20_transfer(&topics, &data).unwrap();
+            proptest::prop_assert_eq!(recipient, TronAddress::from_account_bytes(to));
+            proptest::prop_assert_eq!(value, (high == 0).then_some(low));
+        }
+    }
+
+    fn hex_of(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
 }
