@@ -115,10 +115,10 @@ struct CreateOrderArgs {
     #[arg(long)]
     gpu: String,
     /// Rental duration: 3, 7 or 30.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     days: u32,
     /// Lots: 1 to 10 (a B200 lot is two GPUs).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     lots: u32,
     /// Total in USD, as the shop computed it (e.g. 420.00).
     #[arg(long)]
