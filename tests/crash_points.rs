@@ -21,7 +21,7 @@ async fn run(chain: &Chain, db: Db, crash: Option<&str>) -> String {
         Db::Sqlite => config,
     };
     let mut intents = Vec::new();
-    for (id, address) in config.ltc_topups(PAYMENTS) {
+    for (id, address) in config.topups(PAYMENTS, "ltc") {
         chain.send(&address, "1").await;
         intents.push(id);
     }

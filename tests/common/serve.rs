@@ -50,9 +50,31 @@ impl ServeConfig {
         )
     }
 
-    /// `count` 100 USD top-ups `T0`… for customer 42, each with LTC payment instructions:
-    /// (intent id, pay to).
-    pub fn ltc_topups(&self, count: usize) -> Vec<(String, String)> {
+    /// ETH, USDT and USDC (ETH at 2000 USD, the tokens at 1) on anvil at `rpc_url` with the
+    /// test `tokens`, below a fresh key, one confirmation, scanning from `start_block`.
+    pub fn ethereum(
+        rpc_url: &str,
+        tokens: &super::anvil::Tokens,
+        start_block: u64,
+        extra: &str,
+    ) -> ServeConfig {
+        ServeConfig::new(
+            &["eth", "usdt-erc20", "usdc-erc20"],
+            r#"{"ETH":"2000","USDT":"1","USDC":"1"}"#,
+            &format!(
+                "{extra}[networks.ethereum]\nxpub = \"{xpub}\"\nchain_id = 31337\nconfirmations = 1\n\
+                 usdt_contract = \"{usdt}\"\nusdc_contract = \"{usdc}\"\nrpc_url = \"{rpc_url}\"\n\
+                 start_block = {start_block}\npoll_interval_ms = 100\n",
+                xpub = super::anvil::fresh_ethereum_xpub(),
+                usdt = tokens.usdt,
+                usdc = tokens.usdc,
+            ),
+        )
+    }
+
+    /// `count` 100 USD top-ups `T0`… for customer 42, each with payment instructions in
+    /// `method`: (intent id, pay to).
+    pub fn topups(&self, count: usize, method: &str) -> Vec<(String, String)> {
         (0..count)
             .map(|i| {
                 let reference = format!("T{i}");
@@ -66,7 +88,7 @@ impl ServeConfig {
                     "--amount-usd",
                     "100",
                 ]);
-                let pay = self.cli(&["pay", "create", "--order", &reference, "--method", "ltc"]);
+                let pay = self.cli(&["pay", "create", "--order", &reference, "--method", method]);
                 (
                     pay["id"].as_str().unwrap().to_owned(),
                     pay["pay_to"].as_str().unwrap().to_owned(),
