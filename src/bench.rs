@@ -10,8 +10,8 @@ use anyhow::Context;
 use clap::Subcommand;
 use indicatif::{ProgressBar, ProgressStyle};
 use payrecon_chain_core::{
-    ChainCursor, ChainEvent, ChainScanner, Method, Network, ReceivedAsset, ScanBatch, Transfer,
-    TransferId, WatchView,
+    Amount, ChainCursor, ChainEvent, ChainScanner, Method, Network, ReceivedAsset, ScanBatch,
+    Transfer, TransferId, WatchView,
 };
 use serde::Serialize;
 
@@ -459,7 +459,11 @@ async fn payments(
         async move {
             let made = engine.create_payment(&reference?, Method::Btc).await?;
             progress.inc(1);
-            anyhow::Ok(made)
+            anyhow::Ok(PaidIntent {
+                address: made.intent.watch_key,
+                amount: made.intent.amount,
+                created_at_ms: made.intent.created_at.timestamp_millis(),
+            })
         }
     })
     .await?;
@@ -470,33 +474,19 @@ async fn payments(
         started.elapsed(),
     )));
 
-    let events: Vec<ChainEvent> = instructions
-        .iter()
-        .enumerate()
-        .map(|(i, made)| ChainEvent::Observed {
-            transfer: Transfer {
-                id: TransferId {
-                    network: Network::Bitcoin,
-                    txid: format!("{run_id}{i:016x}"),
-                    position: 0,
-                },
-                to_address: made.intent.watch_key.clone(),
-                asset: ReceivedAsset::Method {
-                    method: Method::Btc,
-                },
-                amount: made.intent.amount,
-            },
-            confirmations: 2,
-            block_height: Some(1),
-            seen_at_ms: made.intent.created_at.timestamp_millis(),
-            tip_height: 2,
-        })
-        .collect();
     let progress = progress_bar(intents as u64, "events");
     reset_peak_memory();
     let started = Instant::now();
-    for batch in events.chunks(events_per_batch) {
-        engine.apply_chain_events(batch).await?;
+    for (batch_index, batch) in instructions.chunks(events_per_batch).enumerate() {
+        let events: Vec<ChainEvent> = batch
+            .iter()
+            .enumerate()
+            .map(|(offset, paid)| {
+                let i = batch_index * events_per_batch + offset;
+                paid.confirming_transfer(format!("{run_id}{i:016x}"))
+            })
+            .collect();
+        engine.apply_chain_events(&events).await?;
         progress.inc(batch.len() as u64);
     }
     progress.finish_and_clear();
@@ -538,6 +528,38 @@ async fn payments(
         started.elapsed(),
     )));
     Ok(lines)
+}
+
+/// What the settling stage needs of one created intent: the harness keeps only this, so peak
+/// memory measures the engine rather than a million kept payment instructions.
+struct PaidIntent {
+    address: String,
+    amount: Amount,
+    created_at_ms: i64,
+}
+
+impl PaidIntent {
+    /// A transfer paying the intent exactly, already past the settling depth.
+    fn confirming_transfer(&self, txid: String) -> ChainEvent {
+        ChainEvent::Observed {
+            transfer: Transfer {
+                id: TransferId {
+                    network: Network::Bitcoin,
+                    txid,
+                    position: 0,
+                },
+                to_address: self.address.clone(),
+                asset: ReceivedAsset::Method {
+                    method: Method::Btc,
+                },
+                amount: self.amount,
+            },
+            confirmations: 2,
+            block_height: Some(1),
+            seen_at_ms: self.created_at_ms,
+            tip_height: 2,
+        }
+    }
 }
 
 /// A Litecoin configuration below a fresh random account key, so the benchmark's addresses
@@ -1003,9 +1025,7 @@ async fn reconciliation(engine: &Engine, count: usize) -> anyhow::Result<Vec<Ben
                     asset: ReceivedAsset::Method {
                         method: Method::Btc,
                     },
-                    amount: payrecon_chain_core::Amount::from_base_units(
-                        10_000 + (i % 1_000) as u128,
-                    ),
+                    amount: Amount::from_base_units(10_000 + (i % 1_000) as u128),
                     intent_id: None,
                     confirmations: 6,
                     block_height: Some(1_000 + (i / 1_000) as u64),
