@@ -231,6 +231,42 @@ on_both_databases! {
         sound(&engine).await;
     }
 
+    async fn the_audit_finds_a_credited_payment_a_reorg_took_while_no_watcher_ran(db) {
+        let chain = Chain::lock().await;
+        let xpub = fresh_account_xpub();
+        let (engine, clock) = ltc_engine(&db, &chain, 2, &xpub, |_| {}).await;
+        engine.create_topup(&topup("T1", "42", "100")).await.unwrap();
+        let pay = engine.create_payment(&order("T1"), Method::Ltc).await.unwrap();
+        let coin = chain.coin("1.5").await;
+        let watcher = watch_litecoin(&engine, &chain.electrum_url);
+        chain.spend_coin(&coin, &pay.intent.pay_to, "1", "0.4999").await;
+        let mined_at = chain.mine(2).await - 1;
+        wait_status(&engine, &pay.intent.id, IntentStatus::Settled).await;
+        watcher.stop().await.unwrap();
+
+        let config = common::payments::config(|c| c.networks.litecoin = Some(common::regtest::litecoin(&xpub, &chain.electrum_url, 2)));
+        let now = payrecon::clock::Clock::now(&*clock);
+        let query = payrecon::report::ReportQuery { from: now - Duration::days(1), to: now + Duration::days(1), method: None };
+        let clean = engine.audit_credited(&config, &query).await.unwrap();
+        assert_eq!((clean.checked, clean.findings.len()), (1, 0), "{clean:?}");
+
+        // The payment's block is replaced and its coin spent elsewhere; the books still credit it.
+        chain.invalidate(mined_at).await;
+        let elsewhere = chain.wallet_address().await;
+        chain.spend_coin(&coin, &elsewhere, "1", "0.499").await;
+        chain.mine(4).await;
+        // ElectrumX follows the new chain within a poll or two.
+        eventually("the audit to see the reorg", || async {
+            !engine.audit_credited(&config, &query).await.unwrap().findings.is_empty()
+        }).await;
+        let audit = engine.audit_credited(&config, &query).await.unwrap();
+        assert_eq!(audit.checked, 1);
+        assert_eq!(audit.findings.len(), 1, "{audit:?}");
+        assert_eq!(audit.findings[0].problem, "no longer on the chain");
+        assert_eq!(audit.findings[0].order.as_deref(), Some("T1"));
+        assert!(audit.findings[0].ledger_entry.starts_with("settle:"));
+    }
+
     async fn a_replacement_paying_elsewhere_removes_the_payment(db) {
         let chain = Chain::lock().await;
         let (engine, _clock) = ltc_engine(&db, &chain, 1, &fresh_account_xpub(), |_| {}).await;

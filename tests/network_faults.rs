@@ -53,7 +53,7 @@ async fn open(steady: &Engine, faulty: &Engine, method: Method) -> Vec<[PaymentI
 /// The steps of every scenario, as shares of the intent's amount in tenths: (order, tenths).
 const STEPS: [(usize, u128); 5] = [(0, 10), (1, 3), (1, 7), (2, 12), (3, 10)];
 
-/// Waits until every intent settled on both engines, then compares their ledgers.
+/// Waits until every intent settled on both engines; their ledger summaries, clean first.
 async fn settle_and_compare(
     steady: &Engine,
     faulty: &Engine,
