@@ -11,7 +11,7 @@ use common::anvil::{
     Anvil, eth_engine, fresh_ethereum_xpub, scanner_settings, watch_ethereum_with,
 };
 use common::checks::{ledger_summary, order, wait_status};
-use common::faults::{FaultCounts, FaultPlan, FaultProxy, host_port};
+use common::faults::{FaultCounts, FaultProxy};
 use common::regtest::{Chain, fast, fresh_account_xpub, ltc_engine, watch_litecoin};
 use common::solana::{solana_config, solana_engine, watch_solana};
 use common::tron::{USDT, fresh_tron_xpub, tron_config, tron_engine, wait_synced, watch_tron};
@@ -86,7 +86,7 @@ on_both_databases! {
         let (steady, _) = ltc_engine(&steady_db, &chain, 2, &xpub, |_| {}).await;
         let (faulty, _) = ltc_engine(&db, &chain, 2, &xpub, |_| {}).await;
         let pays = open(&steady, &faulty, Method::Ltc).await;
-        let proxy = FaultProxy::start(&host_port(&chain.electrum_url), FaultPlan::hostile(15, 40)).await;
+        let proxy = FaultProxy::in_front_of(&chain.electrum_url).await;
         let clean = watch_litecoin(&steady, &chain.electrum_url);
         let hostile = watch_litecoin(&faulty, &proxy.url_for(&chain.electrum_url));
         for (n, (index, tenths)) in STEPS.iter().enumerate() {
@@ -117,7 +117,7 @@ on_both_databases! {
         let (faulty, _) = eth_engine(&db, &anvil, &tokens, &xpub, 2).await;
         let pays = open(&steady, &faulty, Method::UsdcErc20).await;
         let start = anvil.head().await;
-        let proxy = FaultProxy::start(&host_port(&anvil.url), FaultPlan::hostile(15, 40)).await;
+        let proxy = FaultProxy::in_front_of(&anvil.url).await;
         let clean = watch_ethereum_with(&steady, scanner_settings(&anvil.url, &tokens, start), fast());
         let hostile = watch_ethereum_with(&faulty, scanner_settings(&proxy.url_for(&anvil.url), &tokens, start), fast());
         for (n, (index, tenths)) in STEPS.iter().enumerate() {
@@ -141,7 +141,7 @@ on_both_databases! {
         let node = FakeTron::start(100).await;
         let xpub = fresh_tron_xpub();
         let clean_config = tron_config(&node, &xpub, 2, TronFinality::Depth);
-        let proxy = FaultProxy::start(&host_port(&node.url), FaultPlan::hostile(15, 40)).await;
+        let proxy = FaultProxy::in_front_of(&node.url).await;
         let hostile_config = payrecon::config::TronConfig { api_url: Some(proxy.url_for(&node.url)), ..clean_config.clone() };
         let steady_db = TestDb::new(db.db).await;
         let (steady, _) = tron_engine(&steady_db, &clean_config).await;
@@ -177,7 +177,7 @@ on_both_databases! {
         // Solana Pay references are random per intent, so each engine gets its own recipient
         // and is paid separately, the same amounts in the same order.
         let clean_config = solana_config(&node);
-        let proxy = FaultProxy::start(&host_port(&node.url), FaultPlan::hostile(15, 40)).await;
+        let proxy = FaultProxy::in_front_of(&node.url).await;
         let hostile_config = payrecon::config::SolanaConfig { rpc_url: Some(proxy.url_for(&node.url)), ..solana_config(&node) };
         let steady_db = TestDb::new(db.db).await;
         let (steady, _) = solana_engine(&steady_db, &clean_config).await;

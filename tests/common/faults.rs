@@ -163,6 +163,12 @@ impl FaultProxy {
         }
     }
 
+    /// A proxy in front of the node at `node_url` with the plan the network-fault tests
+    /// share: 15 % of chunks, 40 faults in all.
+    pub async fn in_front_of(node_url: &str) -> FaultProxy {
+        FaultProxy::start(&host_port(node_url), FaultPlan::hostile(15, 40)).await
+    }
+
     /// `upstream_url` with its host and port replaced by the proxy's.
     pub fn url_for(&self, upstream_url: &str) -> String {
         let (scheme, rest) = upstream_url.split_once("://").expect("a URL with a scheme");
@@ -178,7 +184,7 @@ impl Drop for FaultProxy {
 }
 
 /// `host:port` of a URL, the proxy's upstream.
-pub fn host_port(url: &str) -> String {
+fn host_port(url: &str) -> String {
     let rest = url.split_once("://").map(|(_, r)| r).unwrap_or(url);
     rest.split('/').next().unwrap().to_owned()
 }
