@@ -45,15 +45,21 @@ pub enum BenchCommand {
     /// Payment instructions created, then one confirming transfer per intent matched and
     /// settled (events committed in watcher-sized batches).
     Payments {
-        /// Intents (and transfers).
+        /// Intents (and transfers) created at the last caller count, then settled.
         #[arg(long, default_value_t = 100_000)]
         intents: usize,
         /// Chain events per transaction, as a watcher commits a block's worth.
         #[arg(long, default_value_t = 500)]
         events_per_batch: usize,
-        /// Concurrent callers creating intents.
-        #[arg(long, default_value_t = 4)]
-        concurrency: usize,
+        /// Concurrent callers creating top-ups and intents, a measurement each (comma-separated).
+        #[arg(long, value_delimiter = ',', default_values_t = [1, 16, 64])]
+        concurrency: Vec<usize>,
+        /// Top-ups and intents created at each caller count but the last.
+        #[arg(long, default_value_t = 2_000)]
+        sweep_items: usize,
+        /// Events settled through the one-by-one reference path first, for comparison.
+        #[arg(long, default_value_t = 2_000)]
+        reference_events: usize,
         /// A database the benchmark may fill. Default: a fresh temporary SQLite file.
         #[arg(long)]
         scratch_database: Option<String>,
@@ -141,6 +147,13 @@ pub struct BenchLine {
     /// The process's peak resident memory during the workload, where it was measured.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peak_rss_mib: Option<u64>,
+    /// This figure as a share of the line's: the same rows written by plain SQL, in the same
+    /// database, at the same durability, in the same run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub of_line: Option<f64>,
+    /// What else the figure means.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// Runs a benchmark and prints its figures.
@@ -150,15 +163,27 @@ pub async fn run(command: BenchCommand, _config: &Config, json: bool) -> anyhow:
             intents,
             events_per_batch,
             concurrency,
+            sweep_items,
+            reference_events,
             scratch_database,
         } => {
             anyhow::ensure!(
-                intents > 0 && events_per_batch > 0 && concurrency > 0,
+                intents > 0
+                    && events_per_batch > 0
+                    && !concurrency.is_empty()
+                    && concurrency.iter().all(|c| *c > 0),
                 "counts must be positive"
             );
             let (scratch_dir, url) = scratch(scratch_database)?;
             let engine = payments_engine(&url, scratch_dir.path()).await?;
-            let lines = payments(&engine, intents, events_per_batch, concurrency).await?;
+            let plan = PaymentsPlan {
+                intents,
+                events_per_batch,
+                concurrency,
+                sweep_items,
+                reference_events,
+            };
+            let lines = payments(&engine, &plan).await?;
             let backend = format!("{:?}", engine.store().backend()).to_lowercase();
             report(
                 json,
@@ -314,11 +339,28 @@ async fn ledger(
         progress.inc(1);
     }
     progress.finish_and_clear();
-    lines.push(line(
+    let single = line(
         "credit, one entry per transaction",
         entries,
         started.elapsed(),
-    ));
+    );
+    let started = Instant::now();
+    let now = chrono::Utc::now();
+    for i in 0..entries {
+        let mut tx = engine.store().begin_write().await?;
+        let customer = Account::CustomerBalance(customers[i % BENCH_CUSTOMERS].clone());
+        crate::store::baseline::credit(
+            &mut tx,
+            &format!("line-{run_id}:{i}"),
+            &customer.to_string(),
+            now,
+        )
+        .await?;
+        tx.commit().await?;
+    }
+    let single_line = line("line", entries, started.elapsed());
+    lines.push(beside(single, &single_line));
+    lines.push(with_line_figure(single_line, 1));
 
     let progress = progress_bar(entries as u64, "batch");
     let started = Instant::now();
@@ -418,91 +460,136 @@ async fn payments_engine(url: &str, scratch: &std::path::Path) -> anyhow::Result
     Ok(Engine::from_config(&config).await?)
 }
 
-async fn payments(
-    engine: &Engine,
+/// The end-to-end benchmark's shape.
+struct PaymentsPlan {
     intents: usize,
     events_per_batch: usize,
-    concurrency: usize,
-) -> anyhow::Result<Vec<BenchLine>> {
+    /// Concurrent callers for each API-write measurement; the last also creates the `intents`.
+    concurrency: Vec<usize>,
+    /// Top-ups and intents per caller count of the sweep.
+    sweep_items: usize,
+    /// Events settled through the one-by-one reference path first, for comparison.
+    reference_events: usize,
+}
+
+async fn payments(engine: &Engine, plan: &PaymentsPlan) -> anyhow::Result<Vec<BenchLine>> {
     let run_id = uuid::Uuid::new_v4().simple().to_string();
-    let reference = |i: usize| crate::order::OrderRef::new(format!("b{}-{i}", &run_id[..8]));
+    let run = run_id[..8].to_owned();
+    let mut lines = Vec::new();
+    let mut next_item = 0;
+    let mut instructions = Vec::new();
 
-    let progress = progress_bar(intents as u64, "top-ups");
-    reset_peak_memory();
+    // API writes at each caller count, each beside the line: the same rows in batches of as
+    // many per commit.
+    for (level, &callers) in plan.concurrency.iter().enumerate() {
+        let count = if level + 1 == plan.concurrency.len() {
+            plan.intents
+        } else {
+            plan.sweep_items.min(plan.intents)
+        };
+        let items = next_item..next_item + count;
+        next_item += count;
+        let (topups, made) = api_writes(engine, &run, items.clone(), callers).await?;
+        instructions.extend(made.1);
+        let line_run = format!("{run}-{callers}");
+        let topup_line = timed_line(engine, count, callers, |tx, rows, now| {
+            let line_run = line_run.clone();
+            Box::pin(async move { crate::store::baseline::topups(tx, &line_run, rows, now).await })
+        })
+        .await?;
+        let intent_line = timed_line(engine, count, callers, |tx, rows, now| {
+            let line_run = line_run.clone();
+            Box::pin(async move { crate::store::baseline::intents(tx, &line_run, rows, now).await })
+        })
+        .await?;
+        lines.push(beside(topups, &topup_line));
+        lines.push(with_line_figure(topup_line, callers));
+        lines.push(beside(made.0, &intent_line));
+        lines.push(with_line_figure(intent_line, callers));
+    }
+    let total = instructions.len();
+
+    // The watcher's view over every open intent: read whole once, then rounds with nothing new.
+    let network = Network::Bitcoin;
     let started = Instant::now();
-    let created: Vec<_> = spread(intents, concurrency, |i| {
-        let (engine, reference, progress) = (engine.clone(), reference(i), progress.clone());
-        async move {
-            let request = crate::order::TopupRequest {
-                reference: reference?.to_string(),
-                account_id: format!("c{}", i % BENCH_CUSTOMERS),
-                amount_usd: crate::money::Usd::from_dollars(500),
-            };
-            engine.create_topup(&request).await?;
-            progress.inc(1);
-            anyhow::Ok(())
-        }
-    })
-    .await?;
-    progress.finish_and_clear();
-    let mut lines = vec![with_peak(line(
-        "top-ups created",
-        created.len(),
+    let mut live = crate::watcher::LiveView::load(engine, network).await?;
+    lines.push(line(
+        &format!(
+            "watcher view read whole ({} keys)",
+            live.view().watch_keys.len()
+        ),
+        live.view().watch_keys.len(),
         started.elapsed(),
-    ))];
+    ));
+    const QUIET_ROUNDS: usize = 20;
+    let mut database_time = Duration::ZERO;
+    for _ in 0..QUIET_ROUNDS {
+        database_time += live.refresh(engine).await?.database_time;
+    }
+    lines.push(BenchLine {
+        note: Some(format!(
+            "{:.2} ms of database time per round",
+            database_time.as_secs_f64() * 1000.0 / QUIET_ROUNDS as f64
+        )),
+        ..line(
+            &format!("watcher round, nothing new, {total} open intents"),
+            QUIET_ROUNDS,
+            database_time,
+        )
+    });
 
-    let progress = progress_bar(intents as u64, "intents");
-    reset_peak_memory();
-    let started = Instant::now();
-    let instructions = spread(intents, concurrency, |i| {
-        let (engine, reference, progress) = (engine.clone(), reference(i), progress.clone());
-        async move {
-            let made = engine.create_payment(&reference?, Method::Btc).await?;
-            progress.inc(1);
-            anyhow::Ok(PaidIntent {
-                address: made.intent.watch_key,
-                amount: made.intent.amount,
-                created_at_ms: made.intent.created_at.timestamp_millis(),
-            })
+    // Settling: the reference path on the first events, the batched path on the rest.
+    let reference = engine
+        .clone()
+        .with_matcher_path(crate::matcher::MatcherPath::OneByOne);
+    let split = plan.reference_events.min(total);
+    let batches = |range: std::ops::Range<usize>| {
+        let instructions = &instructions;
+        let run_id = &run_id;
+        range.step_by(plan.events_per_batch).map(move |first| {
+            let last = (first + plan.events_per_batch).min(instructions.len());
+            (first..last)
+                .map(|i| instructions[i].confirming_transfer(format!("{run_id}{i:016x}")))
+                .collect::<Vec<ChainEvent>>()
+        })
+    };
+    if split > 0 {
+        let started = Instant::now();
+        for events in batches(0..split) {
+            reference.apply_chain_events(&events).await?;
         }
-    })
-    .await?;
-    progress.finish_and_clear();
-    lines.push(with_peak(line(
-        &format!("intents created, {concurrency} callers"),
-        intents,
-        started.elapsed(),
-    )));
-
-    let progress = progress_bar(intents as u64, "events");
+        lines.push(line(
+            &format!(
+                "events settled one by one (reference), {} per transaction",
+                plan.events_per_batch
+            ),
+            split,
+            started.elapsed(),
+        ));
+    }
+    let progress = progress_bar((total - split) as u64, "events");
     reset_peak_memory();
     let started = Instant::now();
-    for (batch_index, batch) in instructions.chunks(events_per_batch).enumerate() {
-        let events: Vec<ChainEvent> = batch
-            .iter()
-            .enumerate()
-            .map(|(offset, paid)| {
-                let i = batch_index * events_per_batch + offset;
-                paid.confirming_transfer(format!("{run_id}{i:016x}"))
-            })
-            .collect();
+    for events in batches(split..total) {
         engine.apply_chain_events(&events).await?;
-        progress.inc(batch.len() as u64);
+        progress.inc(events.len() as u64);
     }
     progress.finish_and_clear();
-    lines.push(with_peak(line(
-        &format!("events matched and settled, {events_per_batch} per transaction"),
-        intents,
+    let settled = with_peak(line(
+        &format!(
+            "events matched and settled, {} per transaction",
+            plan.events_per_batch
+        ),
+        total - split,
         started.elapsed(),
-    )));
+    ));
 
     let trial = engine.trial_balance().await?;
     anyhow::ensure!(trial.is_sound(), "the benchmark left the ledger unsound");
     anyhow::ensure!(
-        trial.entries as usize == intents,
+        trial.entries as usize == total,
         "every intent settled exactly once"
     );
-
     let query = crate::report::ReportQuery {
         from: chrono::Utc::now() - chrono::Duration::days(1),
         to: chrono::Utc::now() + chrono::Duration::days(1),
@@ -519,15 +606,130 @@ async fn payments(
         )
         .await?;
     anyhow::ensure!(
-        totals.transfers as usize == intents,
+        totals.transfers as usize == total,
         "the report lists every transfer"
     );
-    lines.push(with_peak(line(
+    let report = with_peak(line(
         "reconciliation report (json)",
-        intents,
+        total,
         started.elapsed(),
-    )));
+    ));
+
+    // The settlement line, after the checks: top-ups and intents of its own to settle (not
+    // timed), then the settlement rows in the same batches.
+    let settle_run = format!("{run}-settle");
+    let events_per_batch = plan.events_per_batch;
+    crate::store::baseline::prepare_settlements(engine.store(), &settle_run, total).await?;
+    let settle_line = timed_line(engine, total - split, events_per_batch, |tx, rows, now| {
+        let settle_run = settle_run.clone();
+        Box::pin(
+            async move { crate::store::baseline::settlements(tx, &settle_run, rows, now).await },
+        )
+    })
+    .await?;
+    lines.push(beside(settled, &settle_line));
+    lines.push(with_line_figure(settle_line, events_per_batch));
+    lines.push(report);
     Ok(lines)
+}
+
+/// Top-ups then intents for `items`, from `callers` concurrent callers.
+async fn api_writes(
+    engine: &Engine,
+    run: &str,
+    items: std::ops::Range<usize>,
+    callers: usize,
+) -> anyhow::Result<(BenchLine, (BenchLine, Vec<PaidIntent>))> {
+    let reference = |i: usize| crate::order::OrderRef::new(format!("b{run}-{i}"));
+    let count = items.len();
+    let first = items.start;
+    let progress = progress_bar(count as u64, "top-ups");
+    reset_peak_memory();
+    let started = Instant::now();
+    spread(count, callers, |i| {
+        let (engine, reference, progress) =
+            (engine.clone(), reference(first + i), progress.clone());
+        async move {
+            let request = crate::order::TopupRequest {
+                reference: reference?.to_string(),
+                account_id: format!("c{}", (first + i) % BENCH_CUSTOMERS),
+                amount_usd: crate::money::Usd::from_dollars(500),
+            };
+            engine.create_topup(&request).await?;
+            progress.inc(1);
+            anyhow::Ok(())
+        }
+    })
+    .await?;
+    progress.finish_and_clear();
+    let topups = with_peak(line(
+        &format!("top-ups created, {callers} callers"),
+        count,
+        started.elapsed(),
+    ));
+
+    let progress = progress_bar(count as u64, "intents");
+    reset_peak_memory();
+    let started = Instant::now();
+    let made = spread(count, callers, |i| {
+        let (engine, reference, progress) =
+            (engine.clone(), reference(first + i), progress.clone());
+        async move {
+            let made = engine.create_payment(&reference?, Method::Btc).await?;
+            progress.inc(1);
+            anyhow::Ok(PaidIntent {
+                address: made.intent.watch_key,
+                amount: made.intent.amount,
+                created_at_ms: made.intent.created_at.timestamp_millis(),
+            })
+        }
+    })
+    .await?;
+    progress.finish_and_clear();
+    let intents = with_peak(line(
+        &format!("intents created, {callers} callers"),
+        count,
+        started.elapsed(),
+    ));
+    Ok((topups, (intents, made)))
+}
+
+/// Times the line: `count` rows written by `write`, `per_commit` rows per transaction, one
+/// durable commit each.
+async fn timed_line<W>(
+    engine: &Engine,
+    count: usize,
+    per_commit: usize,
+    write: W,
+) -> anyhow::Result<BenchLine>
+where
+    W: for<'a> Fn(
+        &'a mut crate::store::WriteTx,
+        std::ops::Range<usize>,
+        chrono::DateTime<chrono::Utc>,
+    ) -> crate::store::WriteFuture<'a, (), crate::store::StoreError>,
+{
+    let started = Instant::now();
+    let now = chrono::Utc::now();
+    for first in (0..count).step_by(per_commit.max(1)) {
+        let mut tx = engine.store().begin_write().await?;
+        write(&mut tx, first..(first + per_commit).min(count), now).await?;
+        tx.commit().await?;
+    }
+    Ok(line("line", count, started.elapsed()))
+}
+
+/// Names a line measurement after what it writes.
+fn with_line_figure(mut measured: BenchLine, per_commit: usize) -> BenchLine {
+    measured.workload = format!("  line: same rows by plain SQL, {per_commit} per commit");
+    measured
+}
+
+/// Notes payrecon's figure as a share of the line's.
+fn beside(mut measured: BenchLine, line: &BenchLine) -> BenchLine {
+    let ratio = measured.entries_per_second as f64 / line.entries_per_second.max(1) as f64;
+    measured.of_line = Some((ratio * 100.0).round() / 100.0);
+    measured
 }
 
 /// What the settling stage needs of one created intent: the harness keeps only this, so peak
@@ -881,11 +1083,11 @@ async fn timed_scan<S: ChainScanner>(
     settle_depth: u32,
 ) -> anyhow::Result<(ScanBatch, Duration)> {
     let view = WatchView {
-        watch_keys,
-        known: Vec::new(),
+        watch_keys: watch_keys.into_iter().collect(),
         cursor,
         now_ms: chrono::Utc::now().timestamp_millis(),
         settle_depth,
+        ..WatchView::default()
     };
     let started = Instant::now();
     let batch = scanner.scan(&view).await?;
@@ -1137,8 +1339,14 @@ fn report(
                 "{:<44} {:>8} {count} {:>8} ms {:>9} {rate}",
                 line.workload, line.entries, line.elapsed_ms, line.entries_per_second
             ));
+            if let Some(ratio) = line.of_line {
+                text.push_str(&format!("  {ratio:.2} of the line"));
+            }
             if let Some(peak) = line.peak_rss_mib {
                 text.push_str(&format!("  peak RSS {peak} MiB"));
+            }
+            if let Some(note) = &line.note {
+                text.push_str(&format!("  ({note})"));
             }
             text.push('\n');
         }
@@ -1153,6 +1361,8 @@ fn line(workload: &str, entries: usize, elapsed: Duration) -> BenchLine {
         elapsed_ms: elapsed.as_millis(),
         entries_per_second: (entries as f64 / elapsed.as_secs_f64().max(1e-9)) as u64,
         peak_rss_mib: None,
+        of_line: None,
+        note: None,
     }
 }
 

@@ -20,7 +20,7 @@ pub const DEFAULT_DATABASE_URL: &str = "sqlite://payrecon.db";
 
 /// The configuration keys that `PAYRECON_<KEY>` environment variables may set. Other
 /// `PAYRECON_*` variables (`PAYRECON_LOG`, `PAYRECON_CONFIG`) belong to the command line.
-const ENV_KEYS: [&str; 1] = ["database_url"];
+const ENV_KEYS: [&str; 2] = ["database_url", "database_durability"];
 
 /// Everything payrecon reads at start.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -28,6 +28,10 @@ const ENV_KEYS: [&str; 1] = ["database_url"];
 pub struct Config {
     /// `sqlite://path` (embedded, the default) or `postgres://user@host/db` (production).
     pub database_url: String,
+    /// `full` (the default): every commit is on disk before payrecon answers. `relaxed` is an
+    /// explicit opt-in that is faster and unsafe on power loss (see `store::Durability`).
+    #[serde(default)]
+    pub database_durability: crate::store::Durability,
     /// Payment instructions and matching.
     #[serde(default)]
     pub payments: PaymentsConfig,
@@ -131,6 +135,7 @@ impl Default for Config {
     fn default() -> Config {
         Config {
             database_url: DEFAULT_DATABASE_URL.to_owned(),
+            database_durability: crate::store::Durability::Full,
             payments: PaymentsConfig::default(),
             rates: RatesConfig::default(),
             networks: NetworksConfig::default(),

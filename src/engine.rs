@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
@@ -11,13 +12,14 @@ use crate::error::Error;
 use crate::ledger::{
     Account, Currency, EntryKind, LedgerError, NewEntry, PostOutcome, PostedEntry, Posting,
 };
+use crate::matcher::MatcherPath;
 use crate::money::Usd;
 use crate::order::{
     AccountId, Order, OrderKind, OrderRef, OrderStatus, RentalOrderRequest, SettledVia,
     TopupRequest, ValidOrder,
 };
 use crate::payments::PaymentSettings;
-use crate::store::{self, Store, StoreError};
+use crate::store::{self, Store, StoreError, WriteTx};
 
 /// Wake-ups buffered per subscriber; the events themselves are in the database.
 const EVENT_NOTIFICATIONS: usize = 64;
@@ -30,6 +32,7 @@ pub struct Engine {
     clock: Arc<dyn Clock>,
     payments: Arc<PaymentSettings>,
     events: tokio::sync::broadcast::Sender<()>,
+    matcher_path: MatcherPath,
 }
 
 /// The result of a create call: the order, and whether this call created it or found the
@@ -97,9 +100,15 @@ impl TrialBalance {
 }
 
 impl Engine {
-    /// Opens the database at `url`, bringing its schema up to date.
+    /// Opens the database at `url`, bringing its schema up to date. Every commit is durable
+    /// before it is acknowledged.
     pub async fn open(url: &str) -> Result<Engine, Error> {
-        let store = Store::connect(url).await?;
+        Engine::open_with(url, store::Durability::Full).await
+    }
+
+    /// [`Engine::open`] with an explicit [`store::Durability`].
+    pub async fn open_with(url: &str, durability: store::Durability) -> Result<Engine, Error> {
+        let store = Store::connect_with(url, durability).await?;
         store.migrate().await?;
         Ok(Engine::with_store(store))
     }
@@ -111,7 +120,21 @@ impl Engine {
             clock: Arc::new(SystemClock),
             payments: Arc::new(PaymentSettings::default()),
             events: tokio::sync::broadcast::channel(EVENT_NOTIFICATIONS).0,
+            matcher_path: MatcherPath::default(),
         }
+    }
+
+    /// Chooses how the matcher reads and writes. The default, [`MatcherPath::Batched`], is
+    /// what to run; [`MatcherPath::OneByOne`] is the reference it is tested and measured
+    /// against, and decides exactly alike.
+    pub fn with_matcher_path(mut self, path: MatcherPath) -> Engine {
+        self.matcher_path = path;
+        self
+    }
+
+    /// How the matcher reads and writes.
+    pub fn matcher_path(&self) -> MatcherPath {
+        self.matcher_path
     }
 
     /// Replaces the payment settings (derivers, rates, matching rules).
@@ -166,22 +189,16 @@ impl Engine {
     }
 
     async fn create_order(&self, order: ValidOrder) -> Result<Created<Order>, Error> {
-        let content_hash = order_fingerprint(&order);
         let now = self.clock.now();
-        let mut tx = self.store.begin_write().await?;
-        store::orders::ensure_customer(tx.conn(), &order.account_id, now).await?;
-        let created = store::orders::insert_order(tx.conn(), &order, &content_hash, now).await?;
-        let stored = store::orders::get_order(tx.conn(), &order.reference)
-            .await?
-            .ok_or_else(|| StoreError::Corrupt(format!("order {} vanished", order.reference)))?;
-        if !created && stored.content_hash != content_hash {
-            return Err(Error::OrderConflict(order.reference));
-        }
-        tx.commit().await?;
-        Ok(Created {
-            value: stored.order,
-            created,
-        })
+        let order = Arc::new(order);
+        let created = self
+            .store
+            .write(move |tx| {
+                let order = order.clone();
+                Box::pin(async move { store_order(tx, &order, now).await })
+            })
+            .await?;
+        Ok(created)
     }
 
     /// An order or top-up by reference.
@@ -210,70 +227,13 @@ impl Engine {
         reference: &OrderRef,
     ) -> Result<BalancePayment, Error> {
         let now = self.clock.now();
-        let mut tx = self.store.begin_write().await?;
-        let order = store::orders::lock_order(&mut tx, reference)
-            .await?
-            .ok_or_else(|| Error::OrderNotFound(reference.clone()))?
-            .order;
-        if order.kind == OrderKind::Topup {
-            return Err(Error::NotARental(reference.clone()));
-        }
-        let customer = Account::CustomerBalance(order.account_id.clone());
-        if let OrderStatus::Settled { via, .. } = order.status {
-            if via != SettledVia::Balance {
-                return Err(Error::AlreadySettled(reference.clone()));
-            }
-            let sum = store::ledger::account_sum(tx.conn(), &customer, Currency::Usd).await?;
-            return Ok(BalancePayment {
-                balance_after: customer_balance(&order.account_id, sum)?,
-                order,
-                debited_now: false,
-            });
-        }
-        let cents = i128::from(order.total_usd.cents());
-        let entry = NewEntry {
-            idempotency_key: format!("balance-payment:{reference}"),
-            kind: EntryKind::BalancePayment,
-            reference: Some(reference.to_string()),
-            memo: format!("order {reference} paid from balance"),
-            postings: vec![
-                Posting::debit(customer.clone(), Currency::Usd, cents),
-                Posting::credit(Account::RevenueRentals, Currency::Usd, cents),
-            ],
-        };
-        entry.validate()?;
-        match store::ledger::post_batch(&mut tx, std::slice::from_ref(&entry), now).await? {
-            Ok(_) => {}
-            Err(LedgerError::Overdraft { .. }) => {
-                let sum = store::ledger::account_sum(tx.conn(), &customer, Currency::Usd).await?;
-                return Err(Error::InsufficientBalance {
-                    order: reference.clone(),
-                    available: customer_balance(&order.account_id, sum)?,
-                    required: order.total_usd,
-                });
-            }
-            Err(other) => return Err(other.into()),
-        }
-        store::orders::mark_settled(
-            tx.conn(),
-            reference,
-            SettledVia::Balance,
-            &entry.idempotency_key,
-            now,
-        )
-        .await?;
-        let sum = store::ledger::account_sum(tx.conn(), &customer, Currency::Usd).await?;
-        let balance_after = customer_balance(&order.account_id, sum)?;
-        let order = store::orders::get_order(tx.conn(), reference)
-            .await?
-            .ok_or_else(|| StoreError::Corrupt(format!("order {reference} vanished")))?
-            .order;
-        tx.commit().await?;
-        Ok(BalancePayment {
-            order,
-            balance_after,
-            debited_now: true,
-        })
+        let reference = Arc::new(reference.clone());
+        self.store
+            .write(move |tx| {
+                let reference = reference.clone();
+                Box::pin(async move { debit_for_order(tx, &reference, now).await })
+            })
+            .await
     }
 
     /// Posts a journal entry once per idempotency key; refuses entries that do not balance or
@@ -335,11 +295,11 @@ impl Engine {
         Ok(store::ledger::account_sum(&mut conn, account, currency).await?)
     }
 
-    /// Re-derives every balance from the journal in one streaming pass and checks the
+    /// Re-derives every balance from the journal by aggregates in the database and checks the
     /// invariants: each entry and each currency sums to zero, no customer balance below zero.
     pub async fn trial_balance(&self) -> Result<TrialBalance, Error> {
         let mut conn = self.store.pool().acquire().await?;
-        let totals = store::ledger::fold_postings(&mut conn).await?;
+        let totals = store::ledger::journal_totals(&mut conn).await?;
         let negative_balances = totals
             .by_account
             .iter()
@@ -369,6 +329,99 @@ impl Engine {
             negative_balances,
         })
     }
+}
+
+/// Stores an order (its customer first) unless its reference exists: the same content again
+/// is a retry, other content a conflict.
+async fn store_order(
+    tx: &mut WriteTx,
+    order: &ValidOrder,
+    now: DateTime<Utc>,
+) -> Result<Created<Order>, Error> {
+    let content_hash = order_fingerprint(order);
+    store::orders::ensure_customer(tx.conn(), &order.account_id, now).await?;
+    let created = store::orders::insert_order(tx.conn(), order, &content_hash, now).await?;
+    let stored = store::orders::get_order(tx.conn(), &order.reference)
+        .await?
+        .ok_or_else(|| StoreError::Corrupt(format!("order {} vanished", order.reference)))?;
+    if !created && stored.content_hash != content_hash {
+        return Err(Error::OrderConflict(order.reference.clone()));
+    }
+    Ok(Created {
+        value: stored.order,
+        created,
+    })
+}
+
+/// Settles a rental order from its customer's balance under the order's lock, if the balance
+/// covers it; a repeated call returns the earlier payment.
+async fn debit_for_order(
+    tx: &mut WriteTx,
+    reference: &OrderRef,
+    now: DateTime<Utc>,
+) -> Result<BalancePayment, Error> {
+    let order = store::orders::lock_order(tx, reference)
+        .await?
+        .ok_or_else(|| Error::OrderNotFound(reference.clone()))?
+        .order;
+    if order.kind == OrderKind::Topup {
+        return Err(Error::NotARental(reference.clone()));
+    }
+    let customer = Account::CustomerBalance(order.account_id.clone());
+    if let OrderStatus::Settled { via, .. } = order.status {
+        if via != SettledVia::Balance {
+            return Err(Error::AlreadySettled(reference.clone()));
+        }
+        let sum = store::ledger::account_sum(tx.conn(), &customer, Currency::Usd).await?;
+        return Ok(BalancePayment {
+            balance_after: customer_balance(&order.account_id, sum)?,
+            order,
+            debited_now: false,
+        });
+    }
+    let cents = i128::from(order.total_usd.cents());
+    let entry = NewEntry {
+        idempotency_key: format!("balance-payment:{reference}"),
+        kind: EntryKind::BalancePayment,
+        reference: Some(reference.to_string()),
+        memo: format!("order {reference} paid from balance"),
+        postings: vec![
+            Posting::debit(customer.clone(), Currency::Usd, cents),
+            Posting::credit(Account::RevenueRentals, Currency::Usd, cents),
+        ],
+    };
+    entry.validate()?;
+    match store::ledger::post_batch(tx, std::slice::from_ref(&entry), now).await? {
+        Ok(_) => {}
+        Err(LedgerError::Overdraft { .. }) => {
+            let sum = store::ledger::account_sum(tx.conn(), &customer, Currency::Usd).await?;
+            return Err(Error::InsufficientBalance {
+                order: reference.clone(),
+                available: customer_balance(&order.account_id, sum)?,
+                required: order.total_usd,
+            });
+        }
+        Err(other) => return Err(other.into()),
+    }
+    store::orders::mark_settled(
+        tx.conn(),
+        reference,
+        SettledVia::Balance,
+        &entry.idempotency_key,
+        now,
+    )
+    .await?;
+    let sum = store::ledger::account_sum(tx.conn(), &customer, Currency::Usd).await?;
+    let balance_after = customer_balance(&order.account_id, sum)?;
+    let order = store::orders::get_order(tx.conn(), reference)
+        .await?
+        .ok_or_else(|| StoreError::Corrupt(format!("order {reference} vanished")))?
+        .order;
+    Ok(BalancePayment {
+        order,
+        balance_after,
+        debited_now: true,
+    })
 }
 
 /// A customer's available balance from the sum of their postings (credits are negative).

@@ -387,13 +387,17 @@ impl NewEntry {
 
     /// The compensating entry for `original`: every leg negated, keyed `reverse:<key>`.
     pub fn reversal_of(original: &PostedEntry, memo: impl Into<String>) -> NewEntry {
+        NewEntry::reversal_of_entry(&original.entry, memo)
+    }
+
+    /// [`NewEntry::reversal_of`] an entry known by its content alone.
+    pub fn reversal_of_entry(original: &NewEntry, memo: impl Into<String>) -> NewEntry {
         NewEntry {
-            idempotency_key: format!("reverse:{}", original.entry.idempotency_key),
+            idempotency_key: format!("reverse:{}", original.idempotency_key),
             kind: EntryKind::Reversal,
-            reference: original.entry.reference.clone(),
+            reference: original.reference.clone(),
             memo: memo.into(),
             postings: original
-                .entry
                 .postings
                 .iter()
                 .map(|p| Posting {

@@ -236,7 +236,7 @@ impl Engine {
             for transfer in &held.unbooked {
                 let mut transfer = transfer.clone();
                 transfer.credited_entry = Some(accounted_as.clone());
-                payments::upsert_transfer(tx.conn(), &transfer, now).await?;
+                payments::upsert_transfer(&mut tx, &transfer, now).await?;
             }
         }
         if let Some((intent, order, n)) = settles {

@@ -25,6 +25,7 @@ use crate::intent::{
 use crate::matcher::{self, ConfirmationRule, MatchPolicy};
 use crate::order::{OrderRef, OrderStatus};
 use crate::rates::{CoinGecko, Kraken, RateBook, RateSource, RecordedQuotes};
+use crate::store::WriteTx;
 use crate::store::payments::{self, ExceptionRecord, IntentEvent};
 
 /// Intents evaluated per `tick` call at most, so one call stays short.
@@ -220,6 +221,96 @@ fn explicit_finality_depth(network: Network, confirmations: u32) -> Result<(), E
     Ok(())
 }
 
+/// An intent priced and dated, waiting for its address: what a group-committed write
+/// turns into a stored intent.
+struct IntentDraft {
+    order_ref: OrderRef,
+    method: Method,
+    deriver: Arc<dyn AddressDeriver>,
+    amount: payrecon_chain_core::Amount,
+    rate: IntentRate,
+    created_at: DateTime<Utc>,
+    deadline: DateTime<Utc>,
+    monitor_until: DateTime<Utc>,
+}
+
+/// Stores a drafted intent under its order's lock: the next derivation index of the key (rolled
+/// back with the write if it is refused), the address derived from it, the intent, the
+/// superseding of the order's older intents and the `intent_created` event.
+async fn store_intent(tx: &mut WriteTx, draft: &IntentDraft) -> Result<PaymentIntent, Error> {
+    let order_ref = &draft.order_ref;
+    let order = crate::store::orders::lock_order(tx, order_ref)
+        .await?
+        .ok_or_else(|| Error::OrderNotFound(order_ref.clone()))?
+        .order;
+    if order.status != OrderStatus::Open {
+        return Err(Error::AlreadySettled(order_ref.clone()));
+    }
+    let key_id = draft.deriver.key_id();
+    let index = payments::reserve_index(tx, &key_id).await?;
+    let derived = draft.deriver.derive(index)?;
+    let intent = PaymentIntent {
+        id: format!("pi_{}", uuid::Uuid::now_v7().simple()),
+        order_ref: order_ref.clone(),
+        method: draft.method,
+        pay_to: derived.address,
+        watch_key: derived.watch_key,
+        amount: draft.amount,
+        usd: order.total_usd,
+        rate: draft.rate.clone(),
+        created_at: draft.created_at,
+        deadline: draft.deadline,
+        monitor_until: draft.monitor_until,
+        status: IntentStatus::AwaitingPayment,
+        superseded_by: None,
+        marked_paid_at: None,
+        first_seen_at: None,
+        settled_at: None,
+        settlement_count: 0,
+        key_id,
+        derivation_index: index,
+    };
+    payments::insert_intent(tx, &intent).await?;
+    let superseded = payments::supersede_others(tx.conn(), order_ref, &intent.id).await?;
+    let detail = serde_json::json!({
+        "method": draft.method, "address": intent.pay_to, "amount": intent.amount_decimal(),
+        "deadline": intent.deadline, "supersedes": superseded,
+    });
+    payments::append_event(
+        tx.conn(),
+        Some(&intent.id),
+        Some(order_ref.as_str()),
+        "intent_created",
+        &detail,
+        draft.created_at,
+    )
+    .await?;
+    Ok(intent)
+}
+
+/// Records "I have paid" once, with its event; later calls keep the first time.
+async fn record_marked_paid(
+    tx: &mut WriteTx,
+    intent_id: &str,
+    now: DateTime<Utc>,
+) -> Result<(), Error> {
+    let intent = payments::get_intent(tx.conn(), intent_id)
+        .await?
+        .ok_or_else(|| Error::IntentNotFound(intent_id.to_owned()))?;
+    if payments::mark_paid(tx.conn(), intent_id, now).await? {
+        payments::append_event(
+            tx.conn(),
+            Some(intent_id),
+            Some(intent.order_ref.as_str()),
+            "marked_paid",
+            &serde_json::json!({}),
+            now,
+        )
+        .await?;
+    }
+    Ok(())
+}
+
 /// What the shop shows the customer: the intent, its payment URI and a QR code of it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct PaymentInstructions {
@@ -242,9 +333,11 @@ impl Engine {
     pub async fn from_config(config: &Config) -> Result<Engine, Error> {
         crate::networks::check(config)?;
         let settings = PaymentSettings::from_config(config)?;
-        Ok(Engine::open(&config.database_url)
-            .await?
-            .with_payment_settings(settings))
+        Ok(
+            Engine::open_with(&config.database_url, config.database_durability)
+                .await?
+                .with_payment_settings(settings),
+        )
     }
 
     /// Creates payment instructions for an order or top-up in one method: a fresh address,
@@ -284,25 +377,11 @@ impl Engine {
                 .copied()
                 .unwrap_or(settings.default_deadline);
 
-        let mut tx = self.store().begin_write().await?;
-        let order = crate::store::orders::lock_order(&mut tx, order_ref)
-            .await?
-            .ok_or_else(|| Error::OrderNotFound(order_ref.clone()))?
-            .order;
-        if order.status != OrderStatus::Open {
-            return Err(Error::AlreadySettled(order_ref.clone()));
-        }
-        let key_id = deriver.key_id();
-        let index = payments::reserve_index(&mut tx, &key_id).await?;
-        let derived = deriver.derive(index)?;
-        let intent = PaymentIntent {
-            id: format!("pi_{}", uuid::Uuid::now_v7().simple()),
+        let draft = Arc::new(IntentDraft {
             order_ref: order_ref.clone(),
             method,
-            pay_to: derived.address,
-            watch_key: derived.watch_key,
+            deriver,
             amount,
-            usd: order.total_usd,
             rate: IntentRate {
                 usd_per_unit: rate.usd_per_unit,
                 source: rate.source,
@@ -311,31 +390,14 @@ impl Engine {
             created_at: now,
             deadline,
             monitor_until: deadline + settings.monitoring_window,
-            status: IntentStatus::AwaitingPayment,
-            superseded_by: None,
-            marked_paid_at: None,
-            first_seen_at: None,
-            settled_at: None,
-            settlement_count: 0,
-            key_id,
-            derivation_index: index,
-        };
-        payments::insert_intent(tx.conn(), &intent).await?;
-        let superseded = payments::supersede_others(tx.conn(), order_ref, &intent.id).await?;
-        let detail = serde_json::json!({
-            "method": method, "address": intent.pay_to, "amount": intent.amount_decimal(),
-            "deadline": intent.deadline, "supersedes": superseded,
         });
-        payments::append_event(
-            tx.conn(),
-            Some(&intent.id),
-            Some(order_ref.as_str()),
-            "intent_created",
-            &detail,
-            now,
-        )
-        .await?;
-        tx.commit().await?;
+        let intent = self
+            .store()
+            .write(move |tx| {
+                let draft = draft.clone();
+                Box::pin(async move { store_intent(tx, &draft).await })
+            })
+            .await?;
         self.notify_events();
         Ok(self.instructions(intent))
     }
@@ -379,27 +441,20 @@ impl Engine {
     /// shown in tracking and feeds the stuck-payment monitor. Marking twice keeps the first time.
     pub async fn mark_paid(&self, intent_id: &str) -> Result<PaymentInstructions, Error> {
         let now = self.now();
-        let mut tx = self.store().begin_write().await?;
-        let intent = payments::get_intent(tx.conn(), intent_id)
-            .await?
-            .ok_or_else(|| Error::IntentNotFound(intent_id.to_owned()))?;
-        if payments::mark_paid(tx.conn(), intent_id, now).await? {
-            payments::append_event(
-                tx.conn(),
-                Some(intent_id),
-                Some(intent.order_ref.as_str()),
-                "marked_paid",
-                &serde_json::json!({}),
-                now,
-            )
+        let id: Arc<str> = Arc::from(intent_id);
+        self.store()
+            .write(move |tx| {
+                let id = id.clone();
+                Box::pin(async move { record_marked_paid(tx, &id, now).await })
+            })
             .await?;
-        }
-        tx.commit().await?;
         self.notify_events();
         self.payment(intent_id).await
     }
 
-    /// Applies chain events, in one transaction: all or none.
+    /// Applies chain events, in one transaction: all or none. The batch is matched set-based
+    /// (unless [`Engine::with_matcher_path`] says otherwise): its reads and writes take a
+    /// number of statements that does not grow with its length.
     pub async fn apply_chain_events(&self, events: &[ChainEvent]) -> Result<(), Error> {
         self.apply(events, None, None).await
     }
@@ -449,10 +504,15 @@ impl Engine {
         {
             return Err(Error::LeaseLost(lease.network));
         }
-        for event in events {
-            matcher::apply_event(&mut tx, &settings.policy, event, now).await?;
-            crash_point("apply.after_event");
-        }
+        matcher::apply_events(
+            self.matcher_path(),
+            &mut tx,
+            &settings.policy,
+            events,
+            now,
+            || crash_point("apply.after_event"),
+        )
+        .await?;
         if let Some((network, cursor)) = cursor {
             crate::store::cursors::put(tx.conn(), network, cursor, now).await?;
         }
@@ -476,9 +536,7 @@ impl Engine {
         let settings = self.payment_settings();
         let mut tx = self.store().begin_write().await?;
         let due = payments::due_intent_ids(tx.conn(), now, TICK_BATCH as i64).await?;
-        for id in &due {
-            matcher::evaluate_intent(&mut tx, &settings.policy, id, now).await?;
-        }
+        matcher::evaluate_due(self.matcher_path(), &mut tx, &settings.policy, &due, now).await?;
         tx.commit().await?;
         self.notify_events();
         Ok(due.len())
@@ -490,31 +548,16 @@ impl Engine {
         Ok(payments::watch_keys(&mut conn, network, self.now()).await?)
     }
 
-    /// What `network`'s watcher diffs the chain against, read in one transaction: the keys to
-    /// follow, the transfers already recorded to them, its cursor and the engine's clock.
+    /// What `network`'s watcher diffs the chain against, read whole in one snapshot: the keys
+    /// to follow, the transfers already recorded to them, its cursor and the engine's clock.
+    /// A running watcher reads this once and then only what changed ([`LiveView`]).
+    ///
+    /// [`LiveView`]: crate::watcher::LiveView
     pub async fn watch_view(&self, network: Network) -> Result<WatchView, Error> {
-        let now = self.now();
-        let settle_depth = self
-            .payment_settings()
-            .policy
-            .confirmations
-            .get(&network)
-            .map_or(1, |rule| {
-                rule.tiers
-                    .iter()
-                    .map(|tier| tier.confirmations)
-                    .fold(rule.confirmations, u32::max)
-            });
-        let mut tx = self.store().pool().begin().await?;
-        let view = WatchView {
-            watch_keys: payments::watch_keys(&mut tx, network, now).await?,
-            known: payments::known_transfers(&mut tx, network, now).await?,
-            cursor: crate::store::cursors::get(&mut tx, network).await?,
-            now_ms: now.timestamp_millis(),
-            settle_depth,
-        };
-        tx.commit().await?;
-        Ok(view)
+        Ok(crate::watcher::LiveView::load(self, network)
+            .await?
+            .view()
+            .clone())
     }
 
     /// Every transfer to any address of the order's intents, old and superseded ones too.

@@ -169,7 +169,8 @@ impl Engine {
         Ok(totals)
     }
 
-    /// The first pass: intents, transfers and postings of the period folded into sums.
+    /// The first pass: intents, transfers and postings of the period summed by the database
+    /// (a few hundred rows come back, however long the period).
     async fn fold_period(&self, query: &ReportQuery) -> Result<Folded, Error> {
         let (from, to) = (query.from.timestamp_millis(), query.to.timestamp_millis());
         let mut methods: BTreeMap<Method, MethodSummary> = Method::ALL
@@ -186,87 +187,73 @@ impl Engine {
             .collect();
         let mut per_day = BTreeMap::new();
         let mut conn = self.store().pool().acquire().await?;
-        {
-            let mut intents = reports::intents_in(&mut conn, from, to);
-            while let Some(intent) = intents.try_next().await? {
-                let Some(summary) = intent
-                    .method
-                    .parse()
-                    .ok()
-                    .and_then(|m: Method| methods.get_mut(&m))
-                else {
-                    continue;
-                };
-                if intent.superseded {
-                    continue;
-                }
-                summary.intents_created += 1;
-                match intent.status.as_str() {
-                    "settled" => summary.intents_settled += 1,
-                    "expired" => summary.intents_expired += 1,
-                    "underpaid" | "paid_late" | "reorged_after_credit" => {
-                        summary.intents_in_exception += 1
-                    }
-                    _ => {}
-                }
-                summary.sums.expected += intent.amount.base_units();
+        let known = |text: &str| text.parse::<Method>().ok();
+        for intents in reports::intent_sums(&mut conn, from, to).await? {
+            let Some(summary) = known(&intents.method).and_then(|m| methods.get_mut(&m)) else {
+                continue;
+            };
+            if intents.superseded {
+                continue;
             }
+            let count = u64::try_from(intents.count).unwrap_or(0);
+            summary.intents_created += count;
+            match intents.status.as_str() {
+                "settled" => summary.intents_settled += count,
+                "expired" => summary.intents_expired += count,
+                "underpaid" | "paid_late" | "reorged_after_credit" => {
+                    summary.intents_in_exception += count
+                }
+                _ => {}
+            }
+            summary.sums.expected += u128::try_from(intents.expected).unwrap_or(0);
         }
         for (method, count) in reports::intents_with_open_exceptions(&mut conn, from, to).await? {
-            if let Some(summary) = method
-                .parse()
-                .ok()
-                .and_then(|m: Method| methods.get_mut(&m))
-            {
+            if let Some(summary) = known(&method).and_then(|m| methods.get_mut(&m)) {
                 summary.intents_in_exception = summary.intents_in_exception.max(count as u64);
             }
         }
-        {
-            let mut transfers = reports::transfers_in(&mut conn, from, to);
-            while let Some(transfer) = transfers.try_next().await? {
-                let ReceivedAsset::Method { method } = transfer.asset else {
-                    continue;
-                };
-                let Some(summary) = methods.get_mut(&method) else {
-                    continue;
-                };
-                if transfer.removed {
-                    continue;
-                }
-                let units = transfer.amount.base_units();
-                summary.sums.received += units;
-                if transfer.credited_entry.is_none() {
-                    summary.sums.unbooked += units;
-                }
-                *per_day
-                    .entry((day(transfer.seen_at_ms), method))
-                    .or_insert(0) += units;
+        for transfers in reports::transfer_sums(&mut conn, from, to).await? {
+            let Some(method) = known(&transfers.asset) else {
+                continue;
+            };
+            let Some(summary) = methods.get_mut(&method) else {
+                continue;
+            };
+            let units = u128::try_from(transfers.received).unwrap_or(0);
+            summary.sums.received += units;
+            if transfers.unbooked {
+                summary.sums.unbooked += units;
             }
+            *per_day
+                .entry((day(transfers.day * DAY_MS), method))
+                .or_insert(0) += units;
         }
-        {
-            let mut postings = reports::postings_in(&mut conn, from, to);
-            while let Some((key, posting)) = postings.try_next().await? {
-                let method = match (&posting.account, posting.currency) {
-                    (_, Currency::Crypto(m)) => m,
-                    (Account::Fx(m), Currency::Usd) => *m,
-                    _ => continue,
-                };
-                let Some(summary) = methods.get_mut(&method) else {
-                    continue;
-                };
-                let amount = posting.amount_minor;
-                let sums = &mut summary.sums;
-                // A refund is an operator's entry that takes crypto out of custody; a reorg's
-                // reversal takes back what was booked.
-                let refund = key.starts_with("resolve:") && amount < 0;
-                match (&posting.account, posting.currency) {
-                    (Account::Custody(_), _) if refund => sums.refunded -= amount,
-                    (Account::Custody(_), _) => sums.booked += amount,
-                    (Account::Fx(_), Currency::Crypto(_)) => sums.credited -= amount,
-                    (Account::Fx(_), Currency::Usd) => sums.usd_cents += amount,
-                    (Account::Suspense(_), Currency::Crypto(_)) => sums.held -= amount,
-                    _ => {}
-                }
+        for postings in reports::posting_sums(&mut conn, from, to).await? {
+            let (Ok(account), Ok(currency)) = (
+                postings.account.parse::<Account>(),
+                postings.currency.parse::<Currency>(),
+            ) else {
+                continue;
+            };
+            let method = match (&account, currency) {
+                (_, Currency::Crypto(m)) => m,
+                (Account::Fx(m), Currency::Usd) => *m,
+                _ => continue,
+            };
+            let Some(summary) = methods.get_mut(&method) else {
+                continue;
+            };
+            let amount = postings.sum;
+            let sums = &mut summary.sums;
+            // A refund is an operator's entry that takes crypto out of custody; a reorg's
+            // reversal takes back what was booked.
+            match (&account, currency) {
+                (Account::Custody(_), _) if postings.refund => sums.refunded -= amount,
+                (Account::Custody(_), _) => sums.booked += amount,
+                (Account::Fx(_), Currency::Crypto(_)) => sums.credited -= amount,
+                (Account::Fx(_), Currency::Usd) => sums.usd_cents += amount,
+                (Account::Suspense(_), Currency::Crypto(_)) => sums.held -= amount,
+                _ => {}
             }
         }
         for (method, summary) in &mut methods {
@@ -743,6 +730,9 @@ fn iso(ms: i64) -> String {
         .map(|at| at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
         .unwrap_or_default()
 }
+
+/// Milliseconds in a day: the database groups transfers by `seen_at_ms / DAY_MS`.
+const DAY_MS: i64 = 86_400_000;
 
 fn day(ms: i64) -> String {
     DateTime::from_timestamp_millis(ms)

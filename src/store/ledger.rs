@@ -1,14 +1,14 @@
 //! SQL for the journal: entries, postings and the sums balances are derived from.
 
 use std::collections::hash_map::Entry;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 use futures_util::TryStreamExt;
 use sqlx::{AnyConnection, Row};
 
 use super::orders::millis;
-use super::{StoreError, WriteTx, list_placeholders, values_placeholders};
+use super::{StoreError, WriteTx, list_placeholders, rows_per_statement, values_placeholders};
 use crate::ledger::{Account, Currency, LedgerError, NewEntry, PostOutcome, PostedEntry, Posting};
 use crate::order::AccountId;
 
@@ -178,6 +178,39 @@ pub(crate) async fn lock_and_sum_customer(
         .unwrap_or(0))
 }
 
+/// Locks many customers and returns their balance sums, in two statements.
+pub(crate) async fn lock_and_sum_customers(
+    tx: &mut WriteTx,
+    customers: &[&AccountId],
+    now: DateTime<Utc>,
+) -> Result<HashMap<AccountId, i128>, StoreError> {
+    if customers.is_empty() {
+        return Ok(HashMap::new());
+    }
+    lock_customers(tx, customers, now).await?;
+    customer_sums(tx, customers).await
+}
+
+/// Which of these idempotency keys are in the journal already.
+pub(crate) async fn existing_keys(
+    conn: &mut AnyConnection,
+    keys: &[&str],
+) -> Result<HashSet<String>, StoreError> {
+    let mut existing = HashSet::new();
+    for chunk in keys.chunks(rows_per_statement(1)) {
+        let sql = format!(
+            "SELECT idempotency_key FROM journal_entries WHERE idempotency_key IN ({})",
+            list_placeholders(super::backend_of_conn(conn), chunk.len())
+        );
+        let mut query = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql));
+        for key in chunk {
+            query = query.bind(*key);
+        }
+        existing.extend(query.fetch_all(&mut *conn).await?);
+    }
+    Ok(existing)
+}
+
 /// Creates (if new) and locks the customers' rows in one statement, in a stable order so two
 /// batches never wait on each other crosswise. On SQLite the write lock already serializes.
 async fn lock_customers(
@@ -302,8 +335,16 @@ pub(crate) async fn get_entry(
     .iter()
     .map(decode_posting)
     .collect::<Result<Vec<_>, _>>()?;
-    Ok(Some(PostedEntry {
-        seq,
+    Ok(Some(decode_entry(&header, postings)?))
+}
+
+/// An entry from its header row (seq, key, kind, reference, memo, time) and its legs.
+fn decode_entry(
+    header: &sqlx::any::AnyRow,
+    postings: Vec<Posting>,
+) -> Result<PostedEntry, StoreError> {
+    Ok(PostedEntry {
+        seq: header.try_get("seq")?,
         posted_at: millis(header.try_get("posted_at_ms")?)?,
         entry: NewEntry {
             idempotency_key: header.try_get("idempotency_key")?,
@@ -315,7 +356,55 @@ pub(crate) async fn get_entry(
             memo: header.try_get("memo")?,
             postings,
         },
-    }))
+    })
+}
+
+/// The entries with these keys that exist, with their legs in order: two statements per
+/// [`rows_per_statement`] keys.
+pub(crate) async fn get_entries(
+    conn: &mut AnyConnection,
+    keys: &[&str],
+) -> Result<Vec<PostedEntry>, StoreError> {
+    let backend = super::backend_of_conn(conn);
+    let mut entries = Vec::new();
+    for chunk in keys.chunks(rows_per_statement(1)) {
+        let sql = format!(
+            "SELECT seq, idempotency_key, kind, reference, memo, posted_at_ms FROM journal_entries \
+             WHERE idempotency_key IN ({}) ORDER BY seq",
+            list_placeholders(backend, chunk.len())
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for key in chunk {
+            query = query.bind(*key);
+        }
+        let headers = query.fetch_all(&mut *conn).await?;
+        if headers.is_empty() {
+            continue;
+        }
+        let seqs: Vec<i64> = headers
+            .iter()
+            .map(|row| row.try_get("seq"))
+            .collect::<Result<_, _>>()?;
+        let sql = format!(
+            "SELECT entry_seq, account, currency, amount FROM postings WHERE entry_seq IN ({}) ORDER BY entry_seq, leg",
+            list_placeholders(backend, seqs.len())
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for seq in &seqs {
+            query = query.bind(*seq);
+        }
+        let mut legs: HashMap<i64, Vec<Posting>> = HashMap::new();
+        for row in query.fetch_all(&mut *conn).await? {
+            legs.entry(row.try_get(0)?)
+                .or_default()
+                .push(decode_posting_at(&row, 1)?);
+        }
+        for header in &headers {
+            let seq: i64 = header.try_get("seq")?;
+            entries.push(decode_entry(header, legs.remove(&seq).unwrap_or_default())?);
+        }
+    }
+    Ok(entries)
 }
 
 /// The keys of every entry that names `reference`, oldest first.
@@ -331,64 +420,90 @@ pub(crate) async fn entry_keys_for_reference(
     .await?)
 }
 
-/// Streams every posting once and folds them into per-entry and per-account sums, without
-/// holding the journal in memory: one pass serves the trial balance and the invariant check.
-pub(crate) async fn fold_postings(conn: &mut AnyConnection) -> Result<PostingTotals, StoreError> {
-    let mut rows = sqlx::query(
-        "SELECT entry_seq, account, currency, amount FROM postings ORDER BY entry_seq, leg",
-    )
-    .fetch(conn);
+/// Every account's balance and the journal's invariants, by aggregates in the database: per
+/// account and currency sums, counts, and the entries whose legs do not sum to zero in some
+/// currency (candidates found in SQL, each checked exactly).
+pub(crate) async fn journal_totals(conn: &mut AnyConnection) -> Result<PostingTotals, StoreError> {
+    let backend = super::backend_of_conn(conn);
     let mut totals = PostingTotals::default();
-    let mut current_entry: Option<(i64, BTreeMap<Currency, i128>)> = None;
-    while let Some(row) = rows.try_next().await? {
-        let entry_seq: i64 = row.try_get(0)?;
-        let posting = decode_posting_at(&row, 1)?;
-        if current_entry
-            .as_ref()
-            .is_none_or(|(seq, _)| *seq != entry_seq)
-        {
-            if let Some(done) = current_entry.take() {
-                totals.close_entry(done);
-            }
-            current_entry = Some((entry_seq, BTreeMap::new()));
-        }
-        let (_, sums) = current_entry.as_mut().expect("set above");
-        *sums.entry(posting.currency).or_insert(0) += posting.amount_minor;
-        *totals
-            .by_account
-            .entry((posting.account.to_string(), posting.currency))
-            .or_insert(0) += posting.amount_minor;
-        *totals.by_currency.entry(posting.currency).or_insert(0) += posting.amount_minor;
-        totals.postings += 1;
+    let sql = format!(
+        "SELECT account, currency, {} FROM postings GROUP BY account, currency",
+        super::exact_sum(backend, "amount")
+    );
+    for row in sqlx::query(sqlx::AssertSqlSafe(sql))
+        .fetch_all(&mut *conn)
+        .await?
+    {
+        let account: String = row.try_get(0)?;
+        let currency: Currency = row
+            .try_get::<String, _>(1)?
+            .parse()
+            .map_err(|e: LedgerError| StoreError::Corrupt(e.to_string()))?;
+        let sum = super::decode_exact_sum(&row, 2, backend)?;
+        let total = totals.by_currency.entry(currency).or_insert(0);
+        *total = total
+            .checked_add(sum)
+            .ok_or_else(|| StoreError::Corrupt(format!("the {currency} total overflows")))?;
+        totals.by_account.insert((account, currency), sum);
     }
-    if let Some(done) = current_entry.take() {
-        totals.close_entry(done);
+    let count = |table: &str| format!("SELECT COUNT(*) FROM {table}");
+    totals.entries = sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(count("journal_entries")))
+        .fetch_one(&mut *conn)
+        .await?
+        .try_into()
+        .unwrap_or(0);
+    totals.postings = sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(count("postings")))
+        .fetch_one(&mut *conn)
+        .await?
+        .try_into()
+        .unwrap_or(0);
+    let sql = format!(
+        "SELECT entry_seq FROM postings GROUP BY entry_seq, currency HAVING {}",
+        super::exact_sum_is_not_zero(backend, "amount")
+    );
+    let mut candidates: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .fetch_all(&mut *conn)
+        .await?;
+    candidates.sort_unstable();
+    candidates.dedup();
+    for chunk in candidates.chunks(rows_per_statement(1)) {
+        let sql = format!(
+            "SELECT entry_seq, account, currency, amount FROM postings WHERE entry_seq IN ({})",
+            list_placeholders(backend, chunk.len())
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for seq in chunk {
+            query = query.bind(*seq);
+        }
+        let mut sums: BTreeMap<(i64, Currency), i128> = BTreeMap::new();
+        for row in query.fetch_all(&mut *conn).await? {
+            let posting = decode_posting_at(&row, 1)?;
+            *sums.entry((row.try_get(0)?, posting.currency)).or_insert(0) += posting.amount_minor;
+        }
+        let mut unbalanced: Vec<i64> = sums
+            .into_iter()
+            .filter(|(_, sum)| *sum != 0)
+            .map(|((seq, _), _)| seq)
+            .collect();
+        unbalanced.dedup();
+        totals.unbalanced_entries.extend(unbalanced);
     }
     Ok(totals)
 }
 
-/// What one pass over the journal found.
+/// What the journal holds, summed.
 #[derive(Debug, Default)]
 pub(crate) struct PostingTotals {
     /// Each account's balance per currency.
     pub by_account: BTreeMap<(String, Currency), i128>,
     /// Each currency's sum over the whole journal: zero when every entry balanced.
     pub by_currency: BTreeMap<Currency, i128>,
-    /// Entries read.
+    /// Entries in the journal.
     pub entries: u64,
-    /// Postings read.
+    /// Postings in the journal.
     pub postings: u64,
     /// Journal positions of entries whose legs do not sum to zero in some currency.
     pub unbalanced_entries: Vec<i64>,
-}
-
-impl PostingTotals {
-    fn close_entry(&mut self, (seq, sums): (i64, BTreeMap<Currency, i128>)) {
-        self.entries += 1;
-        if sums.values().any(|sum| *sum != 0) {
-            self.unbalanced_entries.push(seq);
-        }
-    }
 }
 
 pub(crate) fn decode_posting(row: &sqlx::any::AnyRow) -> Result<Posting, StoreError> {

@@ -6,7 +6,10 @@
 //! losslessly on both. Where the dialects differ (row locks), the statement comes in two
 //! spellings side by side.
 
+pub(crate) mod baseline;
 pub mod cursors;
+pub mod feed;
+mod group;
 pub mod leases;
 pub mod ledger;
 pub mod operations;
@@ -17,10 +20,14 @@ pub mod reports;
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::migrate::{Migration, MigrationType, Migrator};
-use sqlx::{Any, AnyConnection, AnyPool, ConnectOptions, Executor, SqlSafeStr, Transaction};
+use sqlx::{Any, AnyConnection, AnyPool, ConnectOptions, Executor, Row, SqlSafeStr, Transaction};
 use tokio::sync::{Mutex, OwnedMutexGuard};
+
+pub(crate) use group::{GroupCommit, WriteError, WriteFuture};
+pub use group::{GroupCommitStats, MAX_GROUP_WRITES};
 
 /// How long a connection waits for another process's SQLite write lock before giving up.
 const SQLITE_BUSY_TIMEOUT_MS: u32 = 10_000;
@@ -33,7 +40,7 @@ const POSTGRES_MAX_CONNECTIONS: u32 = 16;
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The schema, in order. Each version has one script per database.
-const MIGRATIONS: [(i64, &str, &str, &str); 6] = [
+const MIGRATIONS: [(i64, &str, &str, &str); 7] = [
     (
         1,
         "foundation",
@@ -70,7 +77,30 @@ const MIGRATIONS: [(i64, &str, &str, &str); 6] = [
         include_str!("../../migrations/sqlite/0006_watcher_leases.sql"),
         include_str!("../../migrations/postgres/0006_watcher_leases.sql"),
     ),
+    (
+        7,
+        "feed positions",
+        include_str!("../../migrations/sqlite/0007_feed_positions.sql"),
+        include_str!("../../migrations/postgres/0007_feed_positions.sql"),
+    ),
 ];
+
+/// When a commit counts as done: what payrecon waits for before it answers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Durability {
+    /// A commit is on disk before it is acknowledged: SQLite `synchronous=FULL` (the WAL is
+    /// synced at every commit), PostgreSQL `synchronous_commit` at least `on` (raised to `on`
+    /// if the server says `off`; stronger settings such as `remote_apply` are kept). An
+    /// address handed out or a credit reported survives a power loss.
+    #[default]
+    Full,
+    /// Opt-in, faster, and unsafe on power loss: SQLite `synchronous=NORMAL`, PostgreSQL
+    /// `synchronous_commit=off`. A crash of payrecon loses nothing, but an OS crash or power
+    /// loss may roll back the last commits after they were acknowledged; an intent whose
+    /// address a customer already holds can vanish and its index be handed out again.
+    Relaxed,
+}
 
 /// Which database a [`Store`] talks to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,15 +127,24 @@ impl Backend {
 pub struct Store {
     pool: AnyPool,
     backend: Backend,
+    durability: Durability,
     /// SQLite admits one writer; queueing them here is cheaper than SQLite's busy polling.
     sqlite_writer: Option<Arc<Mutex<()>>>,
+    /// Callers' writes waiting to share a transaction and its commit.
+    group: Arc<GroupCommit>,
 }
 
 impl Store {
-    /// Connects to `sqlite://path` (created if missing) or `postgres://…`.
+    /// Connects to `sqlite://path` (created if missing) or `postgres://…`, every commit
+    /// durable before it is acknowledged ([`Durability::Full`]).
     ///
     /// Does not migrate; see [`Store::migrate`].
     pub async fn connect(url: &str) -> Result<Store, StoreError> {
+        Store::connect_with(url, Durability::Full).await
+    }
+
+    /// Connects with an explicit [`Durability`].
+    pub async fn connect_with(url: &str, durability: Durability) -> Result<Store, StoreError> {
         sqlx::any::install_default_drivers();
         let backend = backend_of(url)?;
         let (url, max_connections) = match backend {
@@ -122,10 +161,10 @@ impl Store {
             .acquire_timeout(ACQUIRE_TIMEOUT)
             .after_connect(move |conn, _meta| {
                 Box::pin(async move {
-                    if backend == Backend::Sqlite {
-                        configure_sqlite(conn).await?;
+                    match backend {
+                        Backend::Sqlite => configure_sqlite(conn, durability).await,
+                        Backend::Postgres => configure_postgres(conn, durability).await,
                     }
-                    Ok(())
                 })
             })
             .connect_with(options)
@@ -134,7 +173,9 @@ impl Store {
         Ok(Store {
             pool,
             backend,
+            durability,
             sqlite_writer: (backend == Backend::Sqlite).then(|| Arc::new(Mutex::new(()))),
+            group: Arc::new(GroupCommit::new(backend)),
         })
     }
 
@@ -171,6 +212,42 @@ impl Store {
         self.backend
     }
 
+    /// How many API writes shared how many commits so far.
+    pub fn group_commit_stats(&self) -> GroupCommitStats {
+        self.group.stats()
+    }
+
+    /// What a commit waits for.
+    pub fn durability(&self) -> Durability {
+        self.durability
+    }
+
+    /// The database's own word on how it syncs commits: SQLite's `PRAGMA synchronous`
+    /// (`full`, `normal`, …) or PostgreSQL's `synchronous_commit`, as a new connection has it.
+    pub async fn sync_setting(&self) -> Result<String, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        Ok(match self.backend {
+            Backend::Sqlite => {
+                let level: i64 = sqlx::query_scalar("PRAGMA synchronous")
+                    .fetch_one(&mut *conn)
+                    .await?;
+                match level {
+                    0 => "off",
+                    1 => "normal",
+                    2 => "full",
+                    3 => "extra",
+                    _ => "unknown",
+                }
+                .to_owned()
+            }
+            Backend::Postgres => {
+                sqlx::query_scalar("SELECT current_setting('synchronous_commit')")
+                    .fetch_one(&mut *conn)
+                    .await?
+            }
+        })
+    }
+
     /// The pool, for reads outside a write transaction.
     pub(crate) fn pool(&self) -> &AnyPool {
         &self.pool
@@ -192,8 +269,21 @@ impl Store {
         Ok(WriteTx {
             tx,
             backend: self.backend,
+            feed_position: None,
             _writer: writer,
         })
+    }
+
+    /// Runs `write` inside a transaction shared with other callers' concurrent writes, in a
+    /// savepoint of its own (a refusal rolls back this caller's writes only), and answers
+    /// once the shared commit is durable. See [`GroupCommit`].
+    pub(crate) async fn write<T, E, F>(&self, write: F) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: WriteError,
+        F: for<'a> FnMut(&'a mut WriteTx) -> WriteFuture<'a, T, E> + Send + 'static,
+    {
+        self.group.submit(self.clone(), write).await
     }
 
     /// Checks that the database answers (readiness).
@@ -213,6 +303,8 @@ impl Store {
 pub(crate) struct WriteTx {
     tx: Transaction<'static, Any>,
     backend: Backend,
+    /// This transaction's place in commit order, once asked for.
+    feed_position: Option<i64>,
     _writer: Option<OwnedMutexGuard<()>>,
 }
 
@@ -225,6 +317,32 @@ impl WriteTx {
     /// Which database this is.
     pub(crate) fn backend(&self) -> Backend {
         self.backend
+    }
+
+    /// This transaction's feed position, stamped on every intent and transfer it writes so
+    /// that readers can ask for what changed since they last looked (`store::feed`). SQLite
+    /// (one writer at a time): the next value of a counter. PostgreSQL: the transaction id,
+    /// which readers bound by the oldest transaction still running.
+    pub(crate) async fn feed_position(&mut self) -> Result<i64, StoreError> {
+        if let Some(position) = self.feed_position {
+            return Ok(position);
+        }
+        let position: i64 = match self.backend {
+            Backend::Sqlite => sqlx::query_scalar(
+                "UPDATE feed_counter SET position = position + 1 WHERE id = 1 RETURNING position",
+            )
+            .fetch_one(&mut *self.tx)
+            .await?,
+            Backend::Postgres => {
+                let xid: String = sqlx::query_scalar("SELECT pg_current_xact_id()::text")
+                    .fetch_one(&mut *self.tx)
+                    .await?;
+                xid.parse()
+                    .map_err(|_| StoreError::Corrupt(format!("transaction id {xid:?}")))?
+            }
+        };
+        self.feed_position = Some(position);
+        Ok(position)
     }
 
     /// Makes everything written durable at once.
@@ -259,14 +377,44 @@ fn sqlite_url(url: &str) -> (String, u32) {
     (url, if in_memory { 1 } else { SQLITE_MAX_CONNECTIONS })
 }
 
-/// WAL lets readers run beside the writer; NORMAL sync is durable across process crashes
-/// in WAL mode; foreign keys are off in SQLite unless asked for.
-async fn configure_sqlite(conn: &mut AnyConnection) -> Result<(), sqlx::Error> {
+/// WAL lets readers run beside the writer. FULL syncs the WAL at every commit, so a commit is
+/// on disk when it returns; NORMAL (opt-in) syncs only at checkpoints and survives a process
+/// crash but not a power loss. Foreign keys are off in SQLite unless asked for.
+async fn configure_sqlite(
+    conn: &mut AnyConnection,
+    durability: Durability,
+) -> Result<(), sqlx::Error> {
     conn.execute("PRAGMA journal_mode = WAL").await?;
-    conn.execute("PRAGMA synchronous = NORMAL").await?;
+    conn.execute(match durability {
+        Durability::Full => "PRAGMA synchronous = FULL",
+        Durability::Relaxed => "PRAGMA synchronous = NORMAL",
+    })
+    .await?;
     conn.execute("PRAGMA foreign_keys = ON").await?;
     let busy = format!("PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}");
     conn.execute(sqlx::AssertSqlSafe(busy)).await?;
+    Ok(())
+}
+
+/// Full durability keeps whatever the server's `synchronous_commit` says unless it is `off`,
+/// which would acknowledge commits not yet on disk: then this session turns it `on`.
+async fn configure_postgres(
+    conn: &mut AnyConnection,
+    durability: Durability,
+) -> Result<(), sqlx::Error> {
+    match durability {
+        Durability::Full => {
+            let row = sqlx::query("SELECT current_setting('synchronous_commit')")
+                .fetch_one(&mut *conn)
+                .await?;
+            if row.try_get::<String, _>(0)? == "off" {
+                conn.execute("SET synchronous_commit = on").await?;
+            }
+        }
+        Durability::Relaxed => {
+            conn.execute("SET synchronous_commit = off").await?;
+        }
+    }
     Ok(())
 }
 
@@ -288,10 +436,120 @@ pub(crate) fn values_placeholders(backend: Backend, columns: usize, rows: usize)
     (0..rows).map(row).collect::<Vec<_>>().join(", ")
 }
 
+/// The select-list items that sum a column of signed integers stored as decimal text, exactly.
+/// PostgreSQL sums them as NUMERIC. SQLite has no integer wider than 64 bits, so each value is
+/// split into limbs of nine digits (twelve for the highest), each limb summed as an integer,
+/// and [`decode_exact_sum`] puts them together in `i128`: exact for every value an `i128`
+/// holds, and an error rather than a wrong figure if a limb's sum ever overflowed.
+pub(crate) fn exact_sum(backend: Backend, column: &str) -> String {
+    match backend {
+        Backend::Postgres => {
+            format!("COALESCE(SUM(({column})::numeric), 0)::text, 0, 0, 0")
+        }
+        Backend::Sqlite => sqlite_limb_sums(column).join(", "),
+    }
+}
+
+/// A condition that an [`exact_sum`] of `column` is not zero (for `HAVING`).
+pub(crate) fn exact_sum_is_not_zero(backend: Backend, column: &str) -> String {
+    match backend {
+        Backend::Postgres => format!("SUM(({column})::numeric) <> 0"),
+        Backend::Sqlite => {
+            let limbs: Vec<String> = sqlite_limb_sums(column)
+                .into_iter()
+                .map(|limb| format!("{limb} <> 0"))
+                .collect();
+            format!("({})", limbs.join(" OR "))
+        }
+    }
+}
+
+/// SQLite's four limb sums of a decimal-text column, highest first. A sum that is zero has
+/// every limb zero unless limbs carried, so a limb test over-reports and its callers check
+/// what it reports exactly.
+fn sqlite_limb_sums(column: &str) -> [String; 4] {
+    let sign = format!("(CASE WHEN substr({column}, 1, 1) = '-' THEN -1 ELSE 1 END)");
+    let digits = format!("ltrim({column}, '-')");
+    let limb = |part: String| format!("COALESCE(SUM({sign} * CAST({part} AS INTEGER)), 0)");
+    [
+        limb(format!(
+            "substr({digits}, 1, max(length({digits}) - 27, 0))"
+        )),
+        limb(format!("substr({digits}, -27, 9)")),
+        limb(format!("substr({digits}, -18, 9)")),
+        limb(format!("substr({digits}, -9)")),
+    ]
+}
+
+/// The `i128` an [`exact_sum`] stands for, from its four columns starting at `first`.
+pub(crate) fn decode_exact_sum(
+    row: &sqlx::any::AnyRow,
+    first: usize,
+    backend: Backend,
+) -> Result<i128, StoreError> {
+    let overflow = || StoreError::Corrupt("a sum of amounts overflows 128 bits".into());
+    match backend {
+        Backend::Postgres => {
+            let text: String = row.try_get(first)?;
+            text.parse()
+                .map_err(|_| StoreError::Corrupt(format!("sum {text:?} is not an integer")))
+        }
+        Backend::Sqlite => {
+            let mut total: i128 = 0;
+            for offset in 0..4 {
+                let limb: i64 = row.try_get(first + offset)?;
+                total = total
+                    .checked_mul(1_000_000_000)
+                    .and_then(|t| t.checked_add(i128::from(limb)))
+                    .ok_or_else(overflow)?;
+            }
+            Ok(total)
+        }
+    }
+}
+
+/// Most parameters one statement binds: under SQLite's limit (32,766) and PostgreSQL's
+/// (65,535), so a multi-row statement of any width stays valid.
+const MAX_BIND_PARAMS: usize = 30_000;
+
+/// Rows per multi-row statement of `columns` parameters each: set-based writes and `IN` lists
+/// split into as few statements as the parameter limit allows.
+pub(crate) fn rows_per_statement(columns: usize) -> usize {
+    (MAX_BIND_PARAMS / columns.max(1)).max(1)
+}
+
 /// Builds the placeholders of an `IN (…)` list of `count` values.
 pub(crate) fn list_placeholders(backend: Backend, count: usize) -> String {
-    let row = values_placeholders(backend, count, 1);
-    row[1..row.len() - 1].to_owned()
+    list_placeholders_after(backend, 0, count)
+}
+
+/// The placeholder of the `n`th parameter (from 1). On SQLite every placeholder of a statement
+/// must be an anonymous `?`: mixed with `$N` the binds land on the wrong parameters.
+pub(crate) fn placeholder(backend: Backend, n: usize) -> String {
+    match backend {
+        Backend::Sqlite => "?".to_owned(),
+        Backend::Postgres => format!("${n}"),
+    }
+}
+
+/// [`list_placeholders`] for a statement that binds `before` other parameters first.
+pub(crate) fn list_placeholders_after(backend: Backend, before: usize, count: usize) -> String {
+    let cells: Vec<String> = (0..count)
+        .map(|i| match backend {
+            Backend::Sqlite => "?".to_owned(),
+            Backend::Postgres => format!("${}", before + i + 1),
+        })
+        .collect();
+    cells.join(", ")
+}
+
+/// Which database a connection talks to.
+pub(crate) fn backend_of_conn(conn: &AnyConnection) -> Backend {
+    if conn.backend_name().eq_ignore_ascii_case("sqlite") {
+        Backend::Sqlite
+    } else {
+        Backend::Postgres
+    }
 }
 
 /// A database failure.
@@ -312,6 +570,22 @@ pub enum StoreError {
     /// A stored value that payrecon could not have written.
     #[error("corrupt row in the database: {0}")]
     Corrupt(String),
+    /// The shared commit of a group of writes failed: none of the group's writes happened.
+    #[error("the write was not committed: {0}")]
+    GroupCommit(String),
+}
+
+impl StoreError {
+    /// PostgreSQL gave up on this statement to break a deadlock or a serialization conflict
+    /// with another transaction: running the same write again will succeed.
+    pub(crate) fn is_retryable_conflict(&self) -> bool {
+        match self {
+            StoreError::Database(sqlx::Error::Database(e)) => {
+                matches!(e.code().as_deref(), Some("40P01" | "40001"))
+            }
+            _ => false,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -327,6 +601,7 @@ mod tests {
         assert_eq!(values_placeholders(Backend::Sqlite, 2, 2), "(?, ?), (?, ?)");
         assert_eq!(list_placeholders(Backend::Postgres, 3), "$1, $2, $3");
         assert_eq!(list_placeholders(Backend::Sqlite, 2), "?, ?");
+        assert_eq!(list_placeholders_after(Backend::Postgres, 1, 2), "$2, $3");
     }
 
     #[test]

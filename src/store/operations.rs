@@ -175,6 +175,30 @@ pub(crate) async fn action_entries_for_transfer(
     .await?)
 }
 
+/// [`action_entries_for_transfer`] for many transfers at once: per transfer, its operators'
+/// entry keys in the order they were posted.
+pub(crate) async fn action_entries_for_transfers(
+    conn: &mut AnyConnection,
+    transfers: &[&str],
+) -> Result<std::collections::HashMap<String, Vec<String>>, StoreError> {
+    let mut entries: std::collections::HashMap<String, Vec<String>> = Default::default();
+    for chunk in transfers.chunks(super::rows_per_statement(1)) {
+        let sql = format!(
+            "SELECT e.transfer, a.entry_key FROM operator_actions a JOIN exceptions e ON e.id = a.exception_id \
+             WHERE e.transfer IN ({}) AND a.entry_key IS NOT NULL ORDER BY a.seq",
+            super::list_placeholders(super::backend_of_conn(conn), chunk.len())
+        );
+        let mut query = sqlx::query_as::<_, (String, String)>(sqlx::AssertSqlSafe(sql));
+        for transfer in chunk {
+            query = query.bind(*transfer);
+        }
+        for (transfer, key) in query.fetch_all(&mut *conn).await? {
+            entries.entry(transfer).or_default().push(key);
+        }
+    }
+    Ok(entries)
+}
+
 /// Stores a token's hash under a name. Refused if the name exists.
 pub(crate) async fn insert_token(
     conn: &mut AnyConnection,

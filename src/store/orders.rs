@@ -3,10 +3,15 @@
 use chrono::{DateTime, Utc};
 use sqlx::{AnyConnection, Row};
 
-use super::{StoreError, WriteTx};
+use super::{StoreError, WriteTx, list_placeholders, rows_per_statement, values_placeholders};
 use crate::order::{
     AccountId, Order, OrderKind, OrderRef, OrderStatus, RentalDetails, SettledVia, ValidOrder,
 };
+
+/// The order columns every order query selects.
+const ORDER_COLUMNS: &str = "reference, kind, account_id, gpu_model, duration_days, lots, \
+     gpu_count, total_usd_cents, content_hash, status, settled_via, settlement_entry, \
+     created_at_ms, settled_at_ms, attention";
 
 /// The order query; `$suffix` adds the row lock on PostgreSQL.
 macro_rules! select_order {
@@ -98,6 +103,77 @@ pub(crate) async fn lock_order(
         .fetch_optional(tx.conn())
         .await?;
     row.map(|row| decode_order(&row)).transpose()
+}
+
+/// Reads many orders and, on PostgreSQL, locks them until the transaction ends, in reference
+/// order, so two transactions locking overlapping sets never wait on each other crosswise.
+pub(crate) async fn lock_orders(
+    tx: &mut WriteTx,
+    references: &[&str],
+) -> Result<Vec<StoredOrder>, StoreError> {
+    let mut references = references.to_vec();
+    references.sort_unstable();
+    references.dedup();
+    let lock = tx.backend().pick("", " FOR UPDATE");
+    let mut orders = Vec::with_capacity(references.len());
+    for chunk in references.chunks(rows_per_statement(1)) {
+        let sql = format!(
+            "SELECT {ORDER_COLUMNS} FROM orders WHERE reference IN ({}) ORDER BY reference{lock}",
+            list_placeholders(tx.backend(), chunk.len())
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for reference in chunk {
+            query = query.bind(*reference);
+        }
+        for row in query.fetch_all(tx.conn()).await? {
+            orders.push(decode_order(&row)?);
+        }
+    }
+    Ok(orders)
+}
+
+/// Writes many orders' settlement state (status, how, by which entry, when, attention) as the
+/// caller decided it under the orders' locks, one statement per [`rows_per_statement`] orders.
+pub(crate) async fn write_settlement_states(
+    tx: &mut WriteTx,
+    orders: &[&Order],
+) -> Result<(), StoreError> {
+    const COLUMNS: usize = 6;
+    for chunk in orders.chunks(rows_per_statement(COLUMNS)) {
+        let sql = format!(
+            "WITH v (reference, status, settled_via, settlement_entry, settled_at_ms, attention) AS (VALUES {}) \
+             UPDATE orders SET status = v.status, settled_via = v.settled_via, settlement_entry = v.settlement_entry, \
+             settled_at_ms = v.settled_at_ms, attention = v.attention FROM v WHERE orders.reference = v.reference",
+            values_placeholders(tx.backend(), COLUMNS, chunk.len())
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for order in chunk {
+            let (status, via, entry, at) = match &order.status {
+                OrderStatus::Open => ("open", None, None, None),
+                OrderStatus::Settled { via, entry_key, at } => (
+                    "settled",
+                    Some(via.as_str()),
+                    Some(entry_key.as_str()),
+                    Some(at.timestamp_millis()),
+                ),
+            };
+            query = query
+                .bind(order.reference.as_str())
+                .bind(status)
+                .bind(via)
+                .bind(entry)
+                .bind(at)
+                .bind(order.attention.as_deref());
+        }
+        let updated = query.execute(tx.conn()).await?.rows_affected();
+        if updated != chunk.len() as u64 {
+            return Err(StoreError::Corrupt(format!(
+                "{updated} of {} orders to update were found",
+                chunk.len()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Marks an open order settled. Fails if it was not open: a settlement is written once.

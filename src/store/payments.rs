@@ -1,13 +1,16 @@
 //! SQL for payment intents, derivation counters, transfers, exceptions and intent events.
 
+use std::collections::{BTreeMap, HashSet};
+
 use chrono::{DateTime, Utc};
-use payrecon_chain_core::{
-    Amount, KnownTransfer, Method, Network, ReceivedAsset, Transfer, TransferId,
-};
+use payrecon_chain_core::{Amount, Method, Network, ReceivedAsset, TransferId};
 use sqlx::{AnyConnection, Row};
 
 use super::orders::millis;
-use super::{StoreError, WriteTx};
+use super::{
+    StoreError, WriteTx, list_placeholders, list_placeholders_after, rows_per_statement,
+    values_placeholders,
+};
 use crate::intent::{IntentRate, PaymentIntent};
 use crate::money::Usd;
 use crate::order::OrderRef;
@@ -39,16 +42,17 @@ pub(crate) async fn reserve_index(tx: &mut WriteTx, key_id: &str) -> Result<u32,
     u32::try_from(next - 1).map_err(|_| StoreError::Corrupt(format!("index {next} of {key_id}")))
 }
 
-/// Stores a new intent.
+/// Stores a new intent, stamped with the transaction's feed position so watchers find it.
 pub(crate) async fn insert_intent(
-    conn: &mut AnyConnection,
+    tx: &mut WriteTx,
     intent: &PaymentIntent,
 ) -> Result<(), StoreError> {
+    let feed_position = tx.feed_position().await?;
     sqlx::query(
         "INSERT INTO payment_intents (id, order_ref, method, network, pay_to, watch_key, key_id, \
          derivation_index, amount_base, usd_cents, rate_usd, rate_source, rate_fetched_at_ms, \
-         created_at_ms, deadline_ms, monitor_until_ms, status, settlement_count) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, 0)",
+         created_at_ms, deadline_ms, monitor_until_ms, status, settlement_count, feed_pos) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, 0, $18)",
     )
     .bind(intent.id.as_str())
     .bind(intent.order_ref.as_str())
@@ -67,7 +71,8 @@ pub(crate) async fn insert_intent(
     .bind(intent.deadline.timestamp_millis())
     .bind(intent.monitor_until.timestamp_millis())
     .bind(intent.status.as_str())
-    .execute(conn)
+    .bind(feed_position)
+    .execute(tx.conn())
     .await?;
     Ok(())
 }
@@ -116,6 +121,56 @@ pub(crate) async fn intents_of_order(
     .collect()
 }
 
+/// The intents with these ids, in no particular order: one statement per
+/// [`rows_per_statement`] ids.
+pub(crate) async fn intents_by_ids(
+    conn: &mut AnyConnection,
+    ids: &[&str],
+) -> Result<Vec<PaymentIntent>, StoreError> {
+    let mut intents = Vec::with_capacity(ids.len());
+    for chunk in ids.chunks(rows_per_statement(1)) {
+        let sql = format!(
+            "{} WHERE id IN ({})",
+            select_intents!(""),
+            list_placeholders(super::backend_of_conn(conn), chunk.len())
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for id in chunk {
+            query = query.bind(*id);
+        }
+        for row in query.fetch_all(&mut *conn).await? {
+            intents.push(decode_intent(&row)?);
+        }
+    }
+    Ok(intents)
+}
+
+/// The intents of `network` whose watch keys are among `keys` (the rest match no intent).
+pub(crate) async fn intents_by_watch_keys(
+    conn: &mut AnyConnection,
+    network: Network,
+    keys: &[&str],
+) -> Result<Vec<PaymentIntent>, StoreError> {
+    let mut intents = Vec::with_capacity(keys.len());
+    for chunk in keys.chunks(rows_per_statement(1) - 1) {
+        let backend = super::backend_of_conn(conn);
+        let sql = format!(
+            "{} WHERE network = {} AND watch_key IN ({})",
+            select_intents!(""),
+            super::placeholder(backend, 1),
+            list_placeholders_after(backend, 1, chunk.len())
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(network.as_str());
+        for key in chunk {
+            query = query.bind(*key);
+        }
+        for row in query.fetch_all(&mut *conn).await? {
+            intents.push(decode_intent(&row)?);
+        }
+    }
+    Ok(intents)
+}
+
 /// The intent whose watch key on `network` is `watch_key`.
 pub(crate) async fn intent_id_by_watch_key(
     conn: &mut AnyConnection,
@@ -142,7 +197,7 @@ pub(crate) async fn due_intent_ids(
 ) -> Result<Vec<String>, StoreError> {
     Ok(sqlx::query_scalar(
         "SELECT id FROM payment_intents WHERE status IN ('awaiting_payment', 'confirmed') \
-         AND deadline_ms < $1 ORDER BY deadline_ms LIMIT $2",
+         AND deadline_ms < $1 ORDER BY deadline_ms, id LIMIT $2",
     )
     .bind(now.timestamp_millis())
     .bind(limit)
@@ -164,41 +219,6 @@ pub(crate) async fn watch_keys(
     .bind(now.timestamp_millis())
     .fetch_all(conn)
     .await?)
-}
-
-/// Transfers not removed that paid a watch key of `network` still inside its monitoring
-/// window: what a watcher diffs the chain against.
-pub(crate) async fn known_transfers(
-    conn: &mut AnyConnection,
-    network: Network,
-    now: DateTime<Utc>,
-) -> Result<Vec<KnownTransfer>, StoreError> {
-    sqlx::query(
-        "SELECT t.network, t.txid, t.position, t.to_address, t.asset, t.amount_base, t.intent_id, t.confirmations, t.block_height, t.removed, t.tip_height, t.seen_at_ms, t.credited_entry \
-         FROM transfers t JOIN payment_intents i ON i.id = t.intent_id \
-         WHERE t.network = $1 AND t.removed = 0 AND i.monitor_until_ms > $2",
-    )
-    .bind(network.as_str())
-    .bind(now.timestamp_millis())
-    .fetch_all(conn)
-    .await?
-    .iter()
-    .map(|row| {
-        let stored = decode_transfer(row)?;
-        Ok(KnownTransfer {
-            transfer: Transfer {
-                id: stored.id,
-                to_address: stored.to_address,
-                asset: stored.asset,
-                amount: stored.amount,
-            },
-            confirmations: stored.confirmations,
-            block_height: stored.block_height,
-            tip_height: stored.tip_height,
-            seen_at_ms: stored.seen_at_ms,
-        })
-    })
-    .collect()
 }
 
 /// Records the customer's "I have paid" once; later calls keep the first time.
@@ -233,6 +253,41 @@ pub(crate) async fn update_intent_state(
     .bind(i64::from(intent.settlement_count))
     .execute(conn)
     .await?;
+    Ok(())
+}
+
+/// Writes many intents' evaluated states, one statement per [`rows_per_statement`] intents.
+pub(crate) async fn update_intent_states(
+    tx: &mut WriteTx,
+    intents: &[&PaymentIntent],
+) -> Result<(), StoreError> {
+    const COLUMNS: usize = 5;
+    for chunk in intents.chunks(rows_per_statement(COLUMNS)) {
+        let sql = format!(
+            "WITH v (id, status, first_seen_at_ms, settled_at_ms, settlement_count) AS (VALUES {}) \
+             UPDATE payment_intents SET status = v.status, first_seen_at_ms = v.first_seen_at_ms, \
+             settled_at_ms = v.settled_at_ms, settlement_count = v.settlement_count \
+             FROM v WHERE payment_intents.id = v.id",
+            values_placeholders(tx.backend(), COLUMNS, chunk.len())
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for intent in chunk {
+            query = query
+                .bind(intent.id.as_str())
+                .bind(intent.status.as_str())
+                .bind(intent.first_seen_at.map(|t| t.timestamp_millis()))
+                .bind(intent.settled_at.map(|t| t.timestamp_millis()))
+                .bind(i64::from(intent.settlement_count));
+        }
+        let updated = query.execute(tx.conn()).await?.rows_affected();
+        if updated != chunk.len() as u64 {
+            return Err(StoreError::Corrupt(format!(
+                "{} of {} intents to update were found",
+                updated,
+                chunk.len()
+            )));
+        }
+    }
     Ok(())
 }
 
@@ -330,15 +385,29 @@ pub(crate) fn parse_asset(text: &str) -> Result<ReceivedAsset, StoreError> {
     }
 }
 
+/// The columns every transfer query selects, from `transfers t`, for [`decode_transfer`].
+pub(crate) const TRANSFER_COLUMNS: &str = "t.network, t.txid, t.position, t.to_address, t.asset, \
+     t.amount_base, t.intent_id, t.confirmations, t.block_height, t.removed, t.tip_height, \
+     t.seen_at_ms, t.credited_entry";
+
+/// How the matcher orders an intent's transfers: first seen first, then by id, byte-wise (not
+/// by a database collation, so every store and every path agrees).
+pub(crate) fn transfer_order(a: &StoredTransfer, b: &StoredTransfer) -> std::cmp::Ordering {
+    (a.seen_at_ms, a.id.txid.as_bytes(), a.id.position).cmp(&(
+        b.seen_at_ms,
+        b.id.txid.as_bytes(),
+        b.id.position,
+    ))
+}
+
 /// One transfer by id.
 pub(crate) async fn get_transfer(
     conn: &mut AnyConnection,
     id: &TransferId,
 ) -> Result<Option<StoredTransfer>, StoreError> {
-    let row = sqlx::query(
-        "SELECT network, txid, position, to_address, asset, amount_base, intent_id, confirmations, block_height, removed, tip_height, seen_at_ms, credited_entry \
-         FROM transfers WHERE network = $1 AND txid = $2 AND position = $3",
-    )
+    let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT {TRANSFER_COLUMNS} FROM transfers t WHERE t.network = $1 AND t.txid = $2 AND t.position = $3"
+    )))
     .bind(id.network.as_str())
     .bind(id.txid.as_str())
     .bind(i64::from(id.position))
@@ -347,21 +416,80 @@ pub(crate) async fn get_transfer(
     row.map(|row| decode_transfer(&row)).transpose()
 }
 
-/// Every transfer that paid an intent's watch key, oldest first.
+/// Every transfer that paid an intent's watch key, in [`transfer_order`].
 pub(crate) async fn transfers_of_intent(
     conn: &mut AnyConnection,
     intent_id: &str,
 ) -> Result<Vec<StoredTransfer>, StoreError> {
-    sqlx::query(
-        "SELECT network, txid, position, to_address, asset, amount_base, intent_id, confirmations, block_height, removed, tip_height, seen_at_ms, credited_entry \
-         FROM transfers WHERE intent_id = $1 ORDER BY seen_at_ms, txid, position",
-    )
+    let mut transfers = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT {TRANSFER_COLUMNS} FROM transfers t WHERE t.intent_id = $1"
+    )))
     .bind(intent_id)
     .fetch_all(conn)
     .await?
     .iter()
     .map(decode_transfer)
-    .collect()
+    .collect::<Result<Vec<_>, _>>()?;
+    transfers.sort_by(transfer_order);
+    Ok(transfers)
+}
+
+/// The transfers with these ids that exist.
+pub(crate) async fn transfers_by_ids(
+    conn: &mut AnyConnection,
+    ids: &[&TransferId],
+) -> Result<Vec<StoredTransfer>, StoreError> {
+    let mut by_network: BTreeMap<Network, Vec<&str>> = BTreeMap::new();
+    for id in ids {
+        by_network.entry(id.network).or_default().push(&id.txid);
+    }
+    let wanted: HashSet<&TransferId> = ids.iter().copied().collect();
+    let backend = super::backend_of_conn(conn);
+    let mut transfers = Vec::with_capacity(ids.len());
+    for (network, mut txids) in by_network {
+        txids.sort_unstable();
+        txids.dedup();
+        for chunk in txids.chunks(rows_per_statement(1) - 1) {
+            let sql = format!(
+                "SELECT {TRANSFER_COLUMNS} FROM transfers t WHERE t.network = {} AND t.txid IN ({})",
+                super::placeholder(backend, 1),
+                list_placeholders_after(backend, 1, chunk.len())
+            );
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(network.as_str());
+            for txid in chunk {
+                query = query.bind(*txid);
+            }
+            for row in query.fetch_all(&mut *conn).await? {
+                let transfer = decode_transfer(&row)?;
+                if wanted.contains(&transfer.id) {
+                    transfers.push(transfer);
+                }
+            }
+        }
+    }
+    Ok(transfers)
+}
+
+/// Every transfer that paid any of these intents.
+pub(crate) async fn transfers_of_intents(
+    conn: &mut AnyConnection,
+    intent_ids: &[&str],
+) -> Result<Vec<StoredTransfer>, StoreError> {
+    let mut transfers = Vec::new();
+    for chunk in intent_ids.chunks(rows_per_statement(1)) {
+        let sql = format!(
+            "SELECT {TRANSFER_COLUMNS} FROM transfers t WHERE t.intent_id IN ({})",
+            list_placeholders(super::backend_of_conn(conn), chunk.len())
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for id in chunk {
+            query = query.bind(*id);
+        }
+        for row in query.fetch_all(&mut *conn).await? {
+            transfers.push(decode_transfer(&row)?);
+        }
+    }
+    Ok(transfers)
 }
 
 /// Every transfer to any of an order's intents, oldest first.
@@ -369,10 +497,10 @@ pub(crate) async fn transfers_of_order(
     conn: &mut AnyConnection,
     order_ref: &str,
 ) -> Result<Vec<StoredTransfer>, StoreError> {
-    sqlx::query(
-        "SELECT t.network, t.txid, t.position, t.to_address, t.asset, t.amount_base, t.intent_id, t.confirmations, t.block_height, t.removed, t.tip_height, t.seen_at_ms, t.credited_entry \
-         FROM transfers t JOIN payment_intents i ON i.id = t.intent_id WHERE i.order_ref = $1 ORDER BY t.seen_at_ms, t.txid, t.position",
-    )
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT {TRANSFER_COLUMNS} FROM transfers t JOIN payment_intents i ON i.id = t.intent_id \
+         WHERE i.order_ref = $1 ORDER BY t.seen_at_ms, t.txid, t.position"
+    )))
     .bind(order_ref)
     .fetch_all(conn)
     .await?
@@ -381,43 +509,67 @@ pub(crate) async fn transfers_of_order(
     .collect()
 }
 
-/// Inserts or replaces a transfer's state.
+/// Inserts or replaces a transfer's state, stamped with the transaction's feed position.
 pub(crate) async fn upsert_transfer(
-    conn: &mut AnyConnection,
+    tx: &mut WriteTx,
     transfer: &StoredTransfer,
     now: DateTime<Utc>,
 ) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO transfers (network, txid, position, to_address, asset, amount_base, intent_id, confirmations, removed, tip_height, seen_at_ms, updated_at_ms, credited_entry, block_height) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
-         ON CONFLICT (network, txid, position) DO UPDATE SET confirmations = excluded.confirmations, block_height = excluded.block_height, \
-         removed = excluded.removed, tip_height = excluded.tip_height, seen_at_ms = excluded.seen_at_ms, \
-         updated_at_ms = excluded.updated_at_ms, credited_entry = excluded.credited_entry",
-    )
-    .bind(transfer.id.network.as_str())
-    .bind(transfer.id.txid.as_str())
-    .bind(i64::from(transfer.id.position))
-    .bind(transfer.to_address.as_str())
-    .bind(asset_text(&transfer.asset))
-    .bind(transfer.amount.to_string())
-    .bind(transfer.intent_id.as_deref())
-    .bind(i64::from(transfer.confirmations))
-    .bind(i64::from(transfer.removed))
-    .bind(i64::try_from(transfer.tip_height).unwrap_or(i64::MAX))
-    .bind(transfer.seen_at_ms)
-    .bind(now.timestamp_millis())
-    .bind(transfer.credited_entry.as_deref())
-    .bind(
-        transfer
-            .block_height
-            .map(|height| i64::try_from(height).unwrap_or(i64::MAX)),
-    )
-    .execute(conn)
-    .await?;
+    upsert_transfers(tx, &[transfer], now).await
+}
+
+/// Inserts or replaces many transfers' states, one statement per [`rows_per_statement`] rows.
+/// What identifies a transfer (address, asset, amount, intent) never changes once written.
+pub(crate) async fn upsert_transfers(
+    tx: &mut WriteTx,
+    transfers: &[&StoredTransfer],
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    const COLUMNS: usize = 15;
+    if transfers.is_empty() {
+        return Ok(());
+    }
+    let feed_position = tx.feed_position().await?;
+    for chunk in transfers.chunks(rows_per_statement(COLUMNS)) {
+        let sql = format!(
+            "INSERT INTO transfers (network, txid, position, to_address, asset, amount_base, intent_id, confirmations, \
+             removed, tip_height, seen_at_ms, updated_at_ms, credited_entry, block_height, feed_pos) VALUES {} \
+             ON CONFLICT (network, txid, position) DO UPDATE SET confirmations = excluded.confirmations, \
+             block_height = excluded.block_height, removed = excluded.removed, tip_height = excluded.tip_height, \
+             seen_at_ms = excluded.seen_at_ms, updated_at_ms = excluded.updated_at_ms, \
+             credited_entry = excluded.credited_entry, feed_pos = excluded.feed_pos",
+            values_placeholders(tx.backend(), COLUMNS, chunk.len())
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for transfer in chunk {
+            query = query
+                .bind(transfer.id.network.as_str())
+                .bind(transfer.id.txid.as_str())
+                .bind(i64::from(transfer.id.position))
+                .bind(transfer.to_address.as_str())
+                .bind(asset_text(&transfer.asset))
+                .bind(transfer.amount.to_string())
+                .bind(transfer.intent_id.as_deref())
+                .bind(i64::from(transfer.confirmations))
+                .bind(i64::from(transfer.removed))
+                .bind(i64::try_from(transfer.tip_height).unwrap_or(i64::MAX))
+                .bind(transfer.seen_at_ms)
+                .bind(now.timestamp_millis())
+                .bind(transfer.credited_entry.as_deref())
+                .bind(
+                    transfer
+                        .block_height
+                        .map(|height| i64::try_from(height).unwrap_or(i64::MAX)),
+                )
+                .bind(feed_position);
+        }
+        query.execute(tx.conn()).await?;
+    }
     Ok(())
 }
 
-fn decode_transfer(row: &sqlx::any::AnyRow) -> Result<StoredTransfer, StoreError> {
+/// A transfer row as [`TRANSFER_COLUMNS`] selects it.
+pub(crate) fn decode_transfer(row: &sqlx::any::AnyRow) -> Result<StoredTransfer, StoreError> {
     let corrupt = |what: &str| StoreError::Corrupt(format!("transfer row: {what}"));
     let network: String = row.try_get("network")?;
     let amount: String = row.try_get("amount_base")?;
@@ -470,6 +622,20 @@ pub struct ExceptionRecord {
     pub resolution: Option<String>,
 }
 
+/// The event that announces a newly opened exception.
+pub(crate) fn exception_opened_event(exception: &ExceptionRecord) -> NewEvent {
+    NewEvent {
+        intent_id: exception.intent_id.clone(),
+        order_ref: exception.order_ref.clone(),
+        kind: "exception_opened",
+        detail: serde_json::json!({
+            "exception": exception.id,
+            "kind": exception.kind,
+            "detail": exception.detail,
+        }),
+    }
+}
+
 /// Opens an exception unless one with that id exists. Returns whether it is new.
 pub(crate) async fn open_exception(
     conn: &mut AnyConnection,
@@ -489,6 +655,35 @@ pub(crate) async fn open_exception(
     .execute(conn)
     .await?;
     Ok(result.rows_affected() == 1)
+}
+
+/// Opens many exceptions, each unless one with its id exists. Returns the ids that are new.
+pub(crate) async fn open_exceptions(
+    conn: &mut AnyConnection,
+    records: &[&ExceptionRecord],
+) -> Result<HashSet<String>, StoreError> {
+    const COLUMNS: usize = 7;
+    let mut opened = HashSet::new();
+    for chunk in records.chunks(rows_per_statement(COLUMNS)) {
+        let sql = format!(
+            "INSERT INTO exceptions (id, kind, intent_id, order_ref, transfer, detail, opened_at_ms) \
+             VALUES {} ON CONFLICT (id) DO NOTHING RETURNING id",
+            values_placeholders(super::backend_of_conn(conn), COLUMNS, chunk.len())
+        );
+        let mut query = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql));
+        for exception in chunk {
+            query = query
+                .bind(exception.id.as_str())
+                .bind(exception.kind.as_str())
+                .bind(exception.intent_id.as_deref())
+                .bind(exception.order_ref.as_deref())
+                .bind(exception.transfer.as_deref())
+                .bind(exception.detail.as_str())
+                .bind(exception.opened_at.timestamp_millis());
+        }
+        opened.extend(query.fetch_all(&mut *conn).await?);
+    }
+    Ok(opened)
 }
 
 /// The exceptions of an order (through its intents), or of everything when `None`.
@@ -549,25 +744,56 @@ pub struct IntentEvent {
     pub at: DateTime<Utc>,
 }
 
+/// An entry of the event stream about to be written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct NewEvent {
+    pub intent_id: Option<String>,
+    pub order_ref: Option<String>,
+    pub kind: &'static str,
+    pub detail: serde_json::Value,
+}
+
 /// Appends to the event stream inside the transaction that made the change.
 pub(crate) async fn append_event(
     conn: &mut AnyConnection,
     intent_id: Option<&str>,
     order_ref: Option<&str>,
-    kind: &str,
+    kind: &'static str,
     detail: &serde_json::Value,
     now: DateTime<Utc>,
 ) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO intent_events (intent_id, order_ref, kind, detail, at_ms) VALUES ($1, $2, $3, $4, $5)",
-    )
-    .bind(intent_id)
-    .bind(order_ref)
-    .bind(kind)
-    .bind(detail.to_string())
-    .bind(now.timestamp_millis())
-    .execute(conn)
-    .await?;
+    let event = NewEvent {
+        intent_id: intent_id.map(str::to_owned),
+        order_ref: order_ref.map(str::to_owned),
+        kind,
+        detail: detail.clone(),
+    };
+    append_events(conn, &[event], now).await
+}
+
+/// Appends many events in order, one statement per [`rows_per_statement`] events.
+pub(crate) async fn append_events(
+    conn: &mut AnyConnection,
+    events: &[NewEvent],
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    const COLUMNS: usize = 5;
+    for chunk in events.chunks(rows_per_statement(COLUMNS)) {
+        let sql = format!(
+            "INSERT INTO intent_events (intent_id, order_ref, kind, detail, at_ms) VALUES {}",
+            values_placeholders(super::backend_of_conn(conn), COLUMNS, chunk.len())
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for event in chunk {
+            query = query
+                .bind(event.intent_id.as_deref())
+                .bind(event.order_ref.as_deref())
+                .bind(event.kind)
+                .bind(event.detail.to_string())
+                .bind(now.timestamp_millis());
+        }
+        query.execute(&mut *conn).await?;
+    }
     Ok(())
 }
 

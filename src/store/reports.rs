@@ -7,8 +7,7 @@ use sqlx::{AnyConnection, Row};
 
 use super::payments::{ExceptionRecord, decode_exception, parse_asset};
 use super::payments::{StoredTransfer, asset_text};
-use super::{StoreError, WriteTx, values_placeholders};
-use crate::ledger::Posting;
+use super::{StoreError, WriteTx, decode_exact_sum, exact_sum, values_placeholders};
 
 /// A transfer with the intent and order it paid, as the report lists it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -69,56 +68,131 @@ pub(crate) fn transfers_in(
     })
 }
 
-/// An intent as the report counts it.
+/// Intents created in a period, counted by method, status and whether a newer intent
+/// superseded them, with the crypto they asked for.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct ReportIntent {
+pub(crate) struct IntentSums {
     pub method: String,
     pub status: String,
-    pub amount: Amount,
     pub superseded: bool,
+    pub count: i64,
+    pub expected: i128,
 }
 
-/// Intents created in `[from_ms, to_ms)`.
-pub(crate) fn intents_in(
+/// [`IntentSums`] of intents created in `[from_ms, to_ms)`: one aggregate, however many.
+pub(crate) async fn intent_sums(
     conn: &mut AnyConnection,
     from_ms: i64,
     to_ms: i64,
-) -> impl Stream<Item = Result<ReportIntent, StoreError>> + '_ {
-    sqlx::query(
-        "SELECT method, status, amount_base, superseded_by FROM payment_intents \
-         WHERE created_at_ms >= $1 AND created_at_ms < $2",
-    )
-    .bind(from_ms)
-    .bind(to_ms)
-    .fetch(conn)
-    .map(|row| {
-        let row = row?;
-        Ok(ReportIntent {
-            method: row.try_get("method")?,
-            status: row.try_get("status")?,
-            amount: base_units(&row)?,
-            superseded: row.try_get::<Option<String>, _>("superseded_by")?.is_some(),
+) -> Result<Vec<IntentSums>, StoreError> {
+    let backend = super::backend_of_conn(conn);
+    let sql = format!(
+        "SELECT method, status, CAST(CASE WHEN superseded_by IS NULL THEN 0 ELSE 1 END AS BIGINT) AS superseded, \
+         COUNT(*) AS n, {} FROM payment_intents WHERE created_at_ms >= $1 AND created_at_ms < $2 \
+         GROUP BY method, status, CASE WHEN superseded_by IS NULL THEN 0 ELSE 1 END",
+        exact_sum(backend, "amount_base")
+    );
+    let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(from_ms)
+        .bind(to_ms)
+        .fetch_all(conn)
+        .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(IntentSums {
+                method: row.try_get(0)?,
+                status: row.try_get(1)?,
+                superseded: row.try_get::<i64, _>(2)? != 0,
+                count: row.try_get(3)?,
+                expected: decode_exact_sum(row, 4, backend)?,
+            })
         })
-    })
+        .collect()
 }
 
-/// Postings of entries posted in `[from_ms, to_ms)`, each with its entry's idempotency key.
-pub(crate) fn postings_in(
+/// Transfers first seen in a period and not removed, summed by asset, day and whether an
+/// entry accounts for them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct TransferSums {
+    pub asset: String,
+    /// Days since the Unix epoch (UTC).
+    pub day: i64,
+    pub unbooked: bool,
+    pub received: i128,
+}
+
+/// [`TransferSums`] of transfers first seen in `[from_ms, to_ms)`.
+pub(crate) async fn transfer_sums(
     conn: &mut AnyConnection,
     from_ms: i64,
     to_ms: i64,
-) -> impl Stream<Item = Result<(String, Posting), StoreError>> + '_ {
-    sqlx::query(
-        "SELECT p.account, p.currency, p.amount, j.idempotency_key FROM postings p JOIN journal_entries j ON j.seq = p.entry_seq \
-         WHERE j.posted_at_ms >= $1 AND j.posted_at_ms < $2",
-    )
-    .bind(from_ms)
-    .bind(to_ms)
-    .fetch(conn)
-    .map(|row| {
-        let row = row?;
-        Ok((row.try_get(3)?, super::ledger::decode_posting(&row)?))
-    })
+) -> Result<Vec<TransferSums>, StoreError> {
+    let backend = super::backend_of_conn(conn);
+    let sql = format!(
+        "SELECT asset, seen_at_ms / 86400000 AS day, CAST(CASE WHEN credited_entry IS NULL THEN 1 ELSE 0 END AS BIGINT) AS unbooked, {} \
+         FROM transfers WHERE seen_at_ms >= $1 AND seen_at_ms < $2 AND removed = 0 \
+         GROUP BY asset, seen_at_ms / 86400000, CASE WHEN credited_entry IS NULL THEN 1 ELSE 0 END",
+        exact_sum(backend, "amount_base")
+    );
+    let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(from_ms)
+        .bind(to_ms)
+        .fetch_all(conn)
+        .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(TransferSums {
+                asset: row.try_get(0)?,
+                day: row.try_get(1)?,
+                unbooked: row.try_get::<i64, _>(2)? != 0,
+                received: decode_exact_sum(row, 3, backend)?,
+            })
+        })
+        .collect()
+}
+
+/// Postings of a period to custody, conversion and suspense accounts, summed per account and
+/// currency, refunds (an operator's `resolve:` entry taking money out) apart.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct PostingSums {
+    pub account: String,
+    pub currency: String,
+    pub refund: bool,
+    pub sum: i128,
+}
+
+/// [`PostingSums`] of entries posted in `[from_ms, to_ms)`.
+pub(crate) async fn posting_sums(
+    conn: &mut AnyConnection,
+    from_ms: i64,
+    to_ms: i64,
+) -> Result<Vec<PostingSums>, StoreError> {
+    let backend = super::backend_of_conn(conn);
+    let refund =
+        "CASE WHEN j.idempotency_key LIKE 'resolve:%' AND p.amount LIKE '-%' THEN 1 ELSE 0 END";
+    let sql = format!(
+        "SELECT p.account, p.currency, CAST({refund} AS BIGINT) AS refund, {} \
+         FROM postings p JOIN journal_entries j ON j.seq = p.entry_seq \
+         WHERE j.posted_at_ms >= $1 AND j.posted_at_ms < $2 \
+         AND (p.account LIKE 'custody:%' OR p.account LIKE 'fx:%' OR p.account LIKE 'suspense:%') \
+         GROUP BY p.account, p.currency, {refund}",
+        exact_sum(backend, "p.amount")
+    );
+    let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(from_ms)
+        .bind(to_ms)
+        .fetch_all(conn)
+        .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(PostingSums {
+                account: row.try_get(0)?,
+                currency: row.try_get(1)?,
+                refund: row.try_get::<i64, _>(2)? != 0,
+                sum: decode_exact_sum(row, 3, backend)?,
+            })
+        })
+        .collect()
 }
 
 /// Intents with an open exception, created in `[from_ms, to_ms)`.

@@ -19,8 +19,8 @@ use electrum_client::{Client, ConfigBuilder, ElectrumApi, Error as ElectrumError
 use payrecon_chain_core::bitcoin::block::Header;
 use payrecon_chain_core::bitcoin::{self, BlockHash, ScriptBuf, Transaction, Txid};
 use payrecon_chain_core::{
-    BlockId, ChainCursor, ChainEvent, ChainScanner, KnownTransfer, Method, Network, ReceivedAsset,
-    ScanBatch, ScanError, Transfer, TransferId, WatchView,
+    BlockId, ChainCursor, ChainEvent, ChainScanner, KeyIndex, KnownTransfer, Method, Network,
+    ReceivedAsset, ScanBatch, ScanError, Transfer, TransferId, WatchKeys, WatchView,
 };
 
 use crate::{UtxoChain, UtxoNetwork, script_pubkey};
@@ -145,17 +145,19 @@ impl ChainScanner for ElectrumScanner {
     async fn scan(&mut self, view: &WatchView) -> Result<ScanBatch, ScanError> {
         let settings = self.settings.clone();
         let session = self.session.take();
-        let view = view.clone();
-        let (session, batch) = tokio::task::spawn_blocking(move || {
-            let mut session = match session {
-                Some(session) => session,
-                None => Session::connect(&settings, view.cursor.as_ref())?,
-            };
-            let batch = session.scan(&settings, &view)?;
-            Ok::<_, ScanError>((session, batch))
-        })
-        .await
-        .map_err(|e| ScanError::Transient(format!("scanner task: {e}")))??;
+        // The client blocks. On a multi-threaded runtime the scan runs in place (the worker's
+        // other tasks move away) and reads the view where it is; elsewhere it runs on the
+        // blocking pool with a copy of the view.
+        let multi_threaded = tokio::runtime::Handle::current().runtime_flavor()
+            == tokio::runtime::RuntimeFlavor::MultiThread;
+        let (session, batch) = if multi_threaded {
+            tokio::task::block_in_place(|| scan_session(&settings, session, view))?
+        } else {
+            let view = view.clone();
+            tokio::task::spawn_blocking(move || scan_session(&settings, session, &view))
+                .await
+                .map_err(|e| ScanError::Transient(format!("scanner task: {e}")))??
+        };
         self.session = Some(session);
         Ok(batch)
     }
@@ -188,6 +190,20 @@ impl ChainScanner for ElectrumScanner {
     }
 }
 
+/// One scan in `session`, connecting first if there is none.
+fn scan_session(
+    settings: &ElectrumSettings,
+    session: Option<Session>,
+    view: &WatchView,
+) -> Result<(Session, ScanBatch), ScanError> {
+    let mut session = match session {
+        Some(session) => session,
+        None => Session::connect(settings, view.cursor.as_ref())?,
+    };
+    let batch = session.scan(settings, view)?;
+    Ok((session, batch))
+}
+
 /// A script the scanner follows, and its history once read.
 struct Watched {
     key: String,
@@ -204,6 +220,8 @@ struct Session {
     /// Older block times, for dating transfers first seen already confirmed.
     block_times: BTreeMap<u64, u32>,
     scripts: HashMap<ScriptBuf, Watched>,
+    /// The watch keys as output scripts, in step with the view's keys: what is subscribed.
+    index: KeyIndex<ScriptBuf>,
     /// Outputs of every transaction in a followed history (a transaction never changes).
     outputs: HashMap<Txid, Vec<(ScriptBuf, u64)>>,
     /// The tip moved other than by extension since the last scan: read every history again.
@@ -245,6 +263,7 @@ impl Session {
             recent: BTreeMap::new(),
             block_times: BTreeMap::new(),
             scripts: HashMap::new(),
+            index: KeyIndex::default(),
             outputs: HashMap::new(),
             reorged: false,
         };
@@ -345,22 +364,12 @@ impl Session {
     fn sync_subscriptions(
         &mut self,
         settings: &ElectrumSettings,
-        keys: &[String],
+        keys: &WatchKeys,
     ) -> Result<Vec<ScriptBuf>, ScanError> {
-        let mut wanted = HashMap::with_capacity(keys.len());
-        for key in keys {
-            let script = script_pubkey(key).map_err(|e| {
-                ScanError::Fatal(format!("watch key {key:?} is not a segwit address: {e}"))
-            })?;
-            wanted.insert(script, key);
-        }
-        let gone: Vec<ScriptBuf> = self
-            .scripts
-            .keys()
-            .filter(|s| !wanted.contains_key(*s))
-            .cloned()
-            .collect();
-        for script in gone {
+        let changes = self.index.sync(keys, script_pubkey).map_err(|(key, e)| {
+            ScanError::Fatal(format!("watch key {key:?} is not a segwit address: {e}"))
+        })?;
+        for (script, _) in changes.removed {
             // Servers before protocol 1.4.2 cannot unsubscribe; their notifications are ignored.
             if let Err(e) = self.client.script_unsubscribe(&script) {
                 tracing::debug!(error = %e, "unsubscribe refused");
@@ -368,10 +377,11 @@ impl Session {
             self.scripts.remove(&script);
         }
         let mut to_read = Vec::new();
-        let fresh: Vec<(ScriptBuf, String)> = wanted
+        let fresh: Vec<(ScriptBuf, String)> = changes
+            .added
             .into_iter()
             .filter(|(s, _)| !self.scripts.contains_key(s))
-            .map(|(s, k)| (s, k.clone()))
+            .map(|(s, k)| (s, k.to_string()))
             .collect();
         for chunk in fresh.chunks(settings.batch_size.max(1)) {
             let statuses = self
@@ -559,8 +569,7 @@ impl Session {
 
         let network = settings.network_id();
         let method = settings.method();
-        let known: HashMap<&TransferId, &KnownTransfer> =
-            view.known.iter().map(|k| (&k.transfer.id, k)).collect();
+        let known = &view.known;
         let mut found = Vec::new();
         for (script, watched) in &self.scripts {
             for (txid, height) in watched.history.iter().flatten() {
@@ -636,7 +645,7 @@ impl Session {
             .filter(|w| w.history.is_some())
             .map(|w| w.key.as_str())
             .collect();
-        for gone in view.known.iter().filter(|k| {
+        for gone in view.known.values().filter(|k| {
             followed.contains(k.transfer.to_address.as_str()) && !present.contains(&k.transfer.id)
         }) {
             events.push(ChainEvent::Removed {

@@ -5,12 +5,11 @@
 //! The chain crates only fetch and decode; the bookkeeping that decides what is new, what
 //! moved deeper and what a reorg took away lives here once.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::future::Future;
 
 use crate::{
-    BlockId, ChainCursor, ChainEvent, KnownTransfer, ScanBatch, ScanError, Transfer, TransferId,
-    WatchView,
+    BlockId, ChainCursor, ChainEvent, KnownTransfer, ScanBatch, ScanError, Transfer, WatchView,
 };
 
 /// Recent block ids kept in the cursor for finding a fork point.
@@ -194,8 +193,7 @@ impl BlockRange {
             .cursor
             .as_ref()
             .map_or(tip, |cursor| tip.max(cursor.tip.height));
-        let known: HashMap<&TransferId, &KnownTransfer> =
-            view.known.iter().map(|k| (&k.transfer.id, k)).collect();
+        let known = &view.known;
         let needs_update = |k: &KnownTransfer, now: u32| {
             k.confirmations != now && k.confirmations < view.settle_depth
         };
@@ -221,7 +219,7 @@ impl BlockRange {
                 });
             }
         }
-        for k in &view.known {
+        for k in view.known.values() {
             if present.contains(&k.transfer.id) {
                 continue;
             }
@@ -274,7 +272,7 @@ impl BlockRange {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Amount, Method, Network, ReceivedAsset};
+    use crate::{Amount, Method, Network, ReceivedAsset, TransferId};
 
     fn transfer(txid: &str) -> Transfer {
         Transfer {
@@ -336,11 +334,14 @@ mod tests {
             seen_at_ms: 7,
         };
         let view = WatchView {
-            known: vec![
+            known: [
                 known("deeper", 8, 2),
                 known("reorged", 10, 1),
                 known("settled", 5, 9),
-            ],
+            ]
+            .into_iter()
+            .map(|k| (k.transfer.id.clone(), k))
+            .collect(),
             now_ms: 500,
             settle_depth: 3,
             ..WatchView::default()

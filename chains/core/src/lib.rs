@@ -9,6 +9,7 @@ mod derive;
 mod event;
 #[cfg(feature = "fuzz")]
 pub mod fuzz;
+mod keys;
 mod method;
 mod scan;
 
@@ -16,6 +17,10 @@ pub use amount::{Amount, ParseAmountError, ParseAmountErrorKind};
 pub use derive::{AccountXpub, AddressDeriver, DeriveError, DerivedAddress, evm_account_bytes};
 pub use event::{
     BlockId, ChainCursor, ChainEvent, MAX_CHECKPOINTS, ReceivedAsset, Transfer, TransferId,
+};
+pub use keys::{
+    IndexChanges, KeyChange, KeyIndex, KeysPosition, MAX_LOGGED_KEY_CHANGES, WatchKeys,
+    WatchedLookup,
 };
 pub use method::{Asset, Method, Network, ParseMethodError, ParseNetworkError};
 pub use scan::{ChainScanner, KnownTransfer, ScanBatch, ScanError, WatchView};

@@ -6,9 +6,10 @@
 //! not against the scanner's memory, a scan whose events were lost (crash, failed commit) is
 //! simply repeated, and a restarted scanner finds exactly what is missing.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 
-use crate::{ChainCursor, ChainEvent, Network, Transfer};
+use crate::{ChainCursor, ChainEvent, Network, Transfer, TransferId, WatchKeys};
 
 /// A transfer the engine has recorded and not seen removed, with its newest state.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,13 +26,15 @@ pub struct KnownTransfer {
     pub seen_at_ms: i64,
 }
 
-/// What the engine hands a scanner for one scan.
+/// What the engine hands a scanner for one scan. The engine keeps it in memory and brings it
+/// in step with what changed before each scan; scanners keep indexes of the keys in step with
+/// [`WatchKeys`]' change log ([`crate::KeyIndex`]).
 #[derive(Clone, Debug, Default)]
 pub struct WatchView {
     /// Watch keys to follow now: open intents and those inside their monitoring window.
-    pub watch_keys: Vec<String>,
+    pub watch_keys: WatchKeys,
     /// Transfers already recorded to those keys, not removed.
-    pub known: Vec<KnownTransfer>,
+    pub known: BTreeMap<TransferId, KnownTransfer>,
     /// Where the last committed scan ended.
     pub cursor: Option<ChainCursor>,
     /// The engine's clock, Unix milliseconds: the time of a transfer first seen unconfirmed.

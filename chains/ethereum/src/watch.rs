@@ -25,8 +25,8 @@ use alloy::transports::{RpcError, TransportError, TransportErrorKind};
 use futures_util::{StreamExt as _, TryStreamExt as _};
 use payrecon_chain_core::blocks::{self, BlockRange};
 use payrecon_chain_core::{
-    Amount, ChainScanner, KnownTransfer, Method, Network, ReceivedAsset, ScanBatch, ScanError,
-    Transfer, TransferId, WatchView,
+    Amount, ChainScanner, KeyIndex, KnownTransfer, Method, Network, ReceivedAsset, ScanBatch,
+    ScanError, Transfer, TransferId, WatchView,
 };
 use tokio::sync::broadcast::error::RecvError;
 
@@ -100,7 +100,7 @@ impl EthereumSettings {
     fn token_transfer(
         &self,
         log: &Log,
-        watched: &HashMap<Address, &str>,
+        watched: &KeyIndex<Address>,
     ) -> Result<Option<(Transfer, u64)>, ScanError> {
         if log.removed {
             return Ok(None);
@@ -134,7 +134,7 @@ impl EthereumSettings {
                 txid: txid.to_string(),
                 position,
             },
-            to_address: (*key).to_owned(),
+            to_address: key.to_string(),
             asset,
             amount,
         };
@@ -163,6 +163,8 @@ pub struct EthereumScanner {
     settings: EthereumSettings,
     provider: Option<RootProvider>,
     heads: Option<Subscription<Header>>,
+    /// The watched addresses, kept in step with the view's keys.
+    watched: KeyIndex<Address>,
 }
 
 impl EthereumScanner {
@@ -172,6 +174,7 @@ impl EthereumScanner {
             settings,
             provider: None,
             heads: None,
+            watched: KeyIndex::default(),
         }
     }
 
@@ -237,13 +240,12 @@ impl ChainScanner for EthereumScanner {
     async fn scan(&mut self, view: &WatchView) -> Result<ScanBatch, ScanError> {
         let provider = self.provider().await?;
         let settings = &self.settings;
-        let mut watched: HashMap<Address, &str> = HashMap::with_capacity(view.watch_keys.len());
-        for key in &view.watch_keys {
-            let address: Address = key.parse().map_err(|e| {
+        self.watched
+            .sync(&view.watch_keys, |key| key.parse::<Address>())
+            .map_err(|(key, e)| {
                 ScanError::Fatal(format!("watch key {key:?} is not an Ethereum address: {e}"))
             })?;
-            watched.insert(address, key);
-        }
+        let watched = &self.watched;
         let head = provider.get_block_number().await.map_err(classify)?;
         let resume = blocks::resume(
             view.cursor.as_ref(),
@@ -289,14 +291,14 @@ impl ChainScanner for EthereumScanner {
                         .unwrap_or(i64::MAX / 1000)
                         .saturating_mul(1000),
                 )?;
-                for transfer in native_transfers(&provider, &block, &watched).await? {
+                for transfer in native_transfers(&provider, &block, watched).await? {
                     range.push_transfer(transfer, height)?;
                 }
             }
-            let addresses: Vec<Address> = watched.keys().copied().collect();
+            let addresses: Vec<Address> = watched.iter().map(|(address, _)| *address).collect();
             for chunk in addresses.chunks(settings.addresses_per_log_query.max(1)) {
                 for log in transfer_logs(&provider, chunk, from, to).await? {
-                    if let Some((transfer, height)) = settings.token_transfer(&log, &watched)? {
+                    if let Some((transfer, height)) = settings.token_transfer(&log, watched)? {
                         if range.hash_of(height)
                             != Some(log.block_hash.unwrap_or_default().to_string().as_str())
                         {
@@ -389,7 +391,7 @@ async fn finalized_height(
 async fn native_transfers(
     provider: &RootProvider,
     block: &Block,
-    watched: &HashMap<Address, &str>,
+    watched: &KeyIndex<Address>,
 ) -> Result<Vec<Transfer>, ScanError> {
     let height = block.header.number;
     let mut candidates = Vec::new();
@@ -397,7 +399,7 @@ async fn native_transfers(
         if let Some(key) = tx.to().and_then(|to| watched.get(&to))
             && !tx.value().is_zero()
         {
-            candidates.push((tx.tx_hash(), tx.value(), (*key).to_owned()));
+            candidates.push((tx.tx_hash(), tx.value(), key.to_string()));
         }
     }
     if candidates.is_empty() {
@@ -535,6 +537,7 @@ fn classify(error: RpcError<TransportErrorKind>) -> ScanError {
 #[cfg(test)]
 mod tests {
     use alloy::primitives::{Bytes, LogData, address};
+    use payrecon_chain_core::WatchKeys;
 
     use super::*;
 
@@ -554,8 +557,11 @@ mod tests {
         )
     }
 
-    fn watched() -> HashMap<Address, &'static str> {
-        HashMap::from([(RECIPIENT, "key")])
+    fn watched() -> KeyIndex<Address> {
+        let keys: WatchKeys = [RECIPIENT.to_string()].into_iter().collect();
+        let mut index = KeyIndex::default();
+        index.sync(&keys, |key| key.parse::<Address>()).unwrap();
+        index
     }
 
     fn recorded_logs() -> serde_json::Value {
@@ -575,7 +581,7 @@ mod tests {
             .unwrap();
         assert_eq!(height, 0xe20360);
         assert_eq!(transfer.id.position, 0xf0 + 1);
-        assert_eq!(transfer.to_address, "key");
+        assert_eq!(transfer.to_address, RECIPIENT.to_string());
         assert_eq!(
             transfer.asset,
             ReceivedAsset::Method {
@@ -593,7 +599,7 @@ mod tests {
             if let Ok(logs) = serde_json::from_value::<Vec<Log>>(value) {
                 for log in &logs {
                     if let Ok(Some((transfer, _))) = settings().token_transfer(log, &watched()) {
-                        proptest::prop_assert_eq!(transfer.to_address, "key");
+                        proptest::prop_assert_eq!(transfer.to_address, RECIPIENT.to_string());
                     }
                 }
             }

@@ -10,15 +10,16 @@
 //! `confirmed` are followed with `getSignatureStatuses` (256 per call) until `finalized`, or
 //! reported removed when they vanish (a dropped fork).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::ops::Bound;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{StreamExt as _, TryStreamExt as _};
 use payrecon_chain_core::{
-    Amount, BlockId, ChainCursor, ChainEvent, ChainScanner, KnownTransfer, Method, Network,
-    ReceivedAsset, ScanBatch, ScanError, Transfer, TransferId, WatchView,
+    Amount, BlockId, ChainCursor, ChainEvent, ChainScanner, KeyIndex, KnownTransfer, Method,
+    Network, ReceivedAsset, ScanBatch, ScanError, Transfer, TransferId, WatchView, WatchedLookup,
 };
 use solana_commitment_config::CommitmentConfig;
 use solana_pubkey::Pubkey;
@@ -81,8 +82,12 @@ pub struct SolanaScanner {
     /// session: the next listing stops there. A reset forgets them and lists afresh; what the
     /// engine already knows is not reported twice.
     newest: HashMap<Pubkey, Signature>,
+    /// The open references, kept in step with the view's keys.
+    references: KeyIndex<Pubkey>,
+    /// The same, in the order the sweep visits them.
+    sweep_order: BTreeSet<Pubkey>,
     /// Where the reference sweep continues.
-    sweep: usize,
+    next_swept: Option<Pubkey>,
 }
 
 impl SolanaScanner {
@@ -92,7 +97,9 @@ impl SolanaScanner {
             settings,
             client: None,
             newest: HashMap::new(),
-            sweep: 0,
+            references: KeyIndex::default(),
+            sweep_order: BTreeSet::new(),
+            next_swept: None,
         }
     }
 
@@ -156,12 +163,19 @@ impl ChainScanner for SolanaScanner {
     async fn scan(&mut self, view: &WatchView) -> Result<ScanBatch, ScanError> {
         let client = self.client();
         let recipient = self.settings.recipient;
-        let mut references: HashMap<Pubkey, &str> = HashMap::with_capacity(view.watch_keys.len());
-        for key in &view.watch_keys {
-            let reference = Pubkey::from_str(key).map_err(|e| {
+        let changes = self
+            .references
+            .sync(&view.watch_keys, Pubkey::from_str)
+            .map_err(|(key, e)| {
                 ScanError::Fatal(format!("watch key {key:?} is not a Solana public key: {e}"))
             })?;
-            references.insert(reference, key);
+        if changes.rebuilt {
+            self.sweep_order.clear();
+        }
+        self.sweep_order
+            .extend(changes.added.iter().map(|(reference, _)| *reference));
+        for (reference, _) in &changes.removed {
+            self.sweep_order.remove(reference);
         }
         let mut tip = client
             .get_slot_with_commitment(CommitmentConfig::confirmed())
@@ -186,12 +200,25 @@ impl ChainScanner for SolanaScanner {
             self.new_signatures(&client, &recipient, oldest_slot)
                 .await?,
         )];
-        let mut swept: Vec<Pubkey> = references.keys().copied().collect();
-        swept.sort();
-        let budget = self.settings.references_per_scan.min(swept.len());
-        let due: Vec<Pubkey> = (0..budget)
-            .map(|i| swept[(self.sweep + i) % swept.len()])
+        let budget = self
+            .settings
+            .references_per_scan
+            .min(self.sweep_order.len());
+        let start = self.next_swept.map_or(Bound::Unbounded, Bound::Included);
+        let due: Vec<Pubkey> = self
+            .sweep_order
+            .range((start, Bound::Unbounded))
+            .chain(self.sweep_order.range((Bound::Unbounded, start)))
+            .take(budget)
+            .copied()
             .collect();
+        let next_swept = due.last().and_then(|last| {
+            self.sweep_order
+                .range((Bound::Excluded(*last), Bound::Unbounded))
+                .next()
+                .or_else(|| self.sweep_order.first())
+                .copied()
+        });
         let this = &*self;
         let swept_listings: Vec<_> = futures_util::stream::iter(due)
             .map(|reference| {
@@ -206,11 +233,7 @@ impl ChainScanner for SolanaScanner {
             .await?;
         listed.extend(swept_listings);
 
-        let known: HashSet<&str> = view
-            .known
-            .iter()
-            .map(|k| k.transfer.id.txid.as_str())
-            .collect();
+        let known: HashSet<&str> = view.known.keys().map(|id| id.txid.as_str()).collect();
         let mut found: Vec<(Transfer, u32, Option<u64>, i64)> = Vec::new();
         let mut looked_at: HashSet<String> = HashSet::new();
         for (_, signatures) in &listed {
@@ -246,7 +269,9 @@ impl ChainScanner for SolanaScanner {
                         status.signature
                     ))
                 })?;
-                if let Some(transfer) = verify(&status.signature, &tx, &recipient, &references)? {
+                if let Some(transfer) =
+                    verify(&status.signature, &tx, &recipient, &self.references)?
+                {
                     let (confirmations, block) = if finalized {
                         (1, Some(tx.slot))
                     } else {
@@ -280,8 +305,11 @@ impl ChainScanner for SolanaScanner {
             .collect();
 
         // Recorded but not final: finalized since, still confirmed, or gone with its fork.
-        let pending: Vec<&KnownTransfer> =
-            view.known.iter().filter(|k| k.confirmations == 0).collect();
+        let pending: Vec<&KnownTransfer> = view
+            .known
+            .values()
+            .filter(|k| k.confirmations == 0)
+            .collect();
         for chunk in pending.chunks(STATUSES_PER_CALL) {
             for (k, status) in chunk
                 .iter()
@@ -320,11 +348,10 @@ impl ChainScanner for SolanaScanner {
                 self.newest.insert(*address, signature(&newest.signature)?);
             }
         }
+        let references = &self.references;
         self.newest
-            .retain(|address, _| *address == recipient || references.contains_key(address));
-        if !swept.is_empty() {
-            self.sweep = (self.sweep + budget) % swept.len();
-        }
+            .retain(|address, _| *address == recipient || references.contains(address));
+        self.next_swept = next_swept;
         let hash = match self.newest.get(&recipient) {
             Some(newest) => newest.to_string(),
             None => format!("slot:{tip}"),
@@ -381,7 +408,7 @@ fn verify(
     signature: &str,
     tx: &EncodedConfirmedTransactionWithStatusMeta,
     recipient: &Pubkey,
-    references: &HashMap<Pubkey, &str>,
+    references: &impl WatchedLookup<Pubkey>,
 ) -> Result<Option<Transfer>, ScanError> {
     let malformed = |what: &str| ScanError::Fatal(format!("getTransaction {signature}: {what}"));
     let Some(meta) = &tx.transaction.meta else {
@@ -415,7 +442,7 @@ fn verify(
     let reference = keys.iter().find_map(|k| {
         Pubkey::from_str(k)
             .ok()
-            .and_then(|pk| references.get(&pk).map(|r| (*r).to_owned()))
+            .and_then(|pk| references.watch_key(&pk).map(str::to_owned))
     });
     let id = TransferId {
         network: Network::Solana,

@@ -15,8 +15,8 @@ use std::time::Duration;
 use futures_util::{StreamExt as _, TryStreamExt as _};
 use payrecon_chain_core::blocks::{self, BlockRange};
 use payrecon_chain_core::{
-    Amount, ChainScanner, KnownTransfer, Method, Network, ReceivedAsset, ScanBatch, ScanError,
-    Transfer, TransferId, WatchView,
+    Amount, ChainScanner, KeyIndex, KnownTransfer, Method, Network, ReceivedAsset, ScanBatch,
+    ScanError, Transfer, TransferId, WatchView, WatchedLookup,
 };
 use serde::Deserialize as _;
 
@@ -77,6 +77,8 @@ impl TronSettings {
 pub struct TronScanner {
     settings: TronSettings,
     client: Option<TronClient>,
+    /// The watched addresses, kept in step with the view's keys.
+    watched: KeyIndex<TronAddress>,
 }
 
 impl TronScanner {
@@ -85,6 +87,7 @@ impl TronScanner {
         TronScanner {
             settings,
             client: None,
+            watched: KeyIndex::default(),
         }
     }
 
@@ -110,13 +113,12 @@ impl ChainScanner for TronScanner {
     async fn scan(&mut self, view: &WatchView) -> Result<ScanBatch, ScanError> {
         let client = self.client()?;
         let settings = &self.settings;
-        let mut watched: HashMap<TronAddress, &str> = HashMap::with_capacity(view.watch_keys.len());
-        for key in &view.watch_keys {
-            let address: TronAddress = key.parse().map_err(|e| {
+        self.watched
+            .sync(&view.watch_keys, |key| key.parse::<TronAddress>())
+            .map_err(|(key, e)| {
                 ScanError::Fatal(format!("watch key {key:?} is not a Tron address: {e}"))
             })?;
-            watched.insert(address, key);
-        }
+        let watched = &self.watched;
         let head = client.now_block(false).await?.block_header.raw_data.number;
         let resume = blocks::resume(
             view.cursor.as_ref(),
@@ -145,7 +147,7 @@ impl ChainScanner for TronScanner {
                     &raw.parent_hash,
                     raw.timestamp,
                 )?;
-                for transfer in transfers(settings, &block, &infos, &watched)? {
+                for transfer in transfers(settings, &block, &infos, watched)? {
                     range.push_transfer(transfer, height)?;
                 }
             }
@@ -236,7 +238,7 @@ fn transfers(
     settings: &TronSettings,
     block: &Block,
     infos: &[TransactionInfo],
-    watched: &HashMap<TronAddress, &str>,
+    watched: &impl WatchedLookup<TronAddress>,
 ) -> Result<Vec<Transfer>, ScanError> {
     let height = block.block_header.raw_data.number;
     let transfer = |txid: &str, position: u32, key: &str, asset, amount| Transfer {
@@ -274,7 +276,7 @@ fn transfers(
                     tx.tx_id, value.to_address
                 ))
             })?;
-            let Some(key) = watched.get(&to) else {
+            let Some(key) = watched.watch_key(&to) else {
                 continue;
             };
             let asset = if trc10 {
@@ -309,7 +311,7 @@ fn transfers(
             let Some((to, value)) = trc20_transfer(log.topics.as_slice(), &log.data) else {
                 continue;
             };
-            let Some(key) = watched.get(&to) else {
+            let Some(key) = watched.watch_key(&to) else {
                 continue;
             };
             let contract = TronAddress::from_hex(&format!("41{}", log.address)).map_err(|e| {

@@ -1,7 +1,9 @@
-//! The watcher loop: one per network. It reads what the engine has committed, lets the chain's
-//! scanner find what changed, and commits the events with the scanner's cursor in one
-//! transaction. Failures of the node are retried with backoff and never skip data; an answer
-//! that cannot be trusted stops this network's watcher and says why.
+//! The watcher loop: one per network. It keeps the engine's view of the network in memory
+//! (`view`), lets the chain's scanner find what changed, and commits the events with the
+//! scanner's cursor in one transaction. Failures of the node are retried with backoff and never
+//! skip data; an answer that cannot be trusted stops this network's watcher and says why.
+
+mod view;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -15,6 +17,8 @@ use crate::engine::Engine;
 use crate::error::Error;
 use crate::leases::Lease;
 use crate::store::operations::WatcherHealth;
+
+pub use view::{LiveView, Refresh};
 
 /// How often to scan and how to back off.
 #[derive(Clone, Debug)]
@@ -104,6 +108,8 @@ pub struct Watcher<S> {
     lease: Option<Lease>,
     /// When the last round ended (either way): what tells a slow round from a stalled one.
     last_round: Arc<Mutex<Instant>>,
+    /// The network's view, once read; rebuilt after the lease changes hands.
+    live: Option<LiveView>,
 }
 
 /// Why a run of rounds ended without an error.
@@ -141,6 +147,7 @@ impl<S: ChainScanner> Watcher<S> {
             lease_options: None,
             lease: None,
             last_round: Arc::new(Mutex::new(Instant::now())),
+            live: None,
         }
     }
 
@@ -168,12 +175,19 @@ impl<S: ChainScanner> Watcher<S> {
         if self.lease_options.is_some() && self.lease.is_none() {
             return Err(ScanError::Transient(LEASE_LOST.into()));
         }
-        let view = self
-            .engine
-            .watch_view(network)
-            .await
-            .map_err(engine_failure)?;
-        let batch = self.scanner.scan(&view).await?;
+        let live = match &mut self.live {
+            Some(live) => {
+                live.refresh(&self.engine).await.map_err(engine_failure)?;
+                live
+            }
+            None => self.live.insert(
+                LiveView::load(&self.engine, network)
+                    .await
+                    .map_err(engine_failure)?,
+            ),
+        };
+        let view = live.view();
+        let batch = self.scanner.scan(view).await?;
         if !batch.events.is_empty() {
             crate::crash::crash_point("watcher.after_scan");
         }
@@ -234,6 +248,8 @@ impl<S: ChainScanner> Watcher<S> {
                 Ok(Some(lease)) => {
                     tracing::info!(%network, holder = %options.holder, token = lease.token, "watcher lease taken");
                     self.lease = Some(lease.clone());
+                    // Another holder wrote in between: read the view whole once.
+                    self.live = None;
                     *self.last_round.lock().expect("never poisoned") = Instant::now();
                     let keep = keep_lease(
                         self.engine.clone(),

@@ -1,119 +1,30 @@
-//! The matcher: turns chain events into transfer states, intent states and ledger entries,
-//! all inside the caller's transaction (with the watcher's cursor, when a watcher calls it), so
-//! a crash at any point loses nothing and doubles nothing.
-//!
-//! Every ledger effect has a deterministic idempotency key, so replaying events, or evaluating
-//! an intent twice, posts nothing twice:
-//! `settle:<intent>:<n>`, `overpaid:<intent>:<n>`, `late:<transfer>`, `after-settlement:<transfer>`,
-//! `wrong-asset:<transfer>`, `unmatched:<transfer>`, and `reverse:<key>` for each of them.
-
-use std::collections::BTreeMap;
+//! The matcher's rules, written once against [`MatchStore`]: how an event changes a
+//! transfer, how an intent's state follows from its transfers and the clock, and which ledger
+//! entries each change posts.
 
 use chrono::{DateTime, Utc};
-use payrecon_chain_core::{Amount, ChainEvent, Method, Network, ReceivedAsset};
-use serde::{Deserialize, Serialize};
+use payrecon_chain_core::{Amount, ChainEvent, Method, ReceivedAsset};
 
+use super::{MatchPolicy, MatchStore};
 use crate::error::Error;
 use crate::intent::{IntentStatus, PaymentIntent, usd_value_of};
 use crate::ledger::{Account, Currency, EntryKind, NewEntry, Posting, SuspenseReason};
 use crate::money::Usd;
-use crate::order::{Order, OrderKind, OrderStatus, SettledVia};
-use crate::store::payments::{self, ExceptionRecord, StoredTransfer};
-use crate::store::{StoreError, WriteTx, ledger, operations, orders};
+use crate::order::{Order, OrderKind, OrderStatus};
+use crate::store::StoreError;
+use crate::store::payments::{ExceptionRecord, NewEvent, StoredTransfer};
 
-/// What happens to money beyond what an intent asked, or that arrived after its deadline.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CreditPolicy {
-    /// Held in suspense for an operator (credit to balance or refund, by hand).
-    #[default]
-    Hold,
-    /// Its USD value at the intent's locked rate is credited to the customer's balance.
-    CreditBalance,
-}
+use super::CreditPolicy;
 
-/// Confirmations a network needs, more for larger payments.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ConfirmationRule {
-    /// Confirmations for any payment.
-    pub confirmations: u32,
-    /// Payments of at least `min_usd` need `confirmations`.
-    #[serde(default)]
-    pub tiers: Vec<ConfirmationTier>,
-}
-
-/// One step of a [`ConfirmationRule`].
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ConfirmationTier {
-    /// From this USD value up.
-    pub min_usd: Usd,
-    /// This many confirmations.
-    pub confirmations: u32,
-}
-
-impl ConfirmationRule {
-    /// Confirmations a payment of `usd` needs.
-    pub fn required(&self, usd: Usd) -> u32 {
-        self.tiers
-            .iter()
-            .filter(|tier| usd >= tier.min_usd)
-            .map(|tier| tier.confirmations)
-            .fold(self.confirmations, u32::max)
-    }
-}
-
-/// The matcher's rules.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MatchPolicy {
-    /// An underpayment of at most this many basis points of the amount still settles.
-    pub underpayment_tolerance_bps: u32,
-    /// Money beyond the amount, and payments to an already settled intent.
-    pub overpayment: CreditPolicy,
-    /// Payments first seen after the deadline.
-    pub late_payment: CreditPolicy,
-    /// Per network.
-    pub confirmations: BTreeMap<Network, ConfirmationRule>,
-}
-
-impl MatchPolicy {
-    /// The brief's defaults: BTC 2, LTC 6, ETH 12, Tron 19, Solana 1 (its watcher reports a
-    /// finalized transaction as one confirmation); no tolerance; hold everything unusual.
-    pub fn defaults() -> MatchPolicy {
-        let rule = |confirmations| ConfirmationRule {
-            confirmations,
-            tiers: Vec::new(),
-        };
-        MatchPolicy {
-            underpayment_tolerance_bps: 0,
-            overpayment: CreditPolicy::Hold,
-            late_payment: CreditPolicy::Hold,
-            confirmations: BTreeMap::from([
-                (Network::Bitcoin, rule(2)),
-                (Network::Litecoin, rule(6)),
-                (Network::Ethereum, rule(12)),
-                (Network::Tron, rule(19)),
-                (Network::Solana, rule(1)),
-            ]),
-        }
-    }
-
-    fn required(&self, network: Network, usd: Usd) -> u32 {
-        self.confirmations
-            .get(&network)
-            .map_or(1, |rule| rule.required(usd))
-    }
-}
-
-/// Applies one chain event.
-pub(crate) async fn apply_event(
-    tx: &mut WriteTx,
+/// Applies one chain event (already checked with [`check_event`]).
+pub(crate) async fn apply_event<S: MatchStore>(
+    store: &mut S,
     policy: &MatchPolicy,
     event: &ChainEvent,
     now: DateTime<Utc>,
 ) -> Result<(), Error> {
-    check_event(event)?;
     let id = event.transfer_id();
-    let existing = payments::get_transfer(tx.conn(), id).await?;
+    let existing = store.transfer(id).await?;
     let mut state = match (existing, event) {
         (None, ChainEvent::Removed { .. }) => return Ok(()),
         (
@@ -130,12 +41,9 @@ pub(crate) async fn apply_event(
             to_address: transfer.to_address.clone(),
             asset: transfer.asset.clone(),
             amount: transfer.amount,
-            intent_id: payments::intent_id_by_watch_key(
-                tx.conn(),
-                transfer.id.network,
-                &transfer.to_address,
-            )
-            .await?,
+            intent_id: store
+                .intent_for_watch_key(transfer.id.network, &transfer.to_address)
+                .await?,
             confirmations: *confirmations,
             block_height: *block_height,
             removed: false,
@@ -196,12 +104,12 @@ pub(crate) async fn apply_event(
     if state.removed
         && let Some(key) = state.credited_entry.take()
     {
-        take_back_credit(tx, &state, &key, now).await?;
+        take_back_credit(store, &state, &key, now).await?;
     }
-    payments::upsert_transfer(tx.conn(), &state, now).await?;
+    store.put_transfer(&state).await?;
     match state.intent_id.clone() {
-        Some(intent_id) => evaluate_intent(tx, policy, &intent_id, now).await,
-        None => account_unmatched(tx, policy, state, now).await,
+        Some(intent_id) => evaluate_intent(store, policy, &intent_id, now).await,
+        None => account_unmatched(store, policy, state, now).await,
     }
 }
 
@@ -209,7 +117,7 @@ pub(crate) async fn apply_event(
 const MAX_CHAIN_TEXT_LEN: usize = 128;
 
 /// Refuses events no real chain produces, before anything is stored.
-fn check_event(event: &ChainEvent) -> Result<(), Error> {
+pub(crate) fn check_event(event: &ChainEvent) -> Result<(), Error> {
     let text_ok = |text: &str| {
         !text.is_empty()
             && text.len() <= MAX_CHAIN_TEXT_LEN
@@ -254,8 +162,8 @@ fn check_event(event: &ChainEvent) -> Result<(), Error> {
 
 /// A transfer to an address no intent owns (for Solana: to the recipient without a known
 /// reference): an exception, and once confirmed, custody with the money in suspense.
-async fn account_unmatched(
-    tx: &mut WriteTx,
+async fn account_unmatched<S: MatchStore>(
+    store: &mut S,
     policy: &MatchPolicy,
     mut transfer: StoredTransfer,
     now: DateTime<Utc>,
@@ -264,7 +172,7 @@ async fn account_unmatched(
         return Ok(());
     }
     open_exception(
-        tx,
+        store,
         "unmatched",
         None,
         None,
@@ -289,28 +197,29 @@ async fn account_unmatched(
             SuspenseReason::Unmatched,
             None,
         );
-        post(tx, &[entry], now).await?;
+        post(store, vec![entry]).await?;
         transfer.credited_entry = Some(key);
-        payments::upsert_transfer(tx.conn(), &transfer, now).await?;
+        store.put_transfer(&transfer).await?;
     }
     Ok(())
 }
 
 /// Re-derives an intent's state from its transfers and the clock, posting what became due.
-pub(crate) async fn evaluate_intent(
-    tx: &mut WriteTx,
+pub(crate) async fn evaluate_intent<S: MatchStore>(
+    store: &mut S,
     policy: &MatchPolicy,
     intent_id: &str,
     now: DateTime<Utc>,
 ) -> Result<(), Error> {
-    let mut intent = payments::get_intent(tx.conn(), intent_id)
+    let mut intent = store
+        .intent(intent_id)
         .await?
         .ok_or_else(|| StoreError::Corrupt(format!("intent {intent_id} vanished")))?;
-    let order = orders::lock_order(tx, &intent.order_ref)
+    let order = store
+        .lock_order(&intent.order_ref)
         .await?
-        .ok_or_else(|| StoreError::Corrupt(format!("order {} vanished", intent.order_ref)))?
-        .order;
-    let mut transfers = payments::transfers_of_intent(tx.conn(), intent_id).await?;
+        .ok_or_else(|| StoreError::Corrupt(format!("order {} vanished", intent.order_ref)))?;
+    let mut transfers = store.transfers_of_intent(intent_id).await?;
     let before = intent.clone();
     let required = policy.required(intent.network(), intent.usd);
     let deadline_ms = intent.deadline.timestamp_millis();
@@ -331,7 +240,7 @@ pub(crate) async fn evaluate_intent(
         let uncredited = transfer.credited_entry.is_none();
         if !is_own_asset(transfer) {
             open_exception(
-                tx,
+                store,
                 "wrong_asset",
                 Some(&intent),
                 Some(&order),
@@ -361,7 +270,7 @@ pub(crate) async fn evaluate_intent(
         } else if intent.status == IntentStatus::Settled {
             if uncredited {
                 open_exception(
-                    tx,
+                    store,
                     "paid_after_settlement",
                     Some(&intent),
                     Some(&order),
@@ -381,7 +290,7 @@ pub(crate) async fn evaluate_intent(
             }
         } else if transfer.seen_at_ms > deadline_ms && uncredited {
             open_exception(
-                tx,
+                store,
                 "paid_late",
                 Some(&intent),
                 Some(&order),
@@ -452,7 +361,7 @@ pub(crate) async fn evaluate_intent(
                         SuspenseReason::Overpaid,
                     ));
                     open_exception(
-                        tx,
+                        store,
                         "overpaid",
                         Some(&intent),
                         Some(&order),
@@ -470,8 +379,7 @@ pub(crate) async fn evaluate_intent(
                 for index in &confirmed {
                     credited.push((*index, key.clone()));
                 }
-                orders::mark_settled(tx.conn(), &order.reference, SettledVia::Payment, &key, now)
-                    .await?;
+                store.mark_settled(&order.reference, &key).await?;
                 intent.status = IntentStatus::Settled;
                 intent.settled_at = Some(now);
                 intent.settlement_count = n;
@@ -479,7 +387,7 @@ pub(crate) async fn evaluate_intent(
                 for index in confirmed {
                     let transfer = &transfers[index];
                     open_exception(
-                        tx,
+                        store,
                         "paid_after_settlement",
                         Some(&intent),
                         Some(&order),
@@ -528,7 +436,7 @@ pub(crate) async fn evaluate_intent(
         if intent.status == IntentStatus::Underpaid {
             let received = sum(pending.iter().map(|i| transfers[*i].amount))?;
             open_exception(
-                tx,
+                store,
                 "underpaid",
                 Some(&intent),
                 Some(&order),
@@ -545,48 +453,45 @@ pub(crate) async fn evaluate_intent(
         }
     }
 
-    post(tx, &entries, now).await?;
+    post(store, entries).await?;
     for (index, key) in credited {
         transfers[index].credited_entry = Some(key);
-        payments::upsert_transfer(tx.conn(), &transfers[index], now).await?;
+        store.put_transfer(&transfers[index]).await?;
     }
     if intent != before {
-        payments::update_intent_state(tx.conn(), &intent).await?;
+        store.put_intent_state(&intent).await?;
     }
     if intent.status != before.status {
-        record_status_change(tx, &intent, before.status, now).await?;
+        record_status_change(store, &intent, before.status).await?;
     }
     Ok(())
 }
 
 /// Appends an intent's state change to the event stream (and so to the webhooks' outbox).
-pub(crate) async fn record_status_change(
-    tx: &mut WriteTx,
+pub(crate) async fn record_status_change<S: MatchStore>(
+    store: &mut S,
     intent: &PaymentIntent,
     from: IntentStatus,
-    now: DateTime<Utc>,
 ) -> Result<(), Error> {
     let detail = serde_json::json!({
         "from": from,
         "to": intent.status,
         "message": intent.status.customer_message(),
     });
-    payments::append_event(
-        tx.conn(),
-        Some(&intent.id),
-        Some(intent.order_ref.as_str()),
-        "status_changed",
-        &detail,
-        now,
-    )
-    .await?;
-    Ok(())
+    store
+        .append_event(NewEvent {
+            intent_id: Some(intent.id.clone()),
+            order_ref: Some(intent.order_ref.to_string()),
+            kind: "status_changed",
+            detail,
+        })
+        .await
 }
 
 /// Takes back the credit a removed transfer had earned, by compensating entries. A
 /// settlement is reversed whole (with its overpayment), its order reopened and flagged.
-async fn take_back_credit(
-    tx: &mut WriteTx,
+async fn take_back_credit<S: MatchStore>(
+    store: &mut S,
     transfer: &StoredTransfer,
     key: &str,
     now: DateTime<Utc>,
@@ -596,49 +501,44 @@ async fn take_back_credit(
         keys.push(format!("overpaid:{rest}"));
     }
     // What operators did with this transfer's money moved it on in the books: undo that too.
-    let resolutions =
-        operations::action_entries_for_transfer(tx.conn(), &transfer.id.to_string()).await?;
+    let resolutions = store.action_entries(&transfer.id).await?;
     keys.extend(resolutions.iter().cloned());
     for key in &keys {
-        reverse_with_coverage(tx, key, now).await?;
+        reverse_with_coverage(store, key).await?;
     }
     let intent = match &transfer.intent_id {
-        Some(id) => payments::get_intent(tx.conn(), id).await?,
+        Some(id) => store.intent(id).await?,
         None => None,
     };
     if let Some(mut intent) = intent {
-        for mut sibling in payments::transfers_of_intent(tx.conn(), &intent.id).await? {
+        for mut sibling in store.transfers_of_intent(&intent.id).await? {
             if sibling.credited_entry.as_deref() == Some(key) && sibling.id != transfer.id {
                 sibling.credited_entry = None;
-                payments::upsert_transfer(tx.conn(), &sibling, now).await?;
+                store.put_transfer(&sibling).await?;
             }
         }
         for settled in resolutions.iter().filter(|k| k.starts_with("settle:")) {
-            orders::reopen_order(
-                tx.conn(),
-                &intent.order_ref,
-                settled,
-                "reorged_after_credit",
-            )
-            .await?;
+            store
+                .reopen_order(&intent.order_ref, settled, "reorged_after_credit")
+                .await?;
             intent.status = IntentStatus::ReorgedAfterCredit;
             intent.settled_at = None;
-            payments::update_intent_state(tx.conn(), &intent).await?;
+            store.put_intent_state(&intent).await?;
         }
         if key.starts_with("settle:") {
-            orders::reopen_order(tx.conn(), &intent.order_ref, key, "reorged_after_credit").await?;
+            store
+                .reopen_order(&intent.order_ref, key, "reorged_after_credit")
+                .await?;
             intent.status = IntentStatus::ReorgedAfterCredit;
             intent.settled_at = None;
-            payments::update_intent_state(tx.conn(), &intent).await?;
+            store.put_intent_state(&intent).await?;
         }
-        let order = orders::get_order(tx.conn(), &intent.order_ref)
-            .await?
-            .map(|stored| stored.order);
-        open_exception(tx, "reorged_after_credit", Some(&intent), order.as_ref(), Some(transfer),
+        let order = store.order(&intent.order_ref).await?;
+        open_exception(store, "reorged_after_credit", Some(&intent), order.as_ref(), Some(transfer),
             format!("{} was removed from the chain after it was credited ({key}); the credit was reversed", describe(transfer)), now).await?;
     } else {
         open_exception(
-            tx,
+            store,
             "reorged_after_credit",
             None,
             None,
@@ -656,15 +556,11 @@ async fn take_back_credit(
 
 /// Posts the opposite of `key`'s entry. What a customer's balance can no longer cover (it was
 /// spent) is charged to `suspense:reversed` instead: the balance never goes negative.
-async fn reverse_with_coverage(
-    tx: &mut WriteTx,
-    key: &str,
-    now: DateTime<Utc>,
-) -> Result<(), Error> {
-    let Some(original) = ledger::get_entry(tx.conn(), key).await? else {
+async fn reverse_with_coverage<S: MatchStore>(store: &mut S, key: &str) -> Result<(), Error> {
+    let Some(original) = store.entry(key).await? else {
         return Ok(());
     };
-    let mut reversal = NewEntry::reversal_of(
+    let mut reversal = NewEntry::reversal_of_entry(
         &original,
         format!("reversal of {key}: transfer removed from the chain"),
     );
@@ -673,7 +569,7 @@ async fn reverse_with_coverage(
         if debit <= 0 {
             continue;
         }
-        let available = -ledger::lock_and_sum_customer(tx, &customer, now).await?;
+        let available = -store.lock_and_sum_customer(&customer).await?;
         let shortfall = debit - available.max(0);
         if shortfall > 0 {
             shortfalls.push((customer, shortfall));
@@ -693,18 +589,17 @@ async fn reverse_with_coverage(
             shortfall,
         ));
     }
-    post(tx, &[reversal], now).await
+    post(store, vec![reversal]).await
 }
 
-async fn post(tx: &mut WriteTx, entries: &[NewEntry], now: DateTime<Utc>) -> Result<(), Error> {
+async fn post<S: MatchStore>(store: &mut S, entries: Vec<NewEntry>) -> Result<(), Error> {
     if entries.is_empty() {
         return Ok(());
     }
-    for entry in entries {
+    for entry in &entries {
         entry.validate()?;
     }
-    ledger::post_batch(tx, entries, now).await??;
-    Ok(())
+    store.post(entries).await
 }
 
 /// Where an intent's USD goes: revenue for a rental, the customer's balance for a top-up.
@@ -830,8 +725,8 @@ fn hold_entry(
     }
 }
 
-async fn open_exception(
-    tx: &mut WriteTx,
+async fn open_exception<S: MatchStore>(
+    store: &mut S,
     kind: &str,
     intent: Option<&PaymentIntent>,
     order: Option<&Order>,
@@ -844,31 +739,19 @@ async fn open_exception(
         (None, Some(i)) => i.id.clone(),
         (None, None) => "unknown".into(),
     };
-    let record = ExceptionRecord {
-        id: format!("{kind}:{subject}"),
-        kind: kind.to_owned(),
-        intent_id: intent.map(|i| i.id.clone()),
-        order_ref: order.map(|o| o.reference.to_string()),
-        transfer: transfer.map(|t| t.id.to_string()),
-        detail,
-        opened_at: now,
-        resolved_at: None,
-        resolution: None,
-    };
-    if payments::open_exception(tx.conn(), &record).await? {
-        let detail =
-            serde_json::json!({ "exception": record.id, "kind": kind, "detail": record.detail });
-        payments::append_event(
-            tx.conn(),
-            record.intent_id.as_deref(),
-            record.order_ref.as_deref(),
-            "exception_opened",
-            &detail,
-            now,
-        )
-        .await?;
-    }
-    Ok(())
+    store
+        .open_exception(ExceptionRecord {
+            id: format!("{kind}:{subject}"),
+            kind: kind.to_owned(),
+            intent_id: intent.map(|i| i.id.clone()),
+            order_ref: order.map(|o| o.reference.to_string()),
+            transfer: transfer.map(|t| t.id.to_string()),
+            detail,
+            opened_at: now,
+            resolved_at: None,
+            resolution: None,
+        })
+        .await
 }
 
 fn describe(transfer: &StoredTransfer) -> String {

@@ -1,0 +1,344 @@
+//! The line the benchmarks measure payrecon against: the same rows payrecon writes for a
+//! top-up, a payment intent, a settlement or a ledger credit, written by plain multi-row SQL
+//! into the same database at the same durability, with no reads and no rules. What payrecon
+//! adds on top (reads, decisions, checks, savepoints) is the ratio between the two.
+//!
+//! Rows are keyed `line-<run>-<n>` so they never collide with payrecon's; the benchmark writes
+//! them after the checks it makes on payrecon's own rows.
+
+use chrono::{DateTime, Utc};
+
+use super::{StoreError, WriteTx, rows_per_statement, values_placeholders};
+
+/// `count` rows of `columns` parameters each, by multi-row statements: `bind` binds row `i`.
+async fn insert_rows<'q>(
+    tx: &mut WriteTx,
+    head: &str,
+    tail: &str,
+    columns: usize,
+    rows: std::ops::Range<usize>,
+    bind: impl Fn(
+        sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>,
+        usize,
+    ) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>,
+) -> Result<u64, StoreError> {
+    let mut written = 0;
+    let all: Vec<usize> = rows.collect();
+    for chunk in all.chunks(rows_per_statement(columns)) {
+        let sql = format!(
+            "{head} {} {tail}",
+            values_placeholders(tx.backend(), columns, chunk.len())
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for i in chunk {
+            query = bind(query, *i);
+        }
+        written += query.execute(tx.conn()).await?.rows_affected();
+    }
+    Ok(written)
+}
+
+/// The network the line's intents and transfers claim: none that a watcher follows, so the
+/// line never shows in a watcher's view.
+const LINE_NETWORK: &str = "line";
+
+fn name(run: &str, i: usize) -> String {
+    format!("line-{run}-{i}")
+}
+
+/// What a top-up writes: its customer (if new) and its order row.
+pub(crate) async fn topups(
+    tx: &mut WriteTx,
+    run: &str,
+    rows: std::ops::Range<usize>,
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    let now_ms = now.timestamp_millis();
+    insert_rows(
+        tx,
+        "INSERT INTO customers (account_id, created_at_ms) VALUES",
+        "ON CONFLICT (account_id) DO NOTHING",
+        2,
+        rows.clone(),
+        |q, i| q.bind(name(run, i)).bind(now_ms),
+    )
+    .await?;
+    insert_rows(
+        tx,
+        "INSERT INTO orders (reference, kind, account_id, total_usd_cents, content_hash, status, created_at_ms) VALUES",
+        "",
+        7,
+        rows,
+        |q, i| {
+            q.bind(name(run, i))
+                .bind("topup")
+                .bind(name(run, i))
+                .bind(50_000i64)
+                .bind("line")
+                .bind("open")
+                .bind(now_ms)
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// What payment intents write: the derivation counter moved on by as many, the intent rows and
+/// their `intent_created` events. Each intent pays the line's top-up of the same number.
+pub(crate) async fn intents(
+    tx: &mut WriteTx,
+    run: &str,
+    rows: std::ops::Range<usize>,
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    let now_ms = now.timestamp_millis();
+    let feed = tx.feed_position().await?;
+    sqlx::query(
+        "INSERT INTO derivation_counters (key_id, next_index) VALUES ($1, $2) \
+         ON CONFLICT (key_id) DO UPDATE SET next_index = derivation_counters.next_index + $2",
+    )
+    .bind(format!("line-{run}"))
+    .bind(rows.len() as i64)
+    .execute(tx.conn())
+    .await?;
+    insert_rows(
+        tx,
+        "INSERT INTO payment_intents (id, order_ref, method, network, pay_to, watch_key, key_id, \
+         derivation_index, amount_base, usd_cents, rate_usd, rate_source, rate_fetched_at_ms, \
+         created_at_ms, deadline_ms, monitor_until_ms, status, settlement_count, feed_pos) VALUES",
+        "",
+        19,
+        rows.clone(),
+        |q, i| {
+            q.bind(name(run, i))
+                .bind(name(run, i))
+                .bind("btc")
+                .bind(LINE_NETWORK)
+                .bind(name(run, i))
+                .bind(name(run, i))
+                .bind(format!("line-{run}"))
+                .bind(i as i64)
+                .bind("625000")
+                .bind(50_000i64)
+                .bind("80000")
+                .bind("line")
+                .bind(now_ms)
+                .bind(now_ms)
+                .bind(now_ms + 3_600_000)
+                .bind(now_ms + 7 * 86_400_000)
+                .bind("awaiting_payment")
+                .bind(0i64)
+                .bind(feed)
+        },
+    )
+    .await?;
+    insert_rows(
+        tx,
+        "INSERT INTO intent_events (intent_id, order_ref, kind, detail, at_ms) VALUES",
+        "",
+        5,
+        rows,
+        |q, i| {
+            q.bind(name(run, i))
+                .bind(name(run, i))
+                .bind("intent_created")
+                .bind(r#"{"method":"btc","amount":"0.00625"}"#)
+                .bind(now_ms)
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// What settling intents by one confirming transfer each writes: the transfer, the intent's
+/// new state, the journal entry and its four legs, the order settled, the `status_changed`
+/// event.
+pub(crate) async fn settlements(
+    tx: &mut WriteTx,
+    run: &str,
+    rows: std::ops::Range<usize>,
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    let now_ms = now.timestamp_millis();
+    let feed = tx.feed_position().await?;
+    insert_rows(
+        tx,
+        "INSERT INTO transfers (network, txid, position, to_address, asset, amount_base, intent_id, \
+         confirmations, removed, tip_height, seen_at_ms, updated_at_ms, credited_entry, block_height, feed_pos) VALUES",
+        "",
+        15,
+        rows.clone(),
+        |q, i| {
+            q.bind(LINE_NETWORK)
+                .bind(name(run, i))
+                .bind(0i64)
+                .bind(name(run, i))
+                .bind("btc")
+                .bind("625000")
+                .bind(name(run, i))
+                .bind(2i64)
+                .bind(0i64)
+                .bind(2i64)
+                .bind(now_ms)
+                .bind(now_ms)
+                .bind(format!("settle:{}:1", name(run, i)))
+                .bind(1i64)
+                .bind(feed)
+        },
+    )
+    .await?;
+    let all: Vec<usize> = rows.clone().collect();
+    for chunk in all.chunks(rows_per_statement(5)) {
+        let sql = format!(
+            "WITH v (id, status, first_seen_at_ms, settled_at_ms, settlement_count) AS (VALUES {}) \
+             UPDATE payment_intents SET status = v.status, first_seen_at_ms = v.first_seen_at_ms, \
+             settled_at_ms = v.settled_at_ms, settlement_count = v.settlement_count \
+             FROM v WHERE payment_intents.id = v.id",
+            values_placeholders(tx.backend(), 5, chunk.len())
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for i in chunk {
+            query = query
+                .bind(name(run, *i))
+                .bind("settled")
+                .bind(now_ms)
+                .bind(now_ms)
+                .bind(1i64);
+        }
+        query.execute(tx.conn()).await?;
+    }
+    let mut seqs = Vec::with_capacity(all.len());
+    for chunk in all.chunks(rows_per_statement(6)) {
+        let sql = format!(
+            "INSERT INTO journal_entries (idempotency_key, kind, reference, memo, content_hash, posted_at_ms) \
+             VALUES {} RETURNING seq",
+            values_placeholders(tx.backend(), 6, chunk.len())
+        );
+        let mut query = sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql));
+        for i in chunk {
+            query = query
+                .bind(format!("settle:{}:1", name(run, *i)))
+                .bind("payment")
+                .bind(name(run, *i))
+                .bind("line settlement")
+                .bind("line")
+                .bind(now_ms);
+        }
+        seqs.extend(query.fetch_all(tx.conn()).await?);
+    }
+    const LEGS: [(&str, &str, &str); 4] = [
+        ("custody:bitcoin:BTC", "btc", "625000"),
+        ("fx:btc", "btc", "-625000"),
+        ("fx:btc", "USD", "50000"),
+        ("revenue:rentals", "USD", "-50000"),
+    ];
+    insert_rows(
+        tx,
+        "INSERT INTO postings (entry_seq, leg, account, currency, amount) VALUES",
+        "",
+        5,
+        0..seqs.len() * LEGS.len(),
+        |q, row| {
+            let (account, currency, amount) = LEGS[row % LEGS.len()];
+            q.bind(seqs[row / LEGS.len()])
+                .bind((row % LEGS.len()) as i64)
+                .bind(account)
+                .bind(currency)
+                .bind(amount)
+        },
+    )
+    .await?;
+    for chunk in all.chunks(rows_per_statement(4)) {
+        let sql = format!(
+            "WITH v (reference, settled_via, settlement_entry, settled_at_ms) AS (VALUES {}) \
+             UPDATE orders SET status = 'settled', settled_via = v.settled_via, \
+             settlement_entry = v.settlement_entry, settled_at_ms = v.settled_at_ms \
+             FROM v WHERE orders.reference = v.reference",
+            values_placeholders(tx.backend(), 4, chunk.len())
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for i in chunk {
+            query = query
+                .bind(name(run, *i))
+                .bind("payment")
+                .bind(format!("settle:{}:1", name(run, *i)))
+                .bind(now_ms);
+        }
+        query.execute(tx.conn()).await?;
+    }
+    insert_rows(
+        tx,
+        "INSERT INTO intent_events (intent_id, order_ref, kind, detail, at_ms) VALUES",
+        "",
+        5,
+        rows,
+        |q, i| {
+            q.bind(name(run, i))
+                .bind(name(run, i))
+                .bind("status_changed")
+                .bind(r#"{"from":"awaiting_payment","to":"settled"}"#)
+                .bind(now_ms)
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// Top-ups and intents for [`settlements`] to settle, written in large batches (not what is
+/// measured).
+pub(crate) async fn prepare_settlements(
+    store: &super::Store,
+    run: &str,
+    count: usize,
+) -> Result<(), StoreError> {
+    const PER_COMMIT: usize = 10_000;
+    let now = Utc::now();
+    for first in (0..count).step_by(PER_COMMIT) {
+        let rows = first..(first + PER_COMMIT).min(count);
+        let mut tx = store.begin_write().await?;
+        topups(&mut tx, run, rows.clone(), now).await?;
+        intents(&mut tx, run, rows, now).await?;
+        tx.commit().await?;
+    }
+    Ok(())
+}
+
+/// What a ledger credit writes: one journal entry and its four legs.
+pub(crate) async fn credit(
+    tx: &mut WriteTx,
+    key: &str,
+    customer_account: &str,
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    let seq: i64 = sqlx::query_scalar(
+        "INSERT INTO journal_entries (idempotency_key, kind, reference, memo, content_hash, posted_at_ms) \
+         VALUES ($1, 'payment', $1, 'line credit', 'line', $2) RETURNING seq",
+    )
+    .bind(key)
+    .bind(now.timestamp_millis())
+    .fetch_one(tx.conn())
+    .await?;
+    let legs: [(&str, &str, &str); 4] = [
+        ("custody:bitcoin:BTC", "btc", "625000"),
+        ("fx:btc", "btc", "-625000"),
+        ("fx:btc", "USD", "50000"),
+        (customer_account, "USD", "-50000"),
+    ];
+    insert_rows(
+        tx,
+        "INSERT INTO postings (entry_seq, leg, account, currency, amount) VALUES",
+        "",
+        5,
+        0..legs.len(),
+        |q, leg| {
+            let (account, currency, amount) = legs[leg];
+            q.bind(seq)
+                .bind(leg as i64)
+                .bind(account)
+                .bind(currency)
+                .bind(amount)
+        },
+    )
+    .await?;
+    Ok(())
+}
