@@ -251,17 +251,19 @@ impl<S: ChainScanner> Watcher<S> {
                     // Another holder wrote in between: read the view whole once.
                     self.live = None;
                     *self.last_round.lock().expect("never poisoned") = Instant::now();
-                    let keep = keep_lease(
+                    // Renewals run as a task of their own: a round that keeps its thread busy (a
+                    // long first scan of a blocking client) never starves them.
+                    let mut keep = RenewalTask(tokio::spawn(keep_lease(
                         self.engine.clone(),
                         lease,
                         options.clone(),
                         self.last_round.clone(),
-                    );
+                    )));
                     let end = tokio::select! {
                         end = self.run_rounds(&mut shutdown) => end?,
                         // Lost (or given up as stalled): the round under way is dropped; it
                         // changed nothing that counts, and its write would be fenced off.
-                        () = keep => {
+                        _ = &mut keep.0 => {
                             self.lease = None;
                             RunEnd::LeaseLost
                         }
@@ -357,6 +359,15 @@ impl<S: ChainScanner> Watcher<S> {
                 _ = shutdown.changed() => {}
             }
         }
+    }
+}
+
+/// The lease renewal task, stopped with the rounds it serves however they end.
+struct RenewalTask(tokio::task::JoinHandle<()>);
+
+impl Drop for RenewalTask {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
