@@ -640,15 +640,22 @@ async fn api_writes(
     items: std::ops::Range<usize>,
     callers: usize,
 ) -> anyhow::Result<(BenchLine, (BenchLine, Vec<PaidIntent>))> {
-    let reference = |i: usize| crate::order::OrderRef::new(format!("b{run}-{i}"));
+    let prefix = format!("b{run}");
+    let reference = move |i: usize| crate::order::OrderRef::new(format!("{prefix}-{i}"));
     let count = items.len();
     let first = items.start;
+    let grouped = engine.store().group_commit_stats();
     let progress = progress_bar(count as u64, "top-ups");
     reset_peak_memory();
     let started = Instant::now();
-    spread(count, callers, |i| {
-        let (engine, reference, progress) =
-            (engine.clone(), reference(first + i), progress.clone());
+    let (caller_engine, caller_progress, caller_reference) =
+        (engine.clone(), progress.clone(), reference.clone());
+    spread(count, callers, move |i| {
+        let (engine, reference, progress) = (
+            caller_engine.clone(),
+            caller_reference(first + i),
+            caller_progress.clone(),
+        );
         async move {
             let request = crate::order::TopupRequest {
                 reference: reference?.to_string(),
@@ -662,18 +669,27 @@ async fn api_writes(
     })
     .await?;
     progress.finish_and_clear();
-    let topups = with_peak(line(
-        &format!("top-ups created, {callers} callers"),
-        count,
-        started.elapsed(),
-    ));
+    let topups = with_group_size(
+        with_peak(line(
+            &format!("top-ups created, {callers} callers"),
+            count,
+            started.elapsed(),
+        )),
+        engine,
+        grouped,
+    );
 
     let progress = progress_bar(count as u64, "intents");
+    let grouped = engine.store().group_commit_stats();
     reset_peak_memory();
     let started = Instant::now();
-    let made = spread(count, callers, |i| {
-        let (engine, reference, progress) =
-            (engine.clone(), reference(first + i), progress.clone());
+    let (caller_engine, caller_progress) = (engine.clone(), progress.clone());
+    let made = spread(count, callers, move |i| {
+        let (engine, reference, progress) = (
+            caller_engine.clone(),
+            reference(first + i),
+            caller_progress.clone(),
+        );
         async move {
             let made = engine.create_payment(&reference?, Method::Btc).await?;
             progress.inc(1);
@@ -686,11 +702,15 @@ async fn api_writes(
     })
     .await?;
     progress.finish_and_clear();
-    let intents = with_peak(line(
-        &format!("intents created, {callers} callers"),
-        count,
-        started.elapsed(),
-    ));
+    let intents = with_group_size(
+        with_peak(line(
+            &format!("intents created, {callers} callers"),
+            count,
+            started.elapsed(),
+        )),
+        engine,
+        grouped,
+    );
     Ok((topups, (intents, made)))
 }
 
@@ -717,6 +737,21 @@ where
         tx.commit().await?;
     }
     Ok(line("line", count, started.elapsed()))
+}
+
+/// Notes how many writes shared a commit since `before`.
+fn with_group_size(
+    mut measured: BenchLine,
+    engine: &Engine,
+    before: crate::store::GroupCommitStats,
+) -> BenchLine {
+    let after = engine.store().group_commit_stats();
+    let commits = after.commits - before.commits;
+    if commits > 0 {
+        let per_commit = (after.writes - before.writes) as f64 / commits as f64;
+        measured.note = Some(format!("{per_commit:.1} writes per commit"));
+    }
+    measured
 }
 
 /// Names a line measurement after what it writes.
@@ -811,8 +846,9 @@ async fn electrum(
 ) -> anyhow::Result<Vec<BenchLine>> {
     let run_id = uuid::Uuid::new_v4().simple().to_string();
     let progress = progress_bar(addresses as u64, "intents");
-    spread(addresses, 4, |i| {
-        let (engine, progress) = (engine.clone(), progress.clone());
+    let (caller_engine, caller_progress) = (engine.clone(), progress.clone());
+    spread(addresses, 4, move |i| {
+        let (engine, progress) = (caller_engine.clone(), caller_progress.clone());
         let reference = crate::order::OrderRef::new(format!("e{}-{i}", &run_id[..8]));
         async move {
             let reference = reference?;
@@ -1117,31 +1153,40 @@ fn scan_lines(
 }
 
 /// Runs `work(i)` for every `i` below `count` on `concurrency` tasks; results in `i` order.
+/// Runs `work` for items `0..count` from `concurrency` callers, each taking the next item as
+/// soon as its last one is answered (as many independent clients would); the results in item
+/// order.
 async fn spread<T, F, Fut>(count: usize, concurrency: usize, work: F) -> anyhow::Result<Vec<T>>
 where
     T: Send + 'static,
-    F: Fn(usize) -> Fut,
+    F: Fn(usize) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = anyhow::Result<T>> + Send + 'static,
 {
-    let mut tasks = tokio::task::JoinSet::new();
-    let mut results: Vec<Option<T>> = (0..count).map(|_| None).collect();
-    for i in 0..count {
-        if tasks.len() >= concurrency
-            && let Some(done) = tasks.join_next().await
-        {
-            let (index, value) = done??;
-            results[index] = Some(value);
-        }
-        let future = work(i);
-        tasks.spawn(async move { anyhow::Ok((i, future.await?)) });
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let work = Arc::new(work);
+    let mut callers = tokio::task::JoinSet::new();
+    for _ in 0..concurrency.min(count.max(1)) {
+        let (next, work) = (next.clone(), work.clone());
+        callers.spawn(async move {
+            let mut done = Vec::new();
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= count {
+                    return anyhow::Ok(done);
+                }
+                done.push((i, work(i).await?));
+            }
+        });
     }
-    while let Some(done) = tasks.join_next().await {
-        let (index, value) = done??;
-        results[index] = Some(value);
+    let mut results: Vec<Option<T>> = (0..count).map(|_| None).collect();
+    while let Some(done) = callers.join_next().await {
+        for (i, value) in done?? {
+            results[i] = Some(value);
+        }
     }
     Ok(results
         .into_iter()
-        .map(|r| r.expect("every task reported"))
+        .map(|r| r.expect("every item was done"))
         .collect())
 }
 

@@ -1,6 +1,7 @@
 //! The library API the shop backend embeds. Each call is one database transaction: it
 //! either happens whole or not at all.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -19,7 +20,7 @@ use crate::order::{
     TopupRequest, ValidOrder,
 };
 use crate::payments::PaymentSettings;
-use crate::store::{self, Store, StoreError, WriteTx};
+use crate::store::{self, GroupWrite, Store, StoreError, WriteFuture, WriteTx};
 
 /// Wake-ups buffered per subscriber; the events themselves are in the database.
 const EVENT_NOTIFICATIONS: usize = 64;
@@ -190,15 +191,7 @@ impl Engine {
 
     async fn create_order(&self, order: ValidOrder) -> Result<Created<Order>, Error> {
         let now = self.clock.now();
-        let order = Arc::new(order);
-        let created = self
-            .store
-            .write(move |tx| {
-                let order = order.clone();
-                Box::pin(async move { store_order(tx, &order, now).await })
-            })
-            .await?;
-        Ok(created)
+        self.store.write_batched(NewOrder { order, now }).await
     }
 
     /// An order or top-up by reference.
@@ -331,6 +324,29 @@ impl Engine {
     }
 }
 
+/// An order to store, as one caller of a group commit.
+struct NewOrder {
+    order: ValidOrder,
+    now: DateTime<Utc>,
+}
+
+impl GroupWrite for NewOrder {
+    type Output = Created<Order>;
+    type Error = Error;
+    const BATCHED: bool = true;
+
+    fn run<'a>(&'a self, tx: &'a mut WriteTx) -> WriteFuture<'a, Created<Order>, Error> {
+        Box::pin(store_order(tx, &self.order, self.now))
+    }
+
+    fn run_many<'a>(
+        writes: Vec<&'a NewOrder>,
+        tx: &'a mut WriteTx,
+    ) -> WriteFuture<'a, Vec<Result<Created<Order>, Error>>, Error> {
+        Box::pin(store_orders(tx, writes))
+    }
+}
+
 /// Stores an order (its customer first) unless its reference exists: the same content again
 /// is a retry, other content a conflict.
 async fn store_order(
@@ -351,6 +367,57 @@ async fn store_order(
         value: stored.order,
         created,
     })
+}
+
+/// [`store_order`] for many at once, in three statements: customers, orders, and reading them
+/// back. Answers each as storing them one after the other would.
+async fn store_orders(
+    tx: &mut WriteTx,
+    writes: Vec<&NewOrder>,
+) -> Result<Vec<Result<Created<Order>, Error>>, Error> {
+    let hashes: Vec<String> = writes.iter().map(|w| order_fingerprint(&w.order)).collect();
+    let customers: Vec<(&AccountId, DateTime<Utc>)> = writes
+        .iter()
+        .map(|w| (&w.order.account_id, w.now))
+        .collect();
+    store::orders::ensure_customers(tx.conn(), &customers).await?;
+    let mut first_of: HashMap<&str, usize> = HashMap::new();
+    for (i, write) in writes.iter().enumerate() {
+        first_of.entry(write.order.reference.as_str()).or_insert(i);
+    }
+    let new_rows: Vec<(&ValidOrder, &str, DateTime<Utc>)> = writes
+        .iter()
+        .enumerate()
+        .filter(|(i, w)| first_of[w.order.reference.as_str()] == *i)
+        .map(|(i, w)| (&w.order, hashes[i].as_str(), w.now))
+        .collect();
+    let inserted = store::orders::insert_orders(tx.conn(), &new_rows).await?;
+    let references: Vec<&str> = first_of.keys().copied().collect();
+    let stored: HashMap<String, store::orders::StoredOrder> =
+        store::orders::get_orders(tx.conn(), &references)
+            .await?
+            .into_iter()
+            .map(|s| (s.order.reference.to_string(), s))
+            .collect();
+    writes
+        .iter()
+        .enumerate()
+        .map(|(i, write)| {
+            let reference = write.order.reference.as_str();
+            let found = stored
+                .get(reference)
+                .ok_or_else(|| StoreError::Corrupt(format!("order {reference} vanished")))?;
+            let created = first_of[reference] == i && inserted.contains(reference);
+            Ok(if !created && found.content_hash != hashes[i] {
+                Err(Error::OrderConflict(write.order.reference.clone()))
+            } else {
+                Ok(Created {
+                    value: found.order.clone(),
+                    created,
+                })
+            })
+        })
+        .collect()
 }
 
 /// Settles a rental order from its customer's balance under the order's lock, if the balance

@@ -1,14 +1,14 @@
 //! Payment instructions on the engine: create them, mark them paid, feed the matcher chain
 //! events, expire what is due, and stream what changed.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use payrecon_chain_bitcoin::{SegwitDeriver, UtxoChain};
 use payrecon_chain_core::{
-    AccountXpub, AddressDeriver, BlockId, ChainCursor, ChainEvent, DeriveError, MAX_CHECKPOINTS,
-    Method, Network, WatchView,
+    AccountXpub, AddressDeriver, BlockId, ChainCursor, ChainEvent, DeriveError, Lookahead,
+    MAX_CHECKPOINTS, Method, Network, WatchView,
 };
 use payrecon_chain_ethereum::EthereumDeriver;
 use payrecon_chain_solana::SolanaPayDeriver;
@@ -25,8 +25,8 @@ use crate::intent::{
 use crate::matcher::{self, ConfirmationRule, MatchPolicy};
 use crate::order::{OrderRef, OrderStatus};
 use crate::rates::{CoinGecko, Kraken, RateBook, RateSource, RecordedQuotes};
-use crate::store::WriteTx;
-use crate::store::payments::{self, ExceptionRecord, IntentEvent};
+use crate::store::payments::{self, ExceptionRecord, IntentEvent, NewEvent};
+use crate::store::{GroupWrite, WriteFuture, WriteTx};
 
 /// Intents evaluated per `tick` call at most, so one call stays short.
 pub const TICK_BATCH: usize = 500;
@@ -141,7 +141,9 @@ fn add_networks(settings: &mut PaymentSettings, networks: &NetworksConfig) -> Re
             .map_err(|e: DeriveError| Error::Config(format!("networks.{network}.xpub: {e}")))
     };
     let mut add = |network: Network, deriver: Arc<dyn AddressDeriver>, confirmations, tiers| {
-        settings.derivers.insert(network, deriver);
+        settings
+            .derivers
+            .insert(network, Arc::new(Lookahead::new(deriver)));
         settings.policy.confirmations.insert(
             network,
             ConfirmationRule {
@@ -221,17 +223,194 @@ fn explicit_finality_depth(network: Network, confirmations: u32) -> Result<(), E
     Ok(())
 }
 
-/// An intent priced and dated, waiting for its address: what a group-committed write
-/// turns into a stored intent.
+/// An intent with its rate and dates, waiting for its order's total (read under the order's
+/// lock) and its address: what a group-committed write turns into a stored intent.
 struct IntentDraft {
     order_ref: OrderRef,
     method: Method,
     deriver: Arc<dyn AddressDeriver>,
-    amount: payrecon_chain_core::Amount,
     rate: IntentRate,
     created_at: DateTime<Utc>,
     deadline: DateTime<Utc>,
     monitor_until: DateTime<Utc>,
+}
+
+impl GroupWrite for IntentDraft {
+    type Output = PaymentIntent;
+    type Error = Error;
+    const BATCHED: bool = true;
+
+    fn run<'a>(&'a self, tx: &'a mut WriteTx) -> WriteFuture<'a, PaymentIntent, Error> {
+        Box::pin(store_intent(tx, self))
+    }
+
+    fn run_many<'a>(
+        drafts: Vec<&'a IntentDraft>,
+        tx: &'a mut WriteTx,
+    ) -> WriteFuture<'a, Vec<Result<PaymentIntent, Error>>, Error> {
+        Box::pin(store_intents(tx, drafts))
+    }
+}
+
+/// Addresses derived ahead after an intent made alone.
+const DERIVED_AHEAD_ALONE: u32 = 8;
+
+/// Derives the next addresses of a key on the blocking pool, while the caller's commit syncs.
+fn derive_ahead(deriver: &Arc<dyn AddressDeriver>, from: u32, count: u32) {
+    let deriver = deriver.clone();
+    tokio::task::spawn_blocking(move || deriver.derive_ahead(from, count));
+}
+
+/// The `intent_created` event of an intent.
+fn intent_created(intent: &PaymentIntent, superseded: &[String]) -> NewEvent {
+    NewEvent {
+        intent_id: Some(intent.id.clone()),
+        order_ref: Some(intent.order_ref.to_string()),
+        kind: "intent_created",
+        detail: serde_json::json!({
+            "method": intent.method, "address": intent.pay_to, "amount": intent.amount_decimal(),
+            "deadline": intent.deadline, "supersedes": superseded,
+        }),
+    }
+}
+
+/// The intent a draft becomes with `index` and the address derived from it.
+fn intent_of(
+    draft: &IntentDraft,
+    order: &crate::order::Order,
+    key_id: String,
+    index: u32,
+) -> Result<PaymentIntent, Error> {
+    let method = draft.method;
+    let amount =
+        crypto_amount_for(order.total_usd, draft.rate.usd_per_unit, method).ok_or_else(|| {
+            Error::Config(format!(
+                "rate {} cannot price {method}",
+                draft.rate.usd_per_unit
+            ))
+        })?;
+    let derived = draft.deriver.derive(index)?;
+    Ok(PaymentIntent {
+        id: format!("pi_{}", uuid::Uuid::now_v7().simple()),
+        order_ref: draft.order_ref.clone(),
+        method: draft.method,
+        pay_to: derived.address,
+        watch_key: derived.watch_key,
+        amount,
+        usd: order.total_usd,
+        rate: draft.rate.clone(),
+        created_at: draft.created_at,
+        deadline: draft.deadline,
+        monitor_until: draft.monitor_until,
+        status: IntentStatus::AwaitingPayment,
+        superseded_by: None,
+        marked_paid_at: None,
+        first_seen_at: None,
+        settled_at: None,
+        settlement_count: 0,
+        key_id,
+        derivation_index: index,
+    })
+}
+
+/// [`store_intent`] for many drafts at once, in a fixed number of statements: the orders
+/// locked, each key's counter locked and moved on once, the intents, the superseding and the
+/// events. Indexes go out in draft order; a draft refused (its order unknown or settled, its
+/// address not derivable) takes none, so they stay gap-free exactly as one by one.
+async fn store_intents(
+    tx: &mut WriteTx,
+    drafts: Vec<&IntentDraft>,
+) -> Result<Vec<Result<PaymentIntent, Error>>, Error> {
+    let references: Vec<&str> = drafts.iter().map(|d| d.order_ref.as_str()).collect();
+    let orders: HashMap<String, crate::order::Order> =
+        crate::store::orders::lock_orders(tx, &references)
+            .await?
+            .into_iter()
+            .map(|stored| (stored.order.reference.to_string(), stored.order))
+            .collect();
+    let key_ids: Vec<String> = drafts.iter().map(|d| d.deriver.key_id()).collect();
+    let mut unique_keys: Vec<&str> = key_ids.iter().map(String::as_str).collect();
+    unique_keys.sort_unstable();
+    unique_keys.dedup();
+    let mut next = payments::lock_counters(tx, &unique_keys).await?;
+    let mut results: Vec<Result<PaymentIntent, Error>> = Vec::with_capacity(drafts.len());
+    for (draft, key_id) in drafts.iter().zip(&key_ids) {
+        let outcome = match orders.get(draft.order_ref.as_str()) {
+            None => Err(Error::OrderNotFound(draft.order_ref.clone())),
+            Some(order) if order.status != OrderStatus::Open => {
+                Err(Error::AlreadySettled(draft.order_ref.clone()))
+            }
+            Some(order) => {
+                let index = next[key_id.as_str()];
+                let made = intent_of(draft, order, key_id.clone(), index);
+                if made.is_ok() {
+                    next.insert(key_id.clone(), index + 1);
+                }
+                made
+            }
+        };
+        results.push(outcome);
+    }
+    // Per order, the first new intent supersedes the stored live ones, each later one the new
+    // one before it.
+    let mut supersedes: Vec<Vec<String>> = vec![Vec::new(); results.len()];
+    let mut newest_of: HashMap<&str, usize> = HashMap::new();
+    let mut chained: Vec<(usize, usize)> = Vec::new();
+    let mut first_of: Vec<(String, String, usize)> = Vec::new();
+    for (i, result) in results.iter().enumerate() {
+        let Ok(intent) = result else {
+            continue;
+        };
+        let order = drafts[i].order_ref.as_str();
+        match newest_of.insert(order, i) {
+            Some(before) => chained.push((before, i)),
+            None => first_of.push((order.to_owned(), intent.id.clone(), i)),
+        }
+    }
+    for &(before, after) in &chained {
+        let newer = results[after].as_ref().ok().map(|intent| intent.id.clone());
+        if let (Some(newer), Ok(older)) = (newer, &mut results[before]) {
+            supersedes[after].push(older.id.clone());
+            older.superseded_by = Some(newer);
+        }
+    }
+    let pairs: Vec<(&str, &str)> = first_of
+        .iter()
+        .map(|(order, id, _)| (order.as_str(), id.as_str()))
+        .collect();
+    for (old, order) in payments::supersede_for_orders(tx, &pairs).await? {
+        if let Some((_, _, i)) = first_of.iter().find(|(o, _, _)| *o == order) {
+            supersedes[*i].push(old);
+        }
+    }
+    let moved: Vec<(&str, u32)> = next.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    payments::set_counters(tx, &moved).await?;
+    for (draft, key_id) in drafts.iter().zip(&key_ids) {
+        if let Some(from) = next.remove(key_id.as_str()) {
+            derive_ahead(&draft.deriver, from, drafts.len() as u32 * 2);
+        }
+    }
+    let kept: Vec<&PaymentIntent> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+    payments::insert_intents(tx, &kept).await?;
+    let events: Vec<(NewEvent, DateTime<Utc>)> = results
+        .iter()
+        .zip(&supersedes)
+        .filter_map(|(r, superseded)| {
+            r.as_ref()
+                .ok()
+                .map(|intent| (intent_created(intent, superseded), intent.created_at))
+        })
+        .collect();
+    let timed: Vec<(&NewEvent, DateTime<Utc>)> = events.iter().map(|(e, at)| (e, *at)).collect();
+    payments::append_events_at(tx.conn(), &timed).await?;
+    // What the caller gets back is the intent as stored when it was made: the newest of its
+    // order is not superseded yet.
+    for result in &mut results {
+        if let Ok(intent) = result {
+            intent.superseded_by = None;
+        }
+    }
+    Ok(results)
 }
 
 /// Stores a drafted intent under its order's lock: the next derivation index of the key (rolled
@@ -248,41 +427,13 @@ async fn store_intent(tx: &mut WriteTx, draft: &IntentDraft) -> Result<PaymentIn
     }
     let key_id = draft.deriver.key_id();
     let index = payments::reserve_index(tx, &key_id).await?;
-    let derived = draft.deriver.derive(index)?;
-    let intent = PaymentIntent {
-        id: format!("pi_{}", uuid::Uuid::now_v7().simple()),
-        order_ref: order_ref.clone(),
-        method: draft.method,
-        pay_to: derived.address,
-        watch_key: derived.watch_key,
-        amount: draft.amount,
-        usd: order.total_usd,
-        rate: draft.rate.clone(),
-        created_at: draft.created_at,
-        deadline: draft.deadline,
-        monitor_until: draft.monitor_until,
-        status: IntentStatus::AwaitingPayment,
-        superseded_by: None,
-        marked_paid_at: None,
-        first_seen_at: None,
-        settled_at: None,
-        settlement_count: 0,
-        key_id,
-        derivation_index: index,
-    };
+    let intent = intent_of(draft, &order, key_id, index)?;
+    derive_ahead(&draft.deriver, index + 1, DERIVED_AHEAD_ALONE);
     payments::insert_intent(tx, &intent).await?;
     let superseded = payments::supersede_others(tx.conn(), order_ref, &intent.id).await?;
-    let detail = serde_json::json!({
-        "method": draft.method, "address": intent.pay_to, "amount": intent.amount_decimal(),
-        "deadline": intent.deadline, "supersedes": superseded,
-    });
-    payments::append_event(
+    payments::append_events_at(
         tx.conn(),
-        Some(&intent.id),
-        Some(order_ref.as_str()),
-        "intent_created",
-        &detail,
-        draft.created_at,
+        &[(&intent_created(&intent, &superseded), draft.created_at)],
     )
     .await?;
     Ok(intent)
@@ -356,20 +507,23 @@ impl Engine {
             .filter(|_| settings.enabled.contains(&method))
             .ok_or(Error::MethodDisabled(method))?
             .clone();
-        let order = self.order(order_ref).await?;
-        if order.status != OrderStatus::Open {
-            return Err(Error::AlreadySettled(order_ref.clone()));
-        }
         let now = self.now();
-        let rates = settings
-            .rates
-            .as_ref()
-            .ok_or(crate::rates::RateError::NoSources)?;
-        let rate = rates.rate(method.asset(), now).await?;
-        let amount =
-            crypto_amount_for(order.total_usd, rate.usd_per_unit, method).ok_or_else(|| {
-                Error::Config(format!("rate {} cannot price {method}", rate.usd_per_unit))
-            })?;
+        let rate = match settings.rates.as_ref() {
+            Some(rates) => rates.rate(method.asset(), now).await,
+            None => Err(crate::rates::RateError::NoSources),
+        };
+        // Without a rate nothing is written: say first what is wrong with the order, if
+        // anything (the write checks the order again, under its lock).
+        let rate = match rate {
+            Ok(rate) => rate,
+            Err(no_rate) => {
+                let order = self.order(order_ref).await?;
+                if order.status != OrderStatus::Open {
+                    return Err(Error::AlreadySettled(order_ref.clone()));
+                }
+                return Err(no_rate.into());
+            }
+        };
         let deadline = now
             + settings
                 .deadlines
@@ -377,11 +531,10 @@ impl Engine {
                 .copied()
                 .unwrap_or(settings.default_deadline);
 
-        let draft = Arc::new(IntentDraft {
+        let draft = IntentDraft {
             order_ref: order_ref.clone(),
             method,
             deriver,
-            amount,
             rate: IntentRate {
                 usd_per_unit: rate.usd_per_unit,
                 source: rate.source,
@@ -390,14 +543,8 @@ impl Engine {
             created_at: now,
             deadline,
             monitor_until: deadline + settings.monitoring_window,
-        });
-        let intent = self
-            .store()
-            .write(move |tx| {
-                let draft = draft.clone();
-                Box::pin(async move { store_intent(tx, &draft).await })
-            })
-            .await?;
+        };
+        let intent = self.store().write_batched(draft).await?;
         self.notify_events();
         Ok(self.instructions(intent))
     }

@@ -123,3 +123,81 @@ on_both_databases! {
         assert!(commits < writes, "callers shared commits: {commits} commits for {writes} writes");
     }
 }
+
+on_both_databases! {
+    async fn callers_racing_on_the_same_orders_get_what_one_by_one_would_give(db) {
+        let (engine, _clock) = common::payments::engine(&db, config(|_| {})).await;
+        // Eight references, each created by eight callers at once: one creates it, the
+        // others with the same content are retries, one with other content a conflict.
+        let mut tasks = tokio::task::JoinSet::new();
+        for caller in 0..CALLERS {
+            let engine = engine.clone();
+            tasks.spawn(async move {
+                let reference = format!("S{}", caller % 8);
+                let amount = if caller == 8 + caller % 8 { "500" } else { "100" };
+                (reference.clone(), amount, engine.create_topup(&topup(&reference, "42", amount)).await)
+            });
+        }
+        let mut answers: std::collections::BTreeMap<String, Vec<(&str, Result<_, Error>)>> =
+            Default::default();
+        while let Some(done) = tasks.join_next().await {
+            let (reference, amount, result) = done.unwrap();
+            answers.entry(reference).or_default().push((amount, result));
+        }
+        for (reference, answers) in answers {
+            let stored = engine.order(&OrderRef::new(reference.as_str()).unwrap()).await.unwrap();
+            let winner = if stored.total_usd.cents() == 10_000 { "100" } else { "500" };
+            let mut created = 0;
+            for (amount, result) in answers {
+                match result {
+                    Ok(order) => {
+                        assert_eq!(amount, winner, "{reference}: a retry has the stored content");
+                        created += usize::from(order.created);
+                    }
+                    Err(Error::OrderConflict(_)) => assert_ne!(amount, winner),
+                    Err(other) => panic!("{other}"),
+                }
+            }
+            assert_eq!(created, 1, "{reference} created exactly once");
+        }
+        // Eight intents per order at once: one stays live, the others are superseded in a chain
+        // every `intent_created` event accounts for.
+        let mut tasks = tokio::task::JoinSet::new();
+        for caller in 0..CALLERS {
+            let engine = engine.clone();
+            tasks.spawn(async move {
+                let order = OrderRef::new(format!("S{}", caller % 8)).unwrap();
+                engine.create_payment(&order, Method::Btc).await.unwrap()
+            });
+        }
+        while tasks.join_next().await.is_some() {}
+        let events = engine.events_after(0, 10_000).await.unwrap();
+        for n in 0..8 {
+            let order = OrderRef::new(format!("S{n}")).unwrap();
+            let intents = engine.payments_for(&order).await.unwrap();
+            assert_eq!(intents.len(), 8);
+            let live: Vec<_> = intents.iter().filter(|p| p.intent.superseded_by.is_none()).collect();
+            assert_eq!(live.len(), 1, "one live intent per order");
+            let mut superseded: Vec<String> = events
+                .iter()
+                .filter(|e| e.kind == "intent_created" && e.order_ref.as_deref() == Some(order.as_str()))
+                .flat_map(|e| e.detail["supersedes"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_owned()).collect::<Vec<_>>())
+                .collect();
+            superseded.sort();
+            let mut expected: Vec<String> = intents
+                .iter()
+                .filter(|p| p.intent.superseded_by.is_some())
+                .map(|p| p.intent.id.clone())
+                .collect();
+            expected.sort();
+            assert_eq!(superseded, expected, "each superseded intent announced once");
+        }
+        let mut indexes: Vec<u32> = Vec::new();
+        for n in 0..8 {
+            let order = OrderRef::new(format!("S{n}")).unwrap();
+            indexes.extend(engine.payments_for(&order).await.unwrap().iter().map(|p| p.intent.derivation_index));
+        }
+        indexes.sort_unstable();
+        assert_eq!(indexes, (0..CALLERS as u32).collect::<Vec<_>>());
+    }
+}

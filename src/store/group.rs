@@ -14,6 +14,7 @@
 //! Nothing waits on purpose: while one group commits, the next callers queue, so groups grow
 //! with load and a lone caller pays one commit as before.
 
+use std::any::{Any, TypeId};
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
@@ -60,6 +61,51 @@ impl WriteError for StoreError {
     }
 }
 
+/// A write a caller hands to the group. It runs alone in a savepoint of its own; a kind of
+/// write that knows how ([`GroupWrite::BATCHED`]) also runs a run of its kind together, with
+/// set-based statements, when several are queued one after the other.
+pub(crate) trait GroupWrite: Send + Sync + Sized + 'static {
+    /// What the caller gets.
+    type Output: Send + 'static;
+    /// Why it may be refused.
+    type Error: WriteError;
+    /// Whether [`GroupWrite::run_many`] may run several of these at once.
+    const BATCHED: bool = false;
+
+    /// Runs this write alone.
+    fn run<'a>(&'a self, tx: &'a mut WriteTx) -> WriteFuture<'a, Self::Output, Self::Error>;
+
+    /// Runs several of these at once, answering each exactly as running them alone one after
+    /// the other would: a refused one (`Err` in its place) has written nothing. An `Err` for
+    /// the whole call means the run is rolled back and each write runs alone instead.
+    fn run_many<'a>(
+        writes: Vec<&'a Self>,
+        tx: &'a mut WriteTx,
+    ) -> WriteFuture<'a, Vec<Result<Self::Output, Self::Error>>, Self::Error> {
+        let _ = (writes, tx);
+        Box::pin(async {
+            Err(StoreError::GroupCommit("this kind of write runs alone".into()).into())
+        })
+    }
+}
+
+/// A write given as a closure over the transaction: it runs alone.
+pub(crate) struct Solo<F>(pub F);
+
+impl<T, E, F> GroupWrite for Solo<F>
+where
+    T: Send + 'static,
+    E: WriteError,
+    F: for<'a> Fn(&'a mut WriteTx) -> WriteFuture<'a, T, E> + Send + Sync + 'static,
+{
+    type Output = T;
+    type Error = E;
+
+    fn run<'a>(&'a self, tx: &'a mut WriteTx) -> WriteFuture<'a, T, E> {
+        (self.0)(tx)
+    }
+}
+
 /// What became of one write inside its savepoint.
 enum Ran {
     /// It succeeded: keep its rows.
@@ -70,31 +116,32 @@ enum Ran {
     Conflict,
 }
 
-type RunFuture<'a> = Pin<Box<dyn Future<Output = Ran> + Send + 'a>>;
+type RunFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// A queued write, with its result type erased.
+/// Runs a run of queued writes of one kind together; false if it failed as a whole.
+type RunMany = for<'a> fn(&'a mut WriteTx, &'a mut [Box<dyn QueuedWrite>]) -> RunFuture<'a, bool>;
+
+/// A queued write, with its types erased.
 trait QueuedWrite: Send {
-    fn run<'a>(&'a mut self, tx: &'a mut WriteTx) -> RunFuture<'a>;
+    fn run<'a>(&'a mut self, tx: &'a mut WriteTx) -> RunFuture<'a, Ran>;
+    /// The kind of write and how to run several of it at once, for batched kinds.
+    fn batched(&self) -> Option<(TypeId, RunMany)>;
+    fn as_any(&mut self) -> &mut dyn Any;
     /// Answers the caller once the group's commit has succeeded (`Ok`) or failed.
     fn answer(self: Box<Self>, commit: Result<(), String>);
 }
 
-struct Queued<T, E, F> {
-    write: F,
-    result: Option<Result<T, E>>,
+struct Queued<W: GroupWrite> {
+    write: W,
+    result: Option<Result<W::Output, W::Error>>,
     conflicts: u32,
-    reply: oneshot::Sender<Result<T, E>>,
+    reply: oneshot::Sender<Result<W::Output, W::Error>>,
 }
 
-impl<T, E, F> QueuedWrite for Queued<T, E, F>
-where
-    T: Send + 'static,
-    E: WriteError,
-    F: for<'a> FnMut(&'a mut WriteTx) -> WriteFuture<'a, T, E> + Send + 'static,
-{
-    fn run<'a>(&'a mut self, tx: &'a mut WriteTx) -> RunFuture<'a> {
+impl<W: GroupWrite> QueuedWrite for Queued<W> {
+    fn run<'a>(&'a mut self, tx: &'a mut WriteTx) -> RunFuture<'a, Ran> {
         Box::pin(async move {
-            let result = (self.write)(tx).await;
+            let result = self.write.run(tx).await;
             let ran = match &result {
                 Ok(_) => Ran::Kept,
                 Err(e) if e.is_retryable_conflict() && self.conflicts < MAX_CONFLICT_RETRIES => {
@@ -108,8 +155,16 @@ where
         })
     }
 
+    fn batched(&self) -> Option<(TypeId, RunMany)> {
+        W::BATCHED.then(|| (TypeId::of::<W>(), run_many::<W> as RunMany))
+    }
+
+    fn as_any(&mut self) -> &mut dyn Any {
+        self
+    }
+
     fn answer(self: Box<Self>, commit: Result<(), String>) {
-        let not_committed = |why: String| Err(E::from(StoreError::GroupCommit(why)));
+        let not_committed = |why: String| Err(W::Error::from(StoreError::GroupCommit(why)));
         let answer = match (self.result, commit) {
             (Some(result), Ok(())) => result,
             (_, Err(why)) => not_committed(why),
@@ -118,6 +173,42 @@ where
         // The caller may have gone away (a dropped request): its write stands regardless.
         let _ = self.reply.send(answer);
     }
+}
+
+/// [`GroupWrite::run_many`] over queued writes known to be `Queued<W>`.
+fn run_many<'a, W: GroupWrite>(
+    tx: &'a mut WriteTx,
+    queued: &'a mut [Box<dyn QueuedWrite>],
+) -> RunFuture<'a, bool> {
+    Box::pin(async move {
+        let results = {
+            let writes: Vec<&W> = queued
+                .iter_mut()
+                .map(|q| {
+                    let queued: &Queued<W> = q
+                        .as_any()
+                        .downcast_ref()
+                        .expect("a run holds one kind of write");
+                    &queued.write
+                })
+                .collect();
+            W::run_many(writes, tx).await
+        };
+        let Ok(results) = results else {
+            return false;
+        };
+        if results.len() != queued.len() {
+            return false;
+        }
+        for (q, result) in queued.iter_mut().zip(results) {
+            let queued: &mut Queued<W> = q
+                .as_any()
+                .downcast_mut()
+                .expect("a run holds one kind of write");
+            queued.result = Some(result);
+        }
+        true
+    })
 }
 
 /// The queue of writes waiting for a group, and how many groups are running.
@@ -172,12 +263,11 @@ impl GroupCommit {
     }
 
     /// Queues `write` and waits for its answer, starting a group runner if none is free.
-    pub(crate) async fn submit<T, E, F>(&self, store: Store, write: F) -> Result<T, E>
-    where
-        T: Send + 'static,
-        E: WriteError,
-        F: for<'a> FnMut(&'a mut WriteTx) -> WriteFuture<'a, T, E> + Send + 'static,
-    {
+    pub(crate) async fn submit<W: GroupWrite>(
+        &self,
+        store: Store,
+        write: W,
+    ) -> Result<W::Output, W::Error> {
         let (reply, answer) = oneshot::channel();
         let queued = Box::new(Queued {
             write,
@@ -198,7 +288,7 @@ impl GroupCommit {
             tokio::spawn(run_groups(store));
         }
         answer.await.unwrap_or_else(|_| {
-            Err(E::from(StoreError::GroupCommit(
+            Err(W::Error::from(StoreError::GroupCommit(
                 "the group commit stopped before answering".into(),
             )))
         })
@@ -236,6 +326,9 @@ async fn run_groups(store: Store) {
         if !conflicts.is_empty() {
             group.requeue_front(conflicts);
         }
+        // The callers just answered are ready to queue their next write: let them, so the
+        // next group is as large as the load (this waits for nothing else).
+        tokio::task::yield_now().await;
     }
     guard.done = true;
 }
@@ -283,32 +376,61 @@ async fn run_group(store: &Store, writes: Vec<Box<dyn QueuedWrite>>) -> Vec<Box<
             return Vec::new();
         }
     };
-    let mut ran = Vec::with_capacity(writes.len());
+    let mut ran: Vec<Box<dyn QueuedWrite>> = Vec::with_capacity(writes.len());
     let mut again = Vec::new();
-    let mut pending = writes.into_iter();
-    while let Some(mut write) = pending.next() {
-        if let Err(e) = tx.conn().execute("SAVEPOINT payrecon_write").await {
-            ran.push(write);
-            ran.extend(pending);
-            fail_all(ran, e.to_string());
-            return again;
-        }
-        let outcome = write.run(&mut tx).await;
-        let end = match outcome {
-            Ran::Kept => "RELEASE SAVEPOINT payrecon_write",
-            Ran::Refused | Ran::Conflict => {
-                "ROLLBACK TO SAVEPOINT payrecon_write; RELEASE SAVEPOINT payrecon_write"
+    let mut pending = writes.into_iter().peekable();
+    while let Some(first) = pending.next() {
+        // A run of writes of one batched kind goes together, in one savepoint.
+        let mut run = vec![first];
+        if let Some((kind, run_together)) = run[0].batched() {
+            while let Some(next) = pending.next_if(|w| w.batched().map(|(k, _)| k) == Some(kind)) {
+                run.push(next);
             }
-        };
-        if let Err(e) = sqlx::raw_sql(end).execute(tx.conn()).await {
-            ran.push(write);
-            ran.extend(pending);
-            fail_all(ran, e.to_string());
-            return again;
+            if run.len() > 1 {
+                let savepoint = tx.conn().execute("SAVEPOINT payrecon_write").await;
+                let together = savepoint.is_ok() && run_together(&mut tx, &mut run).await;
+                let end = if together {
+                    "RELEASE SAVEPOINT payrecon_write"
+                } else {
+                    "ROLLBACK TO SAVEPOINT payrecon_write; RELEASE SAVEPOINT payrecon_write"
+                };
+                if let Err(e) = sqlx::raw_sql(end).execute(tx.conn()).await {
+                    ran.extend(run);
+                    ran.extend(pending);
+                    fail_all(ran, e.to_string());
+                    return again;
+                }
+                if together {
+                    ran.extend(run);
+                    continue;
+                }
+            }
         }
-        match outcome {
-            Ran::Conflict => again.push(write),
-            Ran::Kept | Ran::Refused => ran.push(write),
+        // Alone, each in its own savepoint.
+        for mut write in run {
+            if let Err(e) = tx.conn().execute("SAVEPOINT payrecon_write").await {
+                ran.push(write);
+                ran.extend(pending);
+                fail_all(ran, e.to_string());
+                return again;
+            }
+            let outcome = write.run(&mut tx).await;
+            let end = match outcome {
+                Ran::Kept => "RELEASE SAVEPOINT payrecon_write",
+                Ran::Refused | Ran::Conflict => {
+                    "ROLLBACK TO SAVEPOINT payrecon_write; RELEASE SAVEPOINT payrecon_write"
+                }
+            };
+            if let Err(e) = sqlx::raw_sql(end).execute(tx.conn()).await {
+                ran.push(write);
+                ran.extend(pending);
+                fail_all(ran, e.to_string());
+                return again;
+            }
+            match outcome {
+                Ran::Conflict => again.push(write),
+                Ran::Kept | Ran::Refused => ran.push(write),
+            }
         }
     }
     let commit = tx.commit().await.map_err(|e| e.to_string());

@@ -26,7 +26,7 @@ use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::{Any, AnyConnection, AnyPool, ConnectOptions, Executor, Row, SqlSafeStr, Transaction};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
-pub(crate) use group::{GroupCommit, WriteError, WriteFuture};
+pub(crate) use group::{GroupCommit, GroupWrite, Solo, WriteError, WriteFuture};
 pub use group::{GroupCommitStats, MAX_GROUP_WRITES};
 
 /// How long a connection waits for another process's SQLite write lock before giving up.
@@ -281,8 +281,17 @@ impl Store {
     where
         T: Send + 'static,
         E: WriteError,
-        F: for<'a> FnMut(&'a mut WriteTx) -> WriteFuture<'a, T, E> + Send + 'static,
+        F: for<'a> Fn(&'a mut WriteTx) -> WriteFuture<'a, T, E> + Send + Sync + 'static,
     {
+        self.group.submit(self.clone(), Solo(write)).await
+    }
+
+    /// [`Store::write`] for a kind of write that also runs many of its kind at once, with
+    /// set-based statements, when several callers queue it together.
+    pub(crate) async fn write_batched<W: GroupWrite>(
+        &self,
+        write: W,
+    ) -> Result<W::Output, W::Error> {
         self.group.submit(self.clone(), write).await
     }
 

@@ -37,13 +37,25 @@ pub(crate) async fn ensure_customer(
     account_id: &AccountId,
     now: DateTime<Utc>,
 ) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO customers (account_id, created_at_ms) VALUES ($1, $2) ON CONFLICT (account_id) DO NOTHING",
-    )
-    .bind(account_id.as_str())
-    .bind(now.timestamp_millis())
-    .execute(conn)
-    .await?;
+    ensure_customers(conn, &[(account_id, now)]).await
+}
+
+/// Records many customers, each if new, in one statement per [`rows_per_statement`] rows.
+pub(crate) async fn ensure_customers(
+    conn: &mut AnyConnection,
+    customers: &[(&AccountId, DateTime<Utc>)],
+) -> Result<(), StoreError> {
+    for chunk in customers.chunks(rows_per_statement(2)) {
+        let sql = format!(
+            "INSERT INTO customers (account_id, created_at_ms) VALUES {} ON CONFLICT (account_id) DO NOTHING",
+            values_placeholders(super::backend_of_conn(conn), 2, chunk.len())
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for (account, at) in chunk {
+            query = query.bind(account.as_str()).bind(at.timestamp_millis());
+        }
+        query.execute(&mut *conn).await?;
+    }
     Ok(())
 }
 
@@ -54,27 +66,70 @@ pub(crate) async fn insert_order(
     content_hash: &str,
     now: DateTime<Utc>,
 ) -> Result<bool, StoreError> {
-    let rental = match &order.kind {
-        OrderKind::Rental(details) => Some(details),
-        OrderKind::Topup => None,
-    };
-    let result = sqlx::query(
-        "INSERT INTO orders (reference, kind, account_id, gpu_model, duration_days, lots, gpu_count, total_usd_cents, content_hash, status, created_at_ms) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'open', $10) ON CONFLICT (reference) DO NOTHING",
-    )
-    .bind(order.reference.as_str())
-    .bind(order.kind.as_str())
-    .bind(order.account_id.as_str())
-    .bind(rental.map(|r| r.gpu_model.clone()))
-    .bind(rental.map(|r| i64::from(r.duration_days)))
-    .bind(rental.map(|r| i64::from(r.lots)))
-    .bind(rental.map(|r| i64::from(r.gpu_count)))
-    .bind(order.total_usd.cents())
-    .bind(content_hash)
-    .bind(now.timestamp_millis())
-    .execute(conn)
-    .await?;
-    Ok(result.rows_affected() == 1)
+    Ok(!insert_orders(conn, &[(order, content_hash, now)])
+        .await?
+        .is_empty())
+}
+
+/// Inserts orders whose references are new (each reference at most once in `orders`), in one
+/// statement per [`rows_per_statement`] rows. Returns the references inserted.
+pub(crate) async fn insert_orders(
+    conn: &mut AnyConnection,
+    orders: &[(&ValidOrder, &str, DateTime<Utc>)],
+) -> Result<std::collections::HashSet<String>, StoreError> {
+    const COLUMNS: usize = 11;
+    let mut inserted = std::collections::HashSet::new();
+    for chunk in orders.chunks(rows_per_statement(COLUMNS)) {
+        let sql = format!(
+            "INSERT INTO orders (reference, kind, account_id, gpu_model, duration_days, lots, gpu_count, \
+             total_usd_cents, content_hash, created_at_ms, status) VALUES {} \
+             ON CONFLICT (reference) DO NOTHING RETURNING reference",
+            values_placeholders(super::backend_of_conn(conn), COLUMNS, chunk.len())
+        );
+        let mut query = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql));
+        for (order, content_hash, now) in chunk {
+            let rental = match &order.kind {
+                OrderKind::Rental(details) => Some(details),
+                OrderKind::Topup => None,
+            };
+            query = query
+                .bind(order.reference.as_str())
+                .bind(order.kind.as_str())
+                .bind(order.account_id.as_str())
+                .bind(rental.map(|r| r.gpu_model.clone()))
+                .bind(rental.map(|r| i64::from(r.duration_days)))
+                .bind(rental.map(|r| i64::from(r.lots)))
+                .bind(rental.map(|r| i64::from(r.gpu_count)))
+                .bind(order.total_usd.cents())
+                .bind(*content_hash)
+                .bind(now.timestamp_millis())
+                .bind("open");
+        }
+        inserted.extend(query.fetch_all(&mut *conn).await?);
+    }
+    Ok(inserted)
+}
+
+/// Reads many orders (without locks).
+pub(crate) async fn get_orders(
+    conn: &mut AnyConnection,
+    references: &[&str],
+) -> Result<Vec<StoredOrder>, StoreError> {
+    let mut orders = Vec::with_capacity(references.len());
+    for chunk in references.chunks(rows_per_statement(1)) {
+        let sql = format!(
+            "SELECT {ORDER_COLUMNS} FROM orders WHERE reference IN ({})",
+            list_placeholders(super::backend_of_conn(conn), chunk.len())
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for reference in chunk {
+            query = query.bind(*reference);
+        }
+        for row in query.fetch_all(&mut *conn).await? {
+            orders.push(decode_order(&row)?);
+        }
+    }
+    Ok(orders)
 }
 
 /// Reads an order.

@@ -47,34 +47,119 @@ pub(crate) async fn insert_intent(
     tx: &mut WriteTx,
     intent: &PaymentIntent,
 ) -> Result<(), StoreError> {
+    insert_intents(tx, &[intent]).await
+}
+
+/// Stores new intents (a newer one of the same order may already supersede one), one
+/// statement per [`rows_per_statement`] intents.
+pub(crate) async fn insert_intents(
+    tx: &mut WriteTx,
+    intents: &[&PaymentIntent],
+) -> Result<(), StoreError> {
+    const COLUMNS: usize = 20;
+    if intents.is_empty() {
+        return Ok(());
+    }
     let feed_position = tx.feed_position().await?;
-    sqlx::query(
-        "INSERT INTO payment_intents (id, order_ref, method, network, pay_to, watch_key, key_id, \
-         derivation_index, amount_base, usd_cents, rate_usd, rate_source, rate_fetched_at_ms, \
-         created_at_ms, deadline_ms, monitor_until_ms, status, settlement_count, feed_pos) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, 0, $18)",
-    )
-    .bind(intent.id.as_str())
-    .bind(intent.order_ref.as_str())
-    .bind(intent.method.id())
-    .bind(intent.network().as_str())
-    .bind(intent.pay_to.as_str())
-    .bind(intent.watch_key.as_str())
-    .bind(intent.key_id.as_str())
-    .bind(i64::from(intent.derivation_index))
-    .bind(intent.amount.to_string())
-    .bind(intent.usd.cents())
-    .bind(intent.rate.usd_per_unit.to_string())
-    .bind(intent.rate.source.as_str())
-    .bind(intent.rate.fetched_at.timestamp_millis())
-    .bind(intent.created_at.timestamp_millis())
-    .bind(intent.deadline.timestamp_millis())
-    .bind(intent.monitor_until.timestamp_millis())
-    .bind(intent.status.as_str())
-    .bind(feed_position)
-    .execute(tx.conn())
-    .await?;
+    for chunk in intents.chunks(rows_per_statement(COLUMNS)) {
+        let sql = format!(
+            "INSERT INTO payment_intents (id, order_ref, method, network, pay_to, watch_key, key_id, \
+             derivation_index, amount_base, usd_cents, rate_usd, rate_source, rate_fetched_at_ms, \
+             created_at_ms, deadline_ms, monitor_until_ms, status, settlement_count, superseded_by, feed_pos) \
+             VALUES {}",
+            values_placeholders(tx.backend(), COLUMNS, chunk.len())
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for intent in chunk {
+            query = query
+                .bind(intent.id.as_str())
+                .bind(intent.order_ref.as_str())
+                .bind(intent.method.id())
+                .bind(intent.network().as_str())
+                .bind(intent.pay_to.as_str())
+                .bind(intent.watch_key.as_str())
+                .bind(intent.key_id.as_str())
+                .bind(i64::from(intent.derivation_index))
+                .bind(intent.amount.to_string())
+                .bind(intent.usd.cents())
+                .bind(intent.rate.usd_per_unit.to_string())
+                .bind(intent.rate.source.as_str())
+                .bind(intent.rate.fetched_at.timestamp_millis())
+                .bind(intent.created_at.timestamp_millis())
+                .bind(intent.deadline.timestamp_millis())
+                .bind(intent.monitor_until.timestamp_millis())
+                .bind(intent.status.as_str())
+                .bind(i64::from(intent.settlement_count))
+                .bind(intent.superseded_by.as_deref())
+                .bind(feed_position);
+        }
+        query.execute(tx.conn()).await?;
+    }
     Ok(())
+}
+
+/// Locks the derivation counters of `key_ids` (creating them at 0) and returns each one's next
+/// free index, for a caller that hands out several indexes at once and then
+/// [`set_counters`].
+pub(crate) async fn lock_counters(
+    tx: &mut WriteTx,
+    key_ids: &[&str],
+) -> Result<std::collections::HashMap<String, u32>, StoreError> {
+    let sql = format!(
+        "INSERT INTO derivation_counters (key_id, next_index) VALUES {} \
+         ON CONFLICT (key_id) DO UPDATE SET next_index = derivation_counters.next_index \
+         RETURNING key_id, next_index",
+        values_placeholders(tx.backend(), 2, key_ids.len())
+    );
+    let mut query = sqlx::query_as::<_, (String, i64)>(sqlx::AssertSqlSafe(sql));
+    for key in key_ids {
+        query = query.bind(*key).bind(0i64);
+    }
+    query
+        .fetch_all(tx.conn())
+        .await?
+        .into_iter()
+        .map(|(key, next)| {
+            let next = u32::try_from(next)
+                .map_err(|_| StoreError::Corrupt(format!("index {next} of {key}")))?;
+            Ok((key, next))
+        })
+        .collect()
+}
+
+/// Moves locked derivation counters on to the next free index.
+pub(crate) async fn set_counters(tx: &mut WriteTx, next: &[(&str, u32)]) -> Result<(), StoreError> {
+    for (key, index) in next {
+        sqlx::query("UPDATE derivation_counters SET next_index = $2 WHERE key_id = $1")
+            .bind(*key)
+            .bind(i64::from(*index))
+            .execute(tx.conn())
+            .await?;
+    }
+    Ok(())
+}
+
+/// Marks every live intent of each order superseded by the order's newer intent given; returns
+/// (superseded id, order) pairs. Run before the newer intents are stored.
+pub(crate) async fn supersede_for_orders(
+    tx: &mut WriteTx,
+    newer: &[(&str, &str)],
+) -> Result<Vec<(String, String)>, StoreError> {
+    if newer.is_empty() {
+        return Ok(Vec::new());
+    }
+    let sql = format!(
+        "WITH v (order_ref, newer) AS (VALUES {}) \
+         UPDATE payment_intents SET superseded_by = v.newer FROM v \
+         WHERE payment_intents.order_ref = v.order_ref AND payment_intents.superseded_by IS NULL \
+         RETURNING payment_intents.id, payment_intents.order_ref",
+        values_placeholders(tx.backend(), 2, newer.len())
+    );
+    let mut query = sqlx::query_as::<_, (String, String)>(sqlx::AssertSqlSafe(sql));
+    for (order_ref, id) in newer {
+        query = query.bind(*order_ref).bind(*id);
+    }
+    Ok(query.fetch_all(tx.conn()).await?)
 }
 
 /// Marks every other live intent of the order as superseded by `newer`.
@@ -771,11 +856,21 @@ pub(crate) async fn append_event(
     append_events(conn, &[event], now).await
 }
 
-/// Appends many events in order, one statement per [`rows_per_statement`] events.
+/// Appends many events in order, all at `now`.
 pub(crate) async fn append_events(
     conn: &mut AnyConnection,
     events: &[NewEvent],
     now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    let timed: Vec<(&NewEvent, DateTime<Utc>)> = events.iter().map(|e| (e, now)).collect();
+    append_events_at(conn, &timed).await
+}
+
+/// Appends many events in order, each at its own time, one statement per
+/// [`rows_per_statement`] events.
+pub(crate) async fn append_events_at(
+    conn: &mut AnyConnection,
+    events: &[(&NewEvent, DateTime<Utc>)],
 ) -> Result<(), StoreError> {
     const COLUMNS: usize = 5;
     for chunk in events.chunks(rows_per_statement(COLUMNS)) {
@@ -784,13 +879,13 @@ pub(crate) async fn append_events(
             values_placeholders(super::backend_of_conn(conn), COLUMNS, chunk.len())
         );
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-        for event in chunk {
+        for (event, at) in chunk {
             query = query
                 .bind(event.intent_id.as_deref())
                 .bind(event.order_ref.as_deref())
                 .bind(event.kind)
                 .bind(event.detail.to_string())
-                .bind(now.timestamp_millis());
+                .bind(at.timestamp_millis());
         }
         query.execute(&mut *conn).await?;
     }

@@ -32,18 +32,17 @@ const TESTNET_ALIASES: [[u8; 4]; 3] = [
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AccountXpub {
     xpub: Xpub,
+    /// The receive chain `…/0`, derived once: each address then costs one child derivation.
+    receive_chain: Xpub,
     secp: Secp256k1<VerifyOnly>,
 }
 
 impl AccountXpub {
     /// The receive-chain public key at `index` (path `…/0/<index>` below the account).
     pub fn receive_key(&self, index: u32) -> Result<PublicKey, DeriveError> {
-        let path = [
-            ChildNumber::from_normal_idx(0).map_err(|_| DeriveError::Index(index))?,
-            ChildNumber::from_normal_idx(index).map_err(|_| DeriveError::Index(index))?,
-        ];
-        self.xpub
-            .derive_pub(&self.secp, &path)
+        let child = ChildNumber::from_normal_idx(index).map_err(|_| DeriveError::Index(index))?;
+        self.receive_chain
+            .ckd_pub(&self.secp, child)
             .map(|child| child.public_key)
             .map_err(|e| DeriveError::Derivation(e.to_string()))
     }
@@ -78,9 +77,15 @@ impl FromStr for AccountXpub {
         data[..4].copy_from_slice(&canonical);
         let xpub = Xpub::decode(&data)
             .map_err(|_| DeriveError::InvalidXpub("malformed extended public key"))?;
+        let secp = Secp256k1::verification_only();
+        let receive = ChildNumber::from_normal_idx(0).expect("0 is a normal index");
+        let receive_chain = xpub
+            .ckd_pub(&secp, receive)
+            .map_err(|_| DeriveError::InvalidXpub("its receive chain cannot be derived"))?;
         Ok(AccountXpub {
             xpub,
-            secp: Secp256k1::verification_only(),
+            receive_chain,
+            secp,
         })
     }
 }
@@ -111,6 +116,77 @@ pub trait AddressDeriver: Send + Sync + std::fmt::Debug {
     fn key_id(&self) -> String;
     /// The address for `index`. Each index is used once; the engine reserves it.
     fn derive(&self, index: u32) -> Result<DerivedAddress, DeriveError>;
+    /// A hint that indexes `from..from + count` come next: a deriver may derive them now,
+    /// off the path a caller waits on ([`Lookahead`]).
+    fn derive_ahead(&self, from: u32, count: u32) {
+        let _ = (from, count);
+    }
+}
+
+/// Addresses a [`Lookahead`] keeps derived ahead at most.
+pub const MAX_DERIVED_AHEAD: usize = 4096;
+
+/// A deriver that derives ahead. While one group of intents commits (the disk syncing), the
+/// addresses the next group will take are derived on another thread, so the elliptic-curve
+/// work leaves the path an intent waits on. An address is handed out once and then forgotten;
+/// an index asked for again (its first intent was refused) is derived again.
+#[derive(Debug)]
+pub struct Lookahead {
+    inner: std::sync::Arc<dyn AddressDeriver>,
+    ready: std::sync::Mutex<std::collections::BTreeMap<u32, DerivedAddress>>,
+}
+
+impl Lookahead {
+    /// Derives ahead for `inner`.
+    pub fn new(inner: std::sync::Arc<dyn AddressDeriver>) -> Lookahead {
+        Lookahead {
+            inner,
+            ready: Default::default(),
+        }
+    }
+}
+
+impl AddressDeriver for Lookahead {
+    fn network(&self) -> Network {
+        self.inner.network()
+    }
+
+    fn key_id(&self) -> String {
+        self.inner.key_id()
+    }
+
+    fn derive(&self, index: u32) -> Result<DerivedAddress, DeriveError> {
+        let ready = self.ready.lock().expect("never poisoned").remove(&index);
+        match ready {
+            Some(address) => Ok(address),
+            None => self.inner.derive(index),
+        }
+    }
+
+    fn derive_ahead(&self, from: u32, count: u32) {
+        let until = from.saturating_add(count.min(MAX_DERIVED_AHEAD as u32));
+        for index in from..until {
+            if self
+                .ready
+                .lock()
+                .expect("never poisoned")
+                .contains_key(&index)
+            {
+                continue;
+            }
+            // A failure is not an answer to anyone: derive() meets it again when asked.
+            let Ok(address) = self.inner.derive(index) else {
+                return;
+            };
+            let mut ready = self.ready.lock().expect("never poisoned");
+            ready.insert(index, address);
+            // Indexes below `from` were handed out already; keep the newest within bounds.
+            *ready = ready.split_off(&from);
+            while ready.len() > MAX_DERIVED_AHEAD {
+                ready.pop_last();
+            }
+        }
+    }
 }
 
 /// Why an address could not be derived.
@@ -133,6 +209,41 @@ pub enum DeriveError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Hands out the index itself as the address, and counts its derivations.
+    #[derive(Debug, Default)]
+    struct Counting(std::sync::atomic::AtomicUsize);
+
+    impl AddressDeriver for Counting {
+        fn network(&self) -> Network {
+            Network::Bitcoin
+        }
+        fn key_id(&self) -> String {
+            "counting".into()
+        }
+        fn derive(&self, index: u32) -> Result<DerivedAddress, DeriveError> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(DerivedAddress {
+                address: index.to_string(),
+                watch_key: index.to_string(),
+            })
+        }
+    }
+
+    #[test]
+    fn a_lookahead_hands_out_what_its_deriver_would() {
+        let counting = std::sync::Arc::new(Counting::default());
+        let lookahead = Lookahead::new(counting.clone());
+        lookahead.derive_ahead(10, 5);
+        assert_eq!(counting.0.load(std::sync::atomic::Ordering::SeqCst), 5);
+        for index in 8..16 {
+            assert_eq!(lookahead.derive(index).unwrap().address, index.to_string());
+        }
+        // 8, 9 and 15 were not ready; an index asked for again is derived again.
+        assert_eq!(counting.0.load(std::sync::atomic::Ordering::SeqCst), 8);
+        assert_eq!(lookahead.derive(12).unwrap().address, "12");
+        assert_eq!(counting.0.load(std::sync::atomic::Ordering::SeqCst), 9);
+    }
 
     proptest::proptest! {
         #[test]

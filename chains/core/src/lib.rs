@@ -14,7 +14,10 @@ mod method;
 mod scan;
 
 pub use amount::{Amount, ParseAmountError, ParseAmountErrorKind};
-pub use derive::{AccountXpub, AddressDeriver, DeriveError, DerivedAddress, evm_account_bytes};
+pub use derive::{
+    AccountXpub, AddressDeriver, DeriveError, DerivedAddress, Lookahead, MAX_DERIVED_AHEAD,
+    evm_account_bytes,
+};
 pub use event::{
     BlockId, ChainCursor, ChainEvent, MAX_CHECKPOINTS, ReceivedAsset, Transfer, TransferId,
 };
