@@ -8,6 +8,7 @@
 #   scripts/devnet.sh down                    stop everything started by `up`
 #   scripts/devnet.sh litecoin-cli ARGS…      the node's litecoin-cli (wallet: -rpcwallet=miner)
 #   scripts/devnet.sh mine [N]                mine N Litecoin blocks (default 1)
+#   scripts/devnet.sh node-restart            stop litecoind and start it again (same chain)
 #   scripts/devnet.sh electrumx-start DIR PORT   one more ElectrumX over the same node
 #   scripts/devnet.sh electrumx-stop DIR         stop that one (its index stays in DIR)
 #
@@ -75,6 +76,24 @@ PY
 
 alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
+# Starts litecoind on the configuration in $LTC_DIR and waits for its RPC.
+run_litecoind() {
+  local daemon=/usr/lib/litecoin/litecoind
+  [ -x "$daemon" ] || daemon=litecoind
+  "$daemon" -conf="$LTC_DIR/litecoin.conf" -datadir="$LTC_DIR/data" -pid="$LTC_DIR/litecoind.pid"
+  for _ in $(seq 1 150); do cli getblockcount >/dev/null 2>&1 && break; sleep 0.2; done
+  cli getblockcount >/dev/null
+}
+
+stop_litecoind() {
+  if alive "$LTC_DIR/litecoind.pid"; then
+    local pid
+    pid=$(cat "$LTC_DIR/litecoind.pid")
+    cli stop >/dev/null 2>&1 || kill "$pid"
+    for _ in $(seq 1 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+  fi
+}
+
 start_litecoind() {
   rm -rf "$LTC_DIR"
   mkdir -p "$LTC_DIR/data"
@@ -87,7 +106,9 @@ fallbackfee=0.0001
 walletrbf=1
 # Litecoin Core refuses BIP125 replacements unless told (tests replace transactions).
 mempoolreplacement=1
-listen=0
+# payrecon's full-node scanner hears block and transaction announcements as a P2P peer on
+# loopback; noban lets the node announce transactions to it at once.
+listen=1
 discover=0
 dnsseed=0
 printtoconsole=0
@@ -98,12 +119,10 @@ rpcbind=127.0.0.1
 rpcallowip=127.0.0.1
 rpcport=$LTC_RPC_PORT
 port=$LTC_P2P_PORT
+bind=127.0.0.1
+whitelist=noban@127.0.0.1
 CONF
-  local daemon=/usr/lib/litecoin/litecoind
-  [ -x "$daemon" ] || daemon=litecoind
-  "$daemon" -conf="$LTC_DIR/litecoin.conf" -datadir="$LTC_DIR/data" -pid="$LTC_DIR/litecoind.pid"
-  for _ in $(seq 1 150); do cli getblockcount >/dev/null 2>&1 && break; sleep 0.2; done
-  cli getblockcount >/dev/null
+  run_litecoind
   cli -named createwallet wallet_name=miner >/dev/null
   # Coinbase outputs mature after 100 blocks: 101 leaves the miner one spendable coinbase per
   # block mined from here on. Litecoin activates MWEB at height 432; tests stay far below it.
@@ -158,6 +177,7 @@ electrumx_stop() {
 
 print_env() {
   echo "export PAYRECON_TEST_LTC_RPC=http://user:pass@127.0.0.1:$LTC_RPC_PORT"
+  echo "export PAYRECON_TEST_LTC_P2P=127.0.0.1:$LTC_P2P_PORT"
   echo "export PAYRECON_TEST_ELECTRUM=tcp://127.0.0.1:$ELECTRUM_PORT"
   echo "export PAYRECON_TEST_ETH_RPC=http://127.0.0.1:$ANVIL_PORT"
   echo "export PAYRECON_TEST_DEVNET=$SCRIPT"
@@ -184,11 +204,13 @@ case "${1:-}" in
   down)
     electrumx_stop "$DEVNET_DIR/electrumx"
     if alive "$DEVNET_DIR/anvil/anvil.pid"; then kill "$(cat "$DEVNET_DIR/anvil/anvil.pid")"; fi
-    if alive "$LTC_DIR/litecoind.pid"; then
-      pid=$(cat "$LTC_DIR/litecoind.pid")
-      cli stop >/dev/null 2>&1 || kill "$pid"
-      for _ in $(seq 1 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-    fi
+    stop_litecoind
+    ;;
+  node-restart)
+    # Stops litecoind and starts it again on the same chain (what a node upgrade does).
+    stop_litecoind
+    run_litecoind
+    cli loadwallet miner >/dev/null
     ;;
   litecoin-cli)
     # The devnet node's litecoin-cli, e.g. `litecoin-cli -rpcwallet=miner sendtoaddress ADDR 1.5`.

@@ -3,10 +3,11 @@
 # - PostgreSQL comes from DATABASE_URL when it is set; otherwise a throwaway server is started
 #   for this run and removed after it.
 # - The Litecoin regtest node, ElectrumX and anvil come from PAYRECON_TEST_LTC_RPC,
-#   PAYRECON_TEST_ELECTRUM and PAYRECON_TEST_ETH_RPC when all are set; otherwise
+#   PAYRECON_TEST_LTC_P2P, PAYRECON_TEST_ELECTRUM and PAYRECON_TEST_ETH_RPC when all are set; otherwise
 #   scripts/devnet.sh installs (first run) and starts them for this run and stops them after it.
 # - Headless Chromium for the browser test comes from PAYRECON_TEST_CHROMIUM or Debian's
-#   chromium, installed here when missing.
+#   chromium, installed here when missing; strace (the durability test watches `payrecon serve`
+#   sync before it answers) is installed here when missing too.
 # - After the suite, scripts/smoke.sh runs README's "Try it in five minutes" end to end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +24,7 @@ else
   echo "using PostgreSQL from DATABASE_URL"
 fi
 
-if [ -z "${PAYRECON_TEST_ELECTRUM:-}" ] || [ -z "${PAYRECON_TEST_LTC_RPC:-}" ] || [ -z "${PAYRECON_TEST_ETH_RPC:-}" ]; then
+if [ -z "${PAYRECON_TEST_ELECTRUM:-}" ] || [ -z "${PAYRECON_TEST_LTC_RPC:-}" ] || [ -z "${PAYRECON_TEST_LTC_P2P:-}" ] || [ -z "${PAYRECON_TEST_ETH_RPC:-}" ]; then
   eval "$(scripts/devnet.sh up)"
   cleanup+=("scripts/devnet.sh down")
   echo "using fresh local nodes: Litecoin regtest behind ElectrumX at $PAYRECON_TEST_ELECTRUM, anvil at $PAYRECON_TEST_ETH_RPC"
@@ -31,10 +32,17 @@ else
   echo "using the nodes from PAYRECON_TEST_ELECTRUM, PAYRECON_TEST_LTC_RPC and PAYRECON_TEST_ETH_RPC"
 fi
 
+apt_install() {
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -q "$@" >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q "$@" >/dev/null; }
+}
 if [ -z "${PAYRECON_TEST_CHROMIUM:-}" ] && ! [ -x /usr/bin/chromium ]; then
   echo "installing Debian's chromium for the browser test"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get install -y -q chromium >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }
+  apt_install chromium
+fi
+if ! command -v strace >/dev/null; then
+  echo "installing strace for the durability test"
+  apt_install strace
 fi
 
 cargo test --workspace --locked

@@ -5,7 +5,9 @@
 use std::collections::BTreeMap;
 
 use futures_util::TryStreamExt;
-use payrecon_chain_bitcoin::ElectrumScanner;
+use payrecon_chain_bitcoin::{ElectrumScanner, NodeScanner};
+
+use crate::networks::UtxoSource;
 use payrecon_chain_core::{ChainScanner, KnownTransfer, Network, ScanError, Transfer};
 use payrecon_chain_ethereum::EthereumScanner;
 use payrecon_chain_solana::SolanaScanner;
@@ -59,6 +61,7 @@ pub struct AuditReport {
 /// A scanner of any chain, as the audit uses it.
 enum Rechecker {
     Electrum(Box<ElectrumScanner>),
+    Node(Box<NodeScanner>),
     Ethereum(EthereumScanner),
     Tron(TronScanner),
     Solana(SolanaScanner),
@@ -77,10 +80,13 @@ impl Rechecker {
                     _ => networks.litecoin.as_ref(),
                 }
                 .ok_or_else(missing)?;
-                crate::networks::electrum_settings(network, utxo)
-                    .map_err(configured)?
-                    .map(|s| Rechecker::Electrum(Box::new(ElectrumScanner::new(s))))
-                    .ok_or_else(missing)
+                match crate::networks::utxo_source(network, utxo).map_err(configured)? {
+                    Some(UtxoSource::Electrum(s)) => {
+                        Ok(Rechecker::Electrum(Box::new(ElectrumScanner::new(s))))
+                    }
+                    Some(UtxoSource::Node(s)) => Ok(Rechecker::Node(Box::new(NodeScanner::new(s)))),
+                    None => Err(missing()),
+                }
             }
             Network::Ethereum => networks
                 .ethereum
@@ -119,6 +125,7 @@ impl Rechecker {
     ) -> Result<Vec<Option<u32>>, ScanError> {
         match self {
             Rechecker::Electrum(s) => s.recheck(transfers, settle_depth).await,
+            Rechecker::Node(s) => s.recheck(transfers, settle_depth).await,
             Rechecker::Ethereum(s) => s.recheck(transfers, settle_depth).await,
             Rechecker::Tron(s) => s.recheck(transfers, settle_depth).await,
             Rechecker::Solana(s) => s.recheck(transfers, settle_depth).await,

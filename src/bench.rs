@@ -3,6 +3,8 @@
 //! Benchmarks print figures; they never pass or fail on time. They write only to the scratch
 //! database they are given (a fresh temporary SQLite file by default).
 
+mod utxo_node;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,6 +21,7 @@ use crate::config::Config;
 use crate::engine::Engine;
 use crate::ledger::{Account, Currency, EntryKind, NewEntry, Posting};
 use crate::order::AccountId;
+use payrecon_chain_bitcoin::UtxoChain;
 
 /// Customers the synthetic entries are spread over.
 const BENCH_CUSTOMERS: usize = 1_000;
@@ -104,6 +107,48 @@ pub enum BenchCommand {
         /// Of which this many have been paid.
         #[arg(long, default_value_t = 1_000)]
         paid: usize,
+    },
+    /// Litecoin payments on a regtest node whose wallet pays (`scripts/devnet.sh up`): from
+    /// broadcast to `seen` and from the confirming block to `settled`, on the full-node source
+    /// with its P2P push and, given `--electrum-url`, on Electrum side by side in the same run.
+    NodeLatency {
+        /// The node's RPC with credentials, e.g. http://user:pass@127.0.0.1:19443.
+        #[arg(long)]
+        rpc_url: String,
+        /// The node's P2P host:port for announcements, e.g. 127.0.0.1:19444.
+        #[arg(long)]
+        push_peer: Option<String>,
+        /// An Electrum server over the same node, measured beside it.
+        #[arg(long)]
+        electrum_url: Option<String>,
+        /// The node's wallet that pays.
+        #[arg(long, default_value = "miner")]
+        wallet: String,
+        /// Payments measured (each waits for the one before).
+        #[arg(long, default_value_t = 20)]
+        payments: usize,
+        /// Each watcher's polling interval, the fallback to push, in milliseconds.
+        #[arg(long, default_value_t = 1000)]
+        poll_ms: u64,
+    },
+    /// The full-node scanner's cost per block against the size of the watch set: blocks of
+    /// many outputs mined on a regtest node, scanned with each number of watched addresses.
+    NodeScale {
+        /// The node's RPC with credentials, e.g. http://user:pass@127.0.0.1:19443.
+        #[arg(long)]
+        rpc_url: String,
+        /// The node's wallet that pays.
+        #[arg(long, default_value = "miner")]
+        wallet: String,
+        /// Watched addresses per run (comma-separated).
+        #[arg(long, value_delimiter = ',', default_values_t = [1_000, 1_000_000])]
+        addresses: Vec<usize>,
+        /// Blocks mined and scanned.
+        #[arg(long, default_value_t = 5)]
+        blocks: usize,
+        /// Outputs per block.
+        #[arg(long, default_value_t = 2_000)]
+        outputs_per_block: usize,
     },
     /// The reconciliation report over a period of many transfers, each with its ledger entry:
     /// time per format and the process's peak memory while writing it (the report streams).
@@ -265,6 +310,57 @@ pub async fn run(command: BenchCommand, _config: &Config, json: bool) -> anyhow:
                 ),
                 &lines,
                 ITEMS,
+            )
+        }
+        BenchCommand::NodeLatency {
+            rpc_url,
+            push_peer,
+            electrum_url,
+            wallet,
+            payments,
+            poll_ms,
+        } => {
+            anyhow::ensure!(payments > 0, "--payments must be positive");
+            let node =
+                utxo_node::RegtestNode::connect(&rpc_url, &wallet, UtxoChain::Litecoin).await?;
+            let scratch = tempfile::tempdir()?;
+            let lines = utxo_node::latency(
+                &node,
+                push_peer,
+                electrum_url,
+                payments,
+                Duration::from_millis(poll_ms),
+                scratch.path(),
+            )
+            .await?;
+            report(
+                json,
+                None,
+                format!("litecoin payment latency, polling every {poll_ms} ms as the fallback"),
+                &lines,
+                ("payments", "/s"),
+            )
+        }
+        BenchCommand::NodeScale {
+            rpc_url,
+            wallet,
+            addresses,
+            blocks,
+            outputs_per_block,
+        } => {
+            anyhow::ensure!(
+                blocks > 0 && outputs_per_block > 0 && !addresses.is_empty(),
+                "counts must be positive"
+            );
+            let node =
+                utxo_node::RegtestNode::connect(&rpc_url, &wallet, UtxoChain::Litecoin).await?;
+            let lines = utxo_node::scale(&node, &addresses, blocks, outputs_per_block).await?;
+            report(
+                json,
+                None,
+                "litecoin full-node scanner against the watch set's size".into(),
+                &lines,
+                ("blocks", "blocks/s"),
             )
         }
         BenchCommand::Report {
@@ -448,15 +544,11 @@ async fn payments_engine(url: &str, scratch: &std::path::Path) -> anyhow::Result
     config.rates.sources = vec!["recorded".into()];
     config.rates.recorded_quotes_file = Some(quotes);
     config.rates.cache_seconds = 3600;
-    config.networks.bitcoin = Some(crate::config::UtxoConfig {
-        xpub: payrecon_chain_core::test_vectors::BIP84_ZPUB.into(),
-        network: "mainnet".into(),
-        confirmations: 2,
-        confirmation_tiers: Vec::new(),
-        electrum_url: None,
-        genesis_hash: None,
-        poll_interval_ms: 2000,
-    });
+    config.networks.bitcoin = Some(crate::config::UtxoConfig::new(
+        payrecon_chain_core::test_vectors::BIP84_ZPUB,
+        "mainnet",
+        2,
+    ));
     Ok(Engine::from_config(&config).await?)
 }
 
@@ -799,17 +891,10 @@ impl PaidIntent {
     }
 }
 
-/// A Litecoin configuration below a fresh random account key, so the benchmark's addresses
-/// have no history but its own.
-fn electrum_config(
-    url: &str,
-    scratch: &std::path::Path,
-    electrum_url: &str,
-    network: &str,
-) -> anyhow::Result<Config> {
+/// A fresh random Litecoin regtest account key, so a benchmark's addresses have no history
+/// but its own.
+fn fresh_litecoin_xpub() -> anyhow::Result<String> {
     use payrecon_chain_core::bitcoin::bip32::{DerivationPath, Xpriv, Xpub};
-    let quotes = scratch.join("quotes.json");
-    std::fs::write(&quotes, r#"{"quotes":{"LTC":"100"}}"#)?;
     let secp = payrecon_chain_core::bitcoin::secp256k1::Secp256k1::new();
     let seed = [
         *uuid::Uuid::new_v4().as_bytes(),
@@ -818,7 +903,17 @@ fn electrum_config(
     .concat();
     let master = Xpriv::new_master(payrecon_chain_core::bitcoin::NetworkKind::Test, &seed)?;
     let path: DerivationPath = "m/84'/2'/0'".parse()?;
-    let xpub = Xpub::from_priv(&secp, &master.derive_priv(&secp, &path)?);
+    Ok(Xpub::from_priv(&secp, &master.derive_priv(&secp, &path)?).to_string())
+}
+
+/// An engine configuration for LTC at 100 USD on `url`, watching Litecoin as `utxo` says.
+fn litecoin_config(
+    url: &str,
+    scratch: &std::path::Path,
+    utxo: crate::config::UtxoConfig,
+) -> anyhow::Result<Config> {
+    let quotes = scratch.join("quotes.json");
+    std::fs::write(&quotes, r#"{"quotes":{"LTC":"100"}}"#)?;
     let mut config = Config {
         database_url: url.to_owned(),
         ..Config::default()
@@ -827,16 +922,22 @@ fn electrum_config(
     config.rates.sources = vec!["recorded".into()];
     config.rates.recorded_quotes_file = Some(quotes);
     config.rates.cache_seconds = 3600;
-    config.networks.litecoin = Some(crate::config::UtxoConfig {
-        xpub: xpub.to_string(),
-        network: network.to_owned(),
-        confirmations: 2,
-        confirmation_tiers: Vec::new(),
-        electrum_url: Some(electrum_url.to_owned()),
-        genesis_hash: None,
-        poll_interval_ms: 2000,
-    });
+    config.networks.litecoin = Some(utxo);
     Ok(config)
+}
+
+/// The Electrum benchmark's configuration: a fresh key on `network` behind `electrum_url`.
+fn electrum_config(
+    url: &str,
+    scratch: &std::path::Path,
+    electrum_url: &str,
+    network: &str,
+) -> anyhow::Result<Config> {
+    let utxo = crate::config::UtxoConfig {
+        electrum_url: Some(electrum_url.to_owned()),
+        ..crate::config::UtxoConfig::new(fresh_litecoin_xpub()?, network, 2)
+    };
+    litecoin_config(url, scratch, utxo)
 }
 
 async fn electrum(
@@ -871,8 +972,11 @@ async fn electrum(
         .litecoin
         .as_ref()
         .context("litecoin configured")?;
-    let settings = crate::networks::electrum_settings(Network::Litecoin, utxo)?
-        .context("electrum_url configured")?;
+    let Some(crate::networks::UtxoSource::Electrum(settings)) =
+        crate::networks::utxo_source(Network::Litecoin, utxo)?
+    else {
+        anyhow::bail!("the Electrum bench needs electrum_url");
+    };
     let new_watcher = || {
         crate::watcher::Watcher::new(
             engine.clone(),

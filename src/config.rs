@@ -251,9 +251,36 @@ pub struct UtxoConfig {
     #[serde(default)]
     pub confirmation_tiers: Vec<ConfirmationTier>,
     /// The Electrum server `payrecon serve` watches this network through:
-    /// `tcp://host:port` or `ssl://host:port`. Without it no watcher runs for the network.
+    /// `tcp://host:port` or `ssl://host:port`. Set this or `rpc_url`, not both.
     #[serde(default)]
     pub electrum_url: Option<String>,
+    /// The full node's JSON-RPC, `http://host:port` (user and password may be in it). Set
+    /// this or `electrum_url`, not both.
+    #[serde(default)]
+    pub rpc_url: Option<String>,
+    /// The RPC user (`rpcuser` or an `rpcauth` line on the node), with `rpc_password`.
+    #[serde(default)]
+    pub rpc_user: Option<String>,
+    /// The RPC password.
+    #[serde(default)]
+    pub rpc_password: Option<String>,
+    /// The node's cookie file instead of a user and password (e.g.
+    /// `~/.bitcoin/.cookie`, `~/.litecoin/regtest/.cookie`).
+    #[serde(default)]
+    pub rpc_cookie_file: Option<std::path::PathBuf>,
+    /// The node's P2P `host:port`: payrecon listens there for block and transaction
+    /// announcements and scans at once (push); polling stays the fallback.
+    #[serde(default)]
+    pub push_peer: Option<String>,
+    /// With `rpc_url`: the block height the very first scan starts at (the node's tip then by
+    /// default).
+    #[serde(default)]
+    pub start_height: Option<u64>,
+    /// `false`: this process does not watch the network even though its method is enabled
+    /// (another process does). `payrecon serve` refuses an enabled network without a source
+    /// otherwise.
+    #[serde(default = "yes")]
+    pub watch: bool,
     /// The server must serve this genesis block; defaults to the network's own.
     #[serde(default)]
     pub genesis_hash: Option<String>,
@@ -261,6 +288,33 @@ pub struct UtxoConfig {
     /// at the next scan).
     #[serde(default = "poll_interval_ms")]
     pub poll_interval_ms: u32,
+}
+
+impl UtxoConfig {
+    /// A section for `xpub` on `network` with `confirmations`, no data source yet, and the
+    /// defaults of everything else.
+    pub fn new(
+        xpub: impl Into<String>,
+        network: impl Into<String>,
+        confirmations: u32,
+    ) -> UtxoConfig {
+        UtxoConfig {
+            xpub: xpub.into(),
+            network: network.into(),
+            confirmations,
+            confirmation_tiers: Vec::new(),
+            electrum_url: None,
+            rpc_url: None,
+            rpc_user: None,
+            rpc_password: None,
+            rpc_cookie_file: None,
+            push_peer: None,
+            start_height: None,
+            watch: true,
+            genesis_hash: None,
+            poll_interval_ms: poll_interval_ms(),
+        }
+    }
 }
 
 /// `[networks.ethereum]`.
@@ -386,6 +440,9 @@ fn mainnet() -> String {
 }
 fn ethereum_mainnet() -> u64 {
     1
+}
+fn yes() -> bool {
+    true
 }
 fn poll_interval_ms() -> u32 {
     2000

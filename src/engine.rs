@@ -20,7 +20,7 @@ use crate::order::{
     TopupRequest, ValidOrder,
 };
 use crate::payments::PaymentSettings;
-use crate::store::{self, GroupWrite, Store, StoreError, WriteFuture, WriteTx};
+use crate::store::{self, Answers, GroupWrite, Store, StoreError, WriteFuture, WriteTx};
 
 /// Wake-ups buffered per subscriber; the events themselves are in the database.
 const EVENT_NOTIFICATIONS: usize = 64;
@@ -342,7 +342,7 @@ impl GroupWrite for NewOrder {
     fn run_many<'a>(
         writes: Vec<&'a NewOrder>,
         tx: &'a mut WriteTx,
-    ) -> WriteFuture<'a, Vec<Result<Created<Order>, Error>>, Error> {
+    ) -> WriteFuture<'a, Answers<Created<Order>, Error>, Error> {
         Box::pin(store_orders(tx, writes))
     }
 }
@@ -374,7 +374,7 @@ async fn store_order(
 async fn store_orders(
     tx: &mut WriteTx,
     writes: Vec<&NewOrder>,
-) -> Result<Vec<Result<Created<Order>, Error>>, Error> {
+) -> Result<Answers<Created<Order>, Error>, Error> {
     let hashes: Vec<String> = writes.iter().map(|w| order_fingerprint(&w.order)).collect();
     let customers: Vec<(&AccountId, DateTime<Utc>)> = writes
         .iter()

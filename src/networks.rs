@@ -4,7 +4,7 @@
 //! `payrecon serve` later.
 
 use alloy_primitives::Address;
-use payrecon_chain_bitcoin::{ElectrumSettings, UtxoChain};
+use payrecon_chain_bitcoin::{ElectrumSettings, NodeAuth, NodeSettings, UtxoChain, UtxoTarget};
 use payrecon_chain_core::{DeriveError, Network};
 use payrecon_chain_ethereum::{EthereumSettings, Finality};
 use payrecon_chain_solana::SolanaSettings;
@@ -23,7 +23,7 @@ pub fn check(config: &Config) -> Result<(), Error> {
         (Network::Litecoin, &networks.litecoin),
     ] {
         if let Some(utxo) = utxo {
-            electrum_settings(network, utxo)?;
+            utxo_source(network, utxo)?;
         }
     }
     if let Some(ethereum) = &networks.ethereum {
@@ -38,11 +38,37 @@ pub fn check(config: &Config) -> Result<(), Error> {
     Ok(())
 }
 
-/// The Electrum scanner settings of a configured UTXO network, if it names a server.
-pub fn electrum_settings(
-    network: Network,
-    config: &UtxoConfig,
-) -> Result<Option<ElectrumSettings>, Error> {
+/// Where a UTXO network's watcher reads the chain.
+#[derive(Clone, Debug)]
+pub enum UtxoSource {
+    /// An Electrum server.
+    Electrum(ElectrumSettings),
+    /// A full node's RPC (with its P2P announcements when `push_peer` is set).
+    Node(NodeSettings),
+}
+
+impl UtxoSource {
+    /// Where it is, without credentials: for logs.
+    pub fn describe(&self) -> String {
+        match self {
+            UtxoSource::Electrum(settings) => format!("Electrum server {}", settings.url),
+            UtxoSource::Node(settings) => {
+                let url = reqwest::Url::parse(&settings.rpc_url).map_or_else(
+                    |_| "(unparsable URL)".to_owned(),
+                    |mut url| {
+                        let _ = url.set_username("");
+                        let _ = url.set_password(None);
+                        url.to_string()
+                    },
+                );
+                format!("full node {url}")
+            }
+        }
+    }
+}
+
+/// The chain a configured UTXO network's source must serve.
+fn utxo_target(network: Network, config: &UtxoConfig) -> Result<UtxoTarget, Error> {
     let chain = match network {
         Network::Litecoin => UtxoChain::Litecoin,
         _ => UtxoChain::Bitcoin,
@@ -51,13 +77,101 @@ pub fn electrum_settings(
         .network
         .parse()
         .map_err(|e: DeriveError| Error::Config(format!("networks.{network}.network: {e}")))?;
-    let url = config.electrum_url.clone().unwrap_or_default();
-    let mut settings = ElectrumSettings::new(url, chain, utxo_network);
-    settings.genesis_hash = config.genesis_hash.clone();
-    settings
+    let mut target = UtxoTarget::new(chain, utxo_network);
+    target.genesis_hash = config.genesis_hash.clone();
+    target
         .expected_genesis()
         .map_err(|e| Error::Config(format!("networks.{network}.genesis_hash: {e}")))?;
-    Ok(config.electrum_url.is_some().then_some(settings))
+    Ok(target)
+}
+
+/// The data source of a configured UTXO network: `electrum_url` or `rpc_url`, never both;
+/// `None` without either.
+pub fn utxo_source(network: Network, config: &UtxoConfig) -> Result<Option<UtxoSource>, Error> {
+    let target = utxo_target(network, config)?;
+    let key = |name: &str| format!("networks.{network}.{name}");
+    let node_only = [
+        ("rpc_user", config.rpc_user.is_some()),
+        ("rpc_password", config.rpc_password.is_some()),
+        ("rpc_cookie_file", config.rpc_cookie_file.is_some()),
+        ("push_peer", config.push_peer.is_some()),
+        ("start_height", config.start_height.is_some()),
+    ];
+    match (&config.electrum_url, &config.rpc_url) {
+        (Some(_), Some(_)) => Err(Error::Config(format!(
+            "{} and {} are both set: a network reads the chain from one source, set one of them",
+            key("electrum_url"),
+            key("rpc_url")
+        ))),
+        (Some(url), None) => {
+            if let Some((name, _)) = node_only.iter().find(|(_, set)| *set) {
+                return Err(Error::Config(format!(
+                    "{} applies to a full node (rpc_url), not to {}",
+                    key(name),
+                    key("electrum_url")
+                )));
+            }
+            Ok(Some(UtxoSource::Electrum(ElectrumSettings::new(
+                url, target,
+            ))))
+        }
+        (None, Some(url)) => {
+            let auth = match (
+                &config.rpc_user,
+                &config.rpc_password,
+                &config.rpc_cookie_file,
+            ) {
+                (None, None, None) => NodeAuth::None,
+                (Some(user), Some(password), None) => NodeAuth::UserPassword {
+                    user: user.clone(),
+                    password: password.clone(),
+                },
+                (None, None, Some(cookie)) => NodeAuth::Cookie(cookie.clone()),
+                (_, _, Some(_)) => {
+                    return Err(Error::Config(format!(
+                        "{} and {}/{} are both set: use the cookie or a user and password",
+                        key("rpc_cookie_file"),
+                        key("rpc_user"),
+                        key("rpc_password")
+                    )));
+                }
+                _ => {
+                    return Err(Error::Config(format!(
+                        "{} and {} go together",
+                        key("rpc_user"),
+                        key("rpc_password")
+                    )));
+                }
+            };
+            if let Some(peer) = &config.push_peer
+                && peer
+                    .rsplit_once(':')
+                    .is_none_or(|(_, port)| port.parse::<u16>().is_err())
+            {
+                return Err(Error::Config(format!(
+                    "{}: {peer:?} is not host:port (the node's P2P port)",
+                    key("push_peer")
+                )));
+            }
+            let mut settings = NodeSettings::new(url, auth, target);
+            settings.push_peer = config.push_peer.clone();
+            settings.start_height = config.start_height;
+            // The URL must parse; the client is made on the first scan.
+            payrecon_chain_bitcoin::NodeScanner::check_url(url)
+                .map_err(|e| Error::Config(format!("{}: {e}", key("rpc_url"))))?;
+            Ok(Some(UtxoSource::Node(settings)))
+        }
+        (None, None) => {
+            if let Some((name, _)) = node_only.iter().find(|(_, set)| *set) {
+                return Err(Error::Config(format!(
+                    "{} is set without {}",
+                    key(name),
+                    key("rpc_url")
+                )));
+            }
+            Ok(None)
+        }
+    }
 }
 
 /// The Ethereum scanner settings, if a node is configured.

@@ -26,7 +26,7 @@ use crate::matcher::{self, ConfirmationRule, MatchPolicy};
 use crate::order::{OrderRef, OrderStatus};
 use crate::rates::{CoinGecko, Kraken, RateBook, RateSource, RecordedQuotes};
 use crate::store::payments::{self, ExceptionRecord, IntentEvent, NewEvent};
-use crate::store::{GroupWrite, WriteFuture, WriteTx};
+use crate::store::{Answers, GroupWrite, WriteFuture, WriteTx};
 
 /// Intents evaluated per `tick` call at most, so one call stays short.
 pub const TICK_BATCH: usize = 500;
@@ -247,7 +247,7 @@ impl GroupWrite for IntentDraft {
     fn run_many<'a>(
         drafts: Vec<&'a IntentDraft>,
         tx: &'a mut WriteTx,
-    ) -> WriteFuture<'a, Vec<Result<PaymentIntent, Error>>, Error> {
+    ) -> WriteFuture<'a, Answers<PaymentIntent, Error>, Error> {
         Box::pin(store_intents(tx, drafts))
     }
 }
@@ -320,7 +320,7 @@ fn intent_of(
 async fn store_intents(
     tx: &mut WriteTx,
     drafts: Vec<&IntentDraft>,
-) -> Result<Vec<Result<PaymentIntent, Error>>, Error> {
+) -> Result<Answers<PaymentIntent, Error>, Error> {
     let references: Vec<&str> = drafts.iter().map(|d| d.order_ref.as_str()).collect();
     let orders: HashMap<String, crate::order::Order> =
         crate::store::orders::lock_orders(tx, &references)
@@ -405,10 +405,8 @@ async fn store_intents(
     payments::append_events_at(tx.conn(), &timed).await?;
     // What the caller gets back is the intent as stored when it was made: the newest of its
     // order is not superseded yet.
-    for result in &mut results {
-        if let Ok(intent) = result {
-            intent.superseded_by = None;
-        }
+    for intent in results.iter_mut().flatten() {
+        intent.superseded_by = None;
     }
     Ok(results)
 }

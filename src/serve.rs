@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use payrecon_chain_bitcoin::ElectrumScanner;
-use payrecon_chain_core::{ChainScanner, Network};
+use payrecon_chain_bitcoin::{ElectrumScanner, NodeScanner};
+use payrecon_chain_core::{ChainScanner, Method, Network};
 use payrecon_chain_ethereum::EthereumScanner;
 use payrecon_chain_solana::SolanaScanner;
 use payrecon_chain_tron::TronScanner;
@@ -14,7 +14,7 @@ use tokio::task::JoinSet;
 use crate::config::Config;
 use crate::engine::Engine;
 use crate::error::Error;
-use crate::networks::{electrum_settings, ethereum_settings, solana_settings, tron_settings};
+use crate::networks::{UtxoSource, ethereum_settings, solana_settings, tron_settings, utxo_source};
 use crate::store::Backend;
 use crate::watcher::{LeaseOptions, Watcher, WatcherOptions};
 use crate::webhooks::WebhookSender;
@@ -44,13 +44,34 @@ pub async fn serve(
         (Network::Litecoin, &config.networks.litecoin),
     ] {
         let Some(utxo) = utxo else { continue };
-        let Some(settings) = electrum_settings(network, utxo)? else {
-            tracing::info!(%network, "no electrum_url: not watching");
+        let method = match network {
+            Network::Bitcoin => Method::Btc,
+            _ => Method::Ltc,
+        };
+        let Some(source) = utxo_source(network, utxo)? else {
+            if utxo.watch && config.payments.enabled_methods.contains(&method) {
+                return Err(Error::Config(format!(
+                    "networks.{network}: {method} is enabled but neither networks.{network}.electrum_url nor networks.{network}.rpc_url is set, so its payments would never be seen (set one, or watch = false if another process watches it)"
+                )));
+            }
+            tracing::info!(%network, "no electrum_url or rpc_url: not watching");
             continue;
         };
-        tracing::info!(%network, url = %settings.url, "starting watcher");
-        let scanner = ElectrumScanner::new(settings);
-        watchers.spawn(&mut tasks, scanner, utxo.poll_interval_ms, &shutdown);
+        if !utxo.watch {
+            tracing::info!(%network, "watch = false: not watching");
+            continue;
+        }
+        tracing::info!(%network, source = %source.describe(), "starting watcher");
+        match source {
+            UtxoSource::Electrum(settings) => {
+                let scanner = ElectrumScanner::new(settings);
+                watchers.spawn(&mut tasks, scanner, utxo.poll_interval_ms, &shutdown);
+            }
+            UtxoSource::Node(settings) => {
+                let scanner = NodeScanner::new(settings);
+                watchers.spawn(&mut tasks, scanner, utxo.poll_interval_ms, &shutdown);
+            }
+        }
     }
     if let Some(ethereum) = &config.networks.ethereum {
         match ethereum_settings(ethereum)? {

@@ -88,7 +88,7 @@ async fn answers_before_sync(durability: &str) -> (usize, usize) {
         &["btc"],
         r#"{"BTC":"80000"}"#,
         &format!(
-            "[http]\nlisten = \"127.0.0.1:{port}\"\n[networks.bitcoin]\nxpub = \"{}\"\nnetwork = \"mainnet\"\nconfirmations = 2\n",
+            "[http]\nlisten = \"127.0.0.1:{port}\"\n[networks.bitcoin]\nxpub = \"{}\"\nnetwork = \"mainnet\"\nconfirmations = 2\nwatch = false\n",
             payrecon_chain_core::test_vectors::BIP84_ZPUB
         ),
     );

@@ -14,12 +14,12 @@ use common::serve::ServeConfig;
 use common::{TestDb, topup};
 use payrecon::intent::IntentStatus;
 use payrecon::watcher::WatcherState;
-use payrecon_chain_bitcoin::{ElectrumSettings, UtxoChain, UtxoNetwork};
+use payrecon_chain_bitcoin::{ElectrumSettings, UtxoChain, UtxoNetwork, UtxoTarget};
 use payrecon_chain_core::{Asset, Method, Network};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
-on_both_databases! {
-    async fn a_watcher_killed_mid_stream_ends_with_the_ledger_of_an_uninterrupted_run(db) {
+on_both_databases_and_sources! {
+    async fn a_watcher_killed_mid_stream_ends_with_the_ledger_of_an_uninterrupted_run(db, source) {
         let chain = Chain::lock().await;
         let xpub = fresh_account_xpub();
         let steady_db = TestDb::new(db.db).await;
@@ -36,8 +36,8 @@ on_both_databases! {
             assert_eq!(a.intent.pay_to, b.intent.pay_to, "one key, one derivation sequence");
             addresses.push(a.intent.pay_to);
         }
-        let uninterrupted = watch_litecoin(&steady, &chain.electrum_url);
-        let mut victim = watch_litecoin(&killed, &chain.electrum_url);
+        let uninterrupted = source.watch(&steady, &chain);
+        let mut victim = source.watch(&killed, &chain);
 
         // Exact, two parts, over: each step followed by a kill at some point of the watcher's
         // work and a restart.
@@ -50,7 +50,7 @@ on_both_databases! {
             tokio::time::sleep(Duration::from_millis(100 * (n as u64 + 1))).await;
             victim.task.abort();
             let _ = victim.task.await;
-            victim = watch_litecoin(&killed, &chain.electrum_url);
+            victim = source.watch(&killed, &chain);
         }
         chain.mine(2).await;
         for engine in [&steady, &killed] {
@@ -205,12 +205,9 @@ async fn bitcoin_and_litecoin_are_watched_side_by_side() {
     );
     assert_eq!(btc.amount_decimal, "0.001");
 
-    let mut btc_settings = ElectrumSettings::new(
-        chain.electrum_url.clone(),
-        UtxoChain::Bitcoin,
-        UtxoNetwork::Regtest,
-    );
-    btc_settings.genesis_hash = Some(ltc_regtest_genesis);
+    let mut btc_target = UtxoTarget::new(UtxoChain::Bitcoin, UtxoNetwork::Regtest);
+    btc_target.genesis_hash = Some(ltc_regtest_genesis);
+    let btc_settings = ElectrumSettings::new(chain.electrum_url.clone(), btc_target);
     let btc_watcher = watch(&engine, btc_settings);
     let ltc_watcher = watch_litecoin(&engine, &chain.electrum_url);
     chain.send_outputs(&[(&btc.intent.pay_to, 100_000)]).await;

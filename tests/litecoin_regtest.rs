@@ -1,12 +1,12 @@
-//! The Litecoin watcher against a real Litecoin Core regtest node behind a real ElectrumX
-//! server (scripts/devnet.sh), on SQLite and PostgreSQL: payments of every shape, reorgs,
-//! replacements, restarts and a server that goes away.
+//! The Litecoin watcher against a real Litecoin Core regtest node (scripts/devnet.sh), read
+//! through a real ElectrumX server and straight from the node's RPC with its P2P
+//! announcements, on SQLite and PostgreSQL: payments of every shape, reorgs, replacements.
 
 mod common;
 
 use chrono::Duration;
 use common::checks::{cents, kinds, order, sound, status, wait_status};
-use common::regtest::{Chain, eventually, fresh_account_xpub, ltc_engine, watch_litecoin};
+use common::regtest::{Chain, eventually, fresh_account_xpub, ltc_engine};
 use common::{rental, topup};
 use payrecon::Engine;
 use payrecon::intent::IntentStatus;
@@ -24,15 +24,15 @@ async fn custody(engine: &Engine) -> i128 {
         .unwrap()
 }
 
-on_both_databases! {
-    async fn an_exact_payment_is_seen_confirmed_and_settled(db) {
+on_both_databases_and_sources! {
+    async fn an_exact_payment_is_seen_confirmed_and_settled(db, source) {
         let chain = Chain::lock().await;
         let (engine, _clock) = ltc_engine(&db, &chain, 2, &fresh_account_xpub(), |_| {}).await;
         engine.create_topup(&topup("T1", "42", "100")).await.unwrap();
         let pay = engine.create_payment(&order("T1"), Method::Ltc).await.unwrap();
         assert_eq!(pay.amount_decimal, "1");
         assert!(pay.intent.pay_to.starts_with("rltc1q"));
-        let watcher = watch_litecoin(&engine, &chain.electrum_url);
+        let watcher = source.watch(&engine, &chain);
 
         chain.send(&pay.intent.pay_to, "1").await;
         wait_status(&engine, &pay.intent.id, IntentStatus::Seen).await;
@@ -56,12 +56,12 @@ on_both_databases! {
         sound(&engine).await;
     }
 
-    async fn two_partial_payments_add_up(db) {
+    async fn two_partial_payments_add_up(db, source) {
         let chain = Chain::lock().await;
         let (engine, _clock) = ltc_engine(&db, &chain, 1, &fresh_account_xpub(), |_| {}).await;
         engine.create_topup(&topup("T1", "42", "100")).await.unwrap();
         let pay = engine.create_payment(&order("T1"), Method::Ltc).await.unwrap();
-        let watcher = watch_litecoin(&engine, &chain.electrum_url);
+        let watcher = source.watch(&engine, &chain);
         chain.send(&pay.intent.pay_to, "0.4").await;
         chain.mine(1).await;
         wait_status(&engine, &pay.intent.id, IntentStatus::Confirmed).await;
@@ -75,12 +75,12 @@ on_both_databases! {
         sound(&engine).await;
     }
 
-    async fn an_underpayment_is_an_exception_at_the_deadline(db) {
+    async fn an_underpayment_is_an_exception_at_the_deadline(db, source) {
         let chain = Chain::lock().await;
         let (engine, clock) = ltc_engine(&db, &chain, 1, &fresh_account_xpub(), |_| {}).await;
         engine.create_topup(&topup("T1", "42", "100")).await.unwrap();
         let pay = engine.create_payment(&order("T1"), Method::Ltc).await.unwrap();
-        let watcher = watch_litecoin(&engine, &chain.electrum_url);
+        let watcher = source.watch(&engine, &chain);
         chain.send(&pay.intent.pay_to, "0.9").await;
         chain.mine(1).await;
         wait_status(&engine, &pay.intent.id, IntentStatus::Confirmed).await;
@@ -93,12 +93,12 @@ on_both_databases! {
         sound(&engine).await;
     }
 
-    async fn an_overpayment_settles_and_holds_the_excess(db) {
+    async fn an_overpayment_settles_and_holds_the_excess(db, source) {
         let chain = Chain::lock().await;
         let (engine, _clock) = ltc_engine(&db, &chain, 1, &fresh_account_xpub(), |_| {}).await;
         engine.create_topup(&topup("T1", "42", "100")).await.unwrap();
         let pay = engine.create_payment(&order("T1"), Method::Ltc).await.unwrap();
-        let watcher = watch_litecoin(&engine, &chain.electrum_url);
+        let watcher = source.watch(&engine, &chain);
         chain.send(&pay.intent.pay_to, "1.25").await;
         chain.mine(1).await;
         wait_status(&engine, &pay.intent.id, IntentStatus::Settled).await;
@@ -109,7 +109,7 @@ on_both_databases! {
         sound(&engine).await;
     }
 
-    async fn every_output_to_a_watched_address_counts(db) {
+    async fn every_output_to_a_watched_address_counts(db, source) {
         let chain = Chain::lock().await;
         let (engine, _clock) = ltc_engine(&db, &chain, 1, &fresh_account_xpub(), |_| {}).await;
         engine.create_topup(&topup("T1", "42", "100")).await.unwrap();
@@ -118,7 +118,7 @@ on_both_databases! {
         let one = engine.create_payment(&order("T1"), Method::Ltc).await.unwrap();
         let two = engine.create_payment(&order("R2"), Method::Ltc).await.unwrap();
         let three = engine.create_payment(&order("T3"), Method::Ltc).await.unwrap();
-        let watcher = watch_litecoin(&engine, &chain.electrum_url);
+        let watcher = source.watch(&engine, &chain);
 
         // One transaction pays two intents.
         let both = chain.send_many(&[(&one.intent.pay_to, "1"), (&two.intent.pay_to, "0.5")]).await;
@@ -139,7 +139,7 @@ on_both_databases! {
         sound(&engine).await;
     }
 
-    async fn a_payment_after_the_deadline_is_late_and_held(db) {
+    async fn a_payment_after_the_deadline_is_late_and_held(db, source) {
         let chain = Chain::lock().await;
         let (engine, clock) = ltc_engine(&db, &chain, 1, &fresh_account_xpub(), |_| {}).await;
         engine.create_topup(&topup("T1", "42", "100")).await.unwrap();
@@ -147,7 +147,7 @@ on_both_databases! {
         clock.advance(Duration::minutes(61));
         engine.tick().await.unwrap();
         assert_eq!(status(&engine, &pay.intent.id).await, IntentStatus::Expired);
-        let watcher = watch_litecoin(&engine, &chain.electrum_url);
+        let watcher = source.watch(&engine, &chain);
         chain.send(&pay.intent.pay_to, "1").await;
         wait_status(&engine, &pay.intent.id, IntentStatus::PaidLate).await;
         chain.mine(1).await;
@@ -160,13 +160,13 @@ on_both_databases! {
         sound(&engine).await;
     }
 
-    async fn a_payment_to_a_superseded_address_counts(db) {
+    async fn a_payment_to_a_superseded_address_counts(db, source) {
         let chain = Chain::lock().await;
         let (engine, _clock) = ltc_engine(&db, &chain, 1, &fresh_account_xpub(), |_| {}).await;
         engine.create_rental_order(&rental("R1", "42", "100")).await.unwrap();
         let old = engine.create_payment(&order("R1"), Method::Ltc).await.unwrap();
         let new = engine.create_payment(&order("R1"), Method::Ltc).await.unwrap();
-        let watcher = watch_litecoin(&engine, &chain.electrum_url);
+        let watcher = source.watch(&engine, &chain);
         chain.send(&old.intent.pay_to, "1").await;
         chain.mine(1).await;
         wait_status(&engine, &old.intent.id, IntentStatus::Settled).await;
@@ -176,13 +176,13 @@ on_both_databases! {
         sound(&engine).await;
     }
 
-    async fn a_reorg_before_credit_credits_nothing(db) {
+    async fn a_reorg_before_credit_credits_nothing(db, source) {
         let chain = Chain::lock().await;
         let (engine, _clock) = ltc_engine(&db, &chain, 2, &fresh_account_xpub(), |_| {}).await;
         engine.create_topup(&topup("T1", "42", "100")).await.unwrap();
         let pay = engine.create_payment(&order("T1"), Method::Ltc).await.unwrap();
         let coin = chain.coin("1.5").await;
-        let watcher = watch_litecoin(&engine, &chain.electrum_url);
+        let watcher = source.watch(&engine, &chain);
         chain.spend_coin(&coin, &pay.intent.pay_to, "1", "0.4999").await;
         let mined_at = chain.mine(1).await;
         eventually("one confirmation", || async {
@@ -204,13 +204,13 @@ on_both_databases! {
         watcher.stop().await.unwrap();
     }
 
-    async fn a_reorg_after_credit_takes_it_back(db) {
+    async fn a_reorg_after_credit_takes_it_back(db, source) {
         let chain = Chain::lock().await;
         let (engine, _clock) = ltc_engine(&db, &chain, 2, &fresh_account_xpub(), |_| {}).await;
         engine.create_topup(&topup("T1", "42", "100")).await.unwrap();
         let pay = engine.create_payment(&order("T1"), Method::Ltc).await.unwrap();
         let coin = chain.coin("1.5").await;
-        let watcher = watch_litecoin(&engine, &chain.electrum_url);
+        let watcher = source.watch(&engine, &chain);
         chain.spend_coin(&coin, &pay.intent.pay_to, "1", "0.4999").await;
         let mined_at = chain.mine(1).await;
         chain.mine(1).await;
@@ -231,20 +231,20 @@ on_both_databases! {
         sound(&engine).await;
     }
 
-    async fn the_audit_finds_a_credited_payment_a_reorg_took_while_no_watcher_ran(db) {
+    async fn the_audit_finds_a_credited_payment_a_reorg_took_while_no_watcher_ran(db, source) {
         let chain = Chain::lock().await;
         let xpub = fresh_account_xpub();
         let (engine, clock) = ltc_engine(&db, &chain, 2, &xpub, |_| {}).await;
         engine.create_topup(&topup("T1", "42", "100")).await.unwrap();
         let pay = engine.create_payment(&order("T1"), Method::Ltc).await.unwrap();
         let coin = chain.coin("1.5").await;
-        let watcher = watch_litecoin(&engine, &chain.electrum_url);
+        let watcher = source.watch(&engine, &chain);
         chain.spend_coin(&coin, &pay.intent.pay_to, "1", "0.4999").await;
         let mined_at = chain.mine(2).await - 1;
         wait_status(&engine, &pay.intent.id, IntentStatus::Settled).await;
         watcher.stop().await.unwrap();
 
-        let config = common::payments::config(|c| c.networks.litecoin = Some(common::regtest::litecoin(&xpub, &chain.electrum_url, 2)));
+        let config = common::payments::config(|c| c.networks.litecoin = Some(source.config(&xpub, &chain, 2)));
         let now = payrecon::clock::Clock::now(&*clock);
         let query = payrecon::report::ReportQuery { from: now - Duration::days(1), to: now + Duration::days(1), method: None };
         let clean = engine.audit_credited(&config, &query).await.unwrap();
@@ -267,13 +267,13 @@ on_both_databases! {
         assert!(audit.findings[0].ledger_entry.starts_with("settle:"));
     }
 
-    async fn a_replacement_paying_elsewhere_removes_the_payment(db) {
+    async fn a_replacement_paying_elsewhere_removes_the_payment(db, source) {
         let chain = Chain::lock().await;
         let (engine, _clock) = ltc_engine(&db, &chain, 1, &fresh_account_xpub(), |_| {}).await;
         engine.create_topup(&topup("T1", "42", "100")).await.unwrap();
         let pay = engine.create_payment(&order("T1"), Method::Ltc).await.unwrap();
         let coin = chain.coin("1.5").await;
-        let watcher = watch_litecoin(&engine, &chain.electrum_url);
+        let watcher = source.watch(&engine, &chain);
         let first = chain.spend_coin(&coin, &pay.intent.pay_to, "1", "0.4999").await;
         wait_status(&engine, &pay.intent.id, IntentStatus::Seen).await;
 

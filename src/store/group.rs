@@ -43,6 +43,9 @@ const POSTGRES_PIPELINES: usize = 4;
 /// What a caller's write returns: a future borrowing the group's transaction.
 pub(crate) type WriteFuture<'a, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send + 'a>>;
 
+/// The answers of a run of writes, one per write in order: each its own output or refusal.
+pub(crate) type Answers<T, E> = Vec<Result<T, E>>;
+
 /// An error a write may end with: a store failure, or a refusal of the caller's own.
 pub(crate) trait WriteError: From<StoreError> + Send + 'static {
     /// The database failed this write only to break a conflict: it may run again.
@@ -81,7 +84,7 @@ pub(crate) trait GroupWrite: Send + Sync + Sized + 'static {
     fn run_many<'a>(
         writes: Vec<&'a Self>,
         tx: &'a mut WriteTx,
-    ) -> WriteFuture<'a, Vec<Result<Self::Output, Self::Error>>, Self::Error> {
+    ) -> WriteFuture<'a, Answers<Self::Output, Self::Error>, Self::Error> {
         let _ = (writes, tx);
         Box::pin(async {
             Err(StoreError::GroupCommit("this kind of write runs alone".into()).into())

@@ -26,7 +26,7 @@ use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::{Any, AnyConnection, AnyPool, ConnectOptions, Executor, Row, SqlSafeStr, Transaction};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
-pub(crate) use group::{GroupCommit, GroupWrite, Solo, WriteError, WriteFuture};
+pub(crate) use group::{Answers, GroupCommit, GroupWrite, Solo, WriteError, WriteFuture};
 pub use group::{GroupCommitStats, MAX_GROUP_WRITES};
 
 /// How long a connection waits for another process's SQLite write lock before giving up.

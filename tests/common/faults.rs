@@ -169,11 +169,15 @@ impl FaultProxy {
         FaultProxy::start(&host_port(node_url), FaultPlan::hostile(15, 40)).await
     }
 
-    /// `upstream_url` with its host and port replaced by the proxy's.
+    /// `upstream_url` with its host and port replaced by the proxy's (credentials kept).
     pub fn url_for(&self, upstream_url: &str) -> String {
         let (scheme, rest) = upstream_url.split_once("://").expect("a URL with a scheme");
         let path = rest.find('/').map(|i| &rest[i..]).unwrap_or("");
-        format!("{scheme}://{}{path}", self.addr)
+        let authority = &rest[..rest.len() - path.len()];
+        let credentials = authority
+            .rsplit_once('@')
+            .map_or(String::new(), |(user, _)| format!("{user}@"));
+        format!("{scheme}://{credentials}{}{path}", self.addr)
     }
 }
 
@@ -184,9 +188,14 @@ impl Drop for FaultProxy {
 }
 
 /// `host:port` of a URL, the proxy's upstream.
+/// The `host:port` of a URL, without any `user:password@`.
 fn host_port(url: &str) -> String {
     let rest = url.split_once("://").map(|(_, r)| r).unwrap_or(url);
-    rest.split('/').next().unwrap().to_owned()
+    let authority = rest.split('/').next().unwrap();
+    authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host)
+        .to_owned()
 }
 
 /// Copies both directions, rolling the dice for every chunk. Any fault that breaks the

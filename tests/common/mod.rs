@@ -170,6 +170,40 @@ macro_rules! on_both_databases {
     )*};
 }
 
+/// Like `on_both_databases!`, and each database with both Litecoin sources (Electrum and
+/// the full node): `$source` is a `common::regtest::Source`.
+#[macro_export]
+macro_rules! on_both_databases_and_sources {
+    ($(async fn $name:ident($db:ident, $source:ident) $body:block)*) => {$(
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            async fn run($db: $crate::common::TestDb, $source: $crate::common::regtest::Source) $body
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn sqlite_electrum() {
+                run($crate::common::TestDb::new($crate::common::Db::Sqlite).await, $crate::common::regtest::Source::Electrum).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn sqlite_node() {
+                run($crate::common::TestDb::new($crate::common::Db::Sqlite).await, $crate::common::regtest::Source::Node).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn postgres_electrum() {
+                run($crate::common::TestDb::new($crate::common::Db::Postgres).await, $crate::common::regtest::Source::Electrum).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn postgres_node() {
+                run($crate::common::TestDb::new($crate::common::Db::Postgres).await, $crate::common::regtest::Source::Node).await
+            }
+        }
+    )*};
+}
+
 pub fn account(id: &str) -> AccountId {
     AccountId::new(id).expect("valid account id")
 }

@@ -12,7 +12,10 @@ use payrecon::Engine;
 use payrecon::clock::ManualClock;
 use payrecon::config::{Config, UtxoConfig};
 use payrecon::watcher::{Watcher, WatcherOptions};
-use payrecon_chain_bitcoin::{ElectrumScanner, ElectrumSettings, UtxoChain, UtxoNetwork};
+use payrecon_chain_bitcoin::{
+    ElectrumScanner, ElectrumSettings, NodeAuth, NodeScanner, NodeSettings, UtxoChain, UtxoNetwork,
+    UtxoTarget,
+};
 use payrecon_chain_core::bitcoin::bip32::{DerivationPath, Xpriv, Xpub};
 use payrecon_chain_core::bitcoin::secp256k1::Secp256k1;
 use payrecon_chain_core::{Asset, ChainScanner, Method, Network};
@@ -34,7 +37,10 @@ fn env(name: &str) -> String {
 /// The regtest node, its miner wallet and the Electrum server in front of it.
 pub struct Chain {
     http: reqwest::Client,
-    rpc_url: String,
+    /// The node's JSON-RPC, with its user and password.
+    pub rpc_url: String,
+    /// The node's P2P `host:port`.
+    pub p2p_peer: String,
     pub electrum_url: String,
     _guard: MutexGuard<'static, ()>,
 }
@@ -49,6 +55,7 @@ impl Chain {
         Chain {
             http: reqwest::Client::new(),
             rpc_url: env("PAYRECON_TEST_LTC_RPC"),
+            p2p_peer: env("PAYRECON_TEST_LTC_P2P"),
             electrum_url: env("PAYRECON_TEST_ELECTRUM"),
             _guard: guard,
         }
@@ -223,6 +230,17 @@ impl Chain {
         self.sign_and_send(raw.as_str().unwrap()).await
     }
 
+    /// Stops the node and starts it again on the same chain (scripts/devnet.sh node-restart).
+    pub async fn restart_node(&self) {
+        let script = env("PAYRECON_TEST_DEVNET");
+        let status = tokio::process::Command::new(script)
+            .arg("node-restart")
+            .status()
+            .await
+            .expect("scripts/devnet.sh runs");
+        assert!(status.success(), "the node restarts");
+    }
+
     /// Takes the block at `height` and everything above it out of the active chain.
     pub async fn invalidate(&self, height: u64) {
         let hash = self.block_hash(height).await;
@@ -299,13 +317,9 @@ pub fn fresh_account_xpub() -> String {
 /// The Litecoin regtest network section, with a fresh key and `confirmations`.
 pub fn litecoin(xpub: &str, electrum_url: &str, confirmations: u32) -> UtxoConfig {
     UtxoConfig {
-        xpub: xpub.to_owned(),
-        network: "regtest".into(),
-        confirmations,
-        confirmation_tiers: Vec::new(),
         electrum_url: Some(electrum_url.to_owned()),
-        genesis_hash: None,
         poll_interval_ms: 50,
+        ..UtxoConfig::new(xpub, "regtest", confirmations)
     }
 }
 
@@ -383,12 +397,57 @@ impl Running {
     }
 }
 
-/// Starts the Litecoin watcher of `engine` against `url`.
+/// The regtest chain as both scanners must find it.
+pub fn litecoin_regtest() -> UtxoTarget {
+    UtxoTarget::new(UtxoChain::Litecoin, UtxoNetwork::Regtest)
+}
+
+/// Starts the Litecoin watcher of `engine` against the Electrum server at `url`.
 pub fn watch_litecoin(engine: &Engine, url: &str) -> Running {
-    watch(
-        engine,
-        ElectrumSettings::new(url, UtxoChain::Litecoin, UtxoNetwork::Regtest),
-    )
+    watch(engine, ElectrumSettings::new(url, litecoin_regtest()))
+}
+
+/// Where a Litecoin watcher reads the chain: every regtest scenario runs on both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// ElectrumX in front of the node.
+    Electrum,
+    /// The node's own RPC, with its P2P announcements.
+    Node,
+}
+
+impl Source {
+    /// The full-node scanner's settings for the regtest node at `rpc_url`.
+    pub fn node_settings(chain: &Chain, rpc_url: &str) -> NodeSettings {
+        let mut settings = NodeSettings::new(rpc_url, NodeAuth::None, litecoin_regtest());
+        settings.push_peer = Some(chain.p2p_peer.clone());
+        settings
+    }
+
+    /// Starts the Litecoin watcher of `engine` on this source.
+    pub fn watch(self, engine: &Engine, chain: &Chain) -> Running {
+        match self {
+            Source::Electrum => watch_litecoin(engine, &chain.electrum_url),
+            Source::Node => Running::spawn(
+                engine,
+                NodeScanner::new(Source::node_settings(chain, &chain.rpc_url)),
+                fast(),
+            ),
+        }
+    }
+
+    /// The Litecoin configuration section reading from this source.
+    pub fn config(self, xpub: &str, chain: &Chain, confirmations: u32) -> UtxoConfig {
+        match self {
+            Source::Electrum => litecoin(xpub, &chain.electrum_url, confirmations),
+            Source::Node => UtxoConfig {
+                rpc_url: Some(chain.rpc_url.clone()),
+                push_peer: Some(chain.p2p_peer.clone()),
+                poll_interval_ms: 50,
+                ..UtxoConfig::new(xpub, "regtest", confirmations)
+            },
+        }
+    }
 }
 
 /// Starts a watcher with these scanner settings.

@@ -50,6 +50,20 @@ impl ServeConfig {
         )
     }
 
+    /// Litecoin as [`ServeConfig::litecoin`], read straight from the regtest node's RPC at
+    /// `rpc_url` with its P2P announcements from `push_peer`.
+    pub fn litecoin_node(rpc_url: &str, push_peer: &str, extra: &str) -> ServeConfig {
+        ServeConfig::new(
+            &["ltc"],
+            r#"{"LTC":"100"}"#,
+            &format!(
+                "{extra}[networks.litecoin]\nxpub = \"{xpub}\"\nnetwork = \"regtest\"\nconfirmations = 1\n\
+                 rpc_url = \"{rpc_url}\"\npush_peer = \"{push_peer}\"\npoll_interval_ms = 100\n",
+                xpub = super::regtest::fresh_account_xpub(),
+            ),
+        )
+    }
+
     /// ETH, USDT and USDC (ETH at 2000 USD, the tokens at 1) on anvil at `rpc_url` with the
     /// test `tokens`, below a fresh key, one confirmation, scanning from `start_block`.
     pub fn ethereum(
@@ -126,6 +140,19 @@ impl ServeConfig {
             String::from_utf8_lossy(&output.stderr)
         );
         serde_json::from_slice(&output.stdout).unwrap()
+    }
+
+    /// Runs the CLI with `args`, which must fail: its one-line error.
+    pub fn failure(&self, args: &[&str]) -> String {
+        let output = Command::new(env!("CARGO_BIN_EXE_payrecon"))
+            .arg("--config")
+            .arg(&self.path)
+            .args(args)
+            .current_dir(self.dir.path())
+            .output()
+            .unwrap();
+        assert!(!output.status.success(), "{args:?} must fail");
+        String::from_utf8_lossy(&output.stderr).into_owned()
     }
 
     /// A 100 USD top-up for customer 42 and its payment intent in `method`: (intent id, pay to).

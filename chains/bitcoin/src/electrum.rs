@@ -12,18 +12,17 @@
 //! genesis block is the configured chain's, and every transaction hashes to its id.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::str::FromStr;
 use std::time::Duration;
 
 use electrum_client::{Client, ConfigBuilder, ElectrumApi, Error as ElectrumError};
 use payrecon_chain_core::bitcoin::block::Header;
 use payrecon_chain_core::bitcoin::{self, BlockHash, ScriptBuf, Transaction, Txid};
 use payrecon_chain_core::{
-    BlockId, ChainCursor, ChainEvent, ChainScanner, KeyIndex, KnownTransfer, Method, Network,
+    BlockId, ChainCursor, ChainEvent, ChainScanner, KeyIndex, KnownTransfer, Network,
     ReceivedAsset, ScanBatch, ScanError, Transfer, TransferId, WatchKeys, WatchView,
 };
 
-use crate::{UtxoChain, UtxoNetwork, script_pubkey};
+use crate::{UtxoTarget, script_pubkey};
 
 /// Recent block hashes kept for the cursor, below the tip.
 const KEPT_CHECKPOINTS: u64 = 64;
@@ -35,33 +34,13 @@ const TRANSACTIONS_PER_BATCH: usize = 100;
 /// Block times remembered for dating transfers first seen already confirmed.
 const KEPT_BLOCK_TIMES: usize = 4096;
 
-/// Litecoin's genesis blocks (rust-bitcoin knows only Bitcoin's).
-const LITECOIN_GENESIS: [(UtxoNetwork, &str); 3] = [
-    (
-        UtxoNetwork::Mainnet,
-        "12a765e31ffd4059bada1e25190f6e98c99d9714d334efa41a195a7e7e04bfe2",
-    ),
-    (
-        UtxoNetwork::Testnet,
-        "4966625a4b2851d9fdee139e56211a0d88575f59ed816ff5e6a63deb4e3e29a0",
-    ),
-    (
-        UtxoNetwork::Regtest,
-        "530827f38f93b43ed12af0b3ad25a288dc02ed74d6d7857862df51fc56c416f9",
-    ),
-];
-
 /// Where and how to reach one network's Electrum server.
 #[derive(Clone, Debug)]
 pub struct ElectrumSettings {
     /// `tcp://host:port` or `ssl://host:port`.
     pub url: String,
-    /// Bitcoin or Litecoin.
-    pub chain: UtxoChain,
-    /// Mainnet, testnet or regtest: decides the expected genesis block.
-    pub network: UtxoNetwork,
-    /// Overrides the expected genesis block hash (for signet or a custom test chain).
-    pub genesis_hash: Option<String>,
+    /// The chain the server must serve.
+    pub target: UtxoTarget,
     /// Socket timeout of one request.
     pub timeout: Duration,
     /// Scripts per batched subscribe or history request. Servers answer a session's later
@@ -72,52 +51,17 @@ pub struct ElectrumSettings {
 
 impl ElectrumSettings {
     /// Settings with a 30 s timeout and batches of 1000 scripts.
-    pub fn new(url: impl Into<String>, chain: UtxoChain, network: UtxoNetwork) -> ElectrumSettings {
+    pub fn new(url: impl Into<String>, target: UtxoTarget) -> ElectrumSettings {
         ElectrumSettings {
             url: url.into(),
-            chain,
-            network,
-            genesis_hash: None,
+            target,
             timeout: Duration::from_secs(30),
             batch_size: 1000,
         }
     }
 
     fn network_id(&self) -> Network {
-        match self.chain {
-            UtxoChain::Bitcoin => Network::Bitcoin,
-            UtxoChain::Litecoin => Network::Litecoin,
-        }
-    }
-
-    fn method(&self) -> Method {
-        match self.chain {
-            UtxoChain::Bitcoin => Method::Btc,
-            UtxoChain::Litecoin => Method::Ltc,
-        }
-    }
-
-    /// The genesis block hash the server must serve.
-    pub fn expected_genesis(&self) -> Result<BlockHash, ScanError> {
-        let configured = self.genesis_hash.as_deref().map(str::to_owned);
-        let text = match (configured, self.chain) {
-            (Some(hash), _) => hash,
-            (None, UtxoChain::Bitcoin) => {
-                let network = match self.network {
-                    UtxoNetwork::Mainnet => bitcoin::Network::Bitcoin,
-                    UtxoNetwork::Testnet => bitcoin::Network::Testnet,
-                    UtxoNetwork::Regtest => bitcoin::Network::Regtest,
-                };
-                return Ok(bitcoin::constants::genesis_block(network).block_hash());
-            }
-            (None, UtxoChain::Litecoin) => LITECOIN_GENESIS
-                .iter()
-                .find(|(network, _)| *network == self.network)
-                .map(|(_, hash)| (*hash).to_owned())
-                .unwrap_or_default(),
-        };
-        BlockHash::from_str(&text)
-            .map_err(|e| ScanError::Fatal(format!("genesis hash {text:?}: {e}")))
+        self.target.network_id()
     }
 }
 
@@ -238,12 +182,12 @@ impl Session {
             .retry(0)
             .build();
         let client = Client::from_config(&settings.url, config).map_err(classify)?;
-        let expected = settings.expected_genesis()?;
+        let expected = settings.target.expected_genesis()?;
         let genesis = client.block_header(0).map_err(classify)?.block_hash();
         if genesis != expected {
             return Err(ScanError::Fatal(format!(
                 "{} serves the chain with genesis block {genesis}, not {:?} {:?} ({expected})",
-                settings.url, settings.chain, settings.network
+                settings.url, settings.target.chain, settings.target.network
             )));
         }
         let tip = client.block_headers_subscribe().map_err(classify)?;
@@ -568,7 +512,7 @@ impl Session {
         );
 
         let network = settings.network_id();
-        let method = settings.method();
+        let method = settings.target.method();
         let known = &view.known;
         let mut found = Vec::new();
         for (script, watched) in &self.scripts {
@@ -729,30 +673,6 @@ fn classify(error: ElectrumError) -> ScanError {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn bitcoin_genesis_comes_from_rust_bitcoin() {
-        let settings = ElectrumSettings::new("tcp://x:1", UtxoChain::Bitcoin, UtxoNetwork::Mainnet);
-        assert_eq!(
-            settings.expected_genesis().unwrap().to_string(),
-            "000000000019d6689c085ae165831e934ff763ae46a2a6c172b3f1b60a8ce26f"
-        );
-    }
-
-    #[test]
-    fn a_configured_genesis_wins_and_must_parse() {
-        let mut settings =
-            ElectrumSettings::new("tcp://x:1", UtxoChain::Litecoin, UtxoNetwork::Mainnet);
-        assert_eq!(
-            settings.expected_genesis().unwrap().to_string(),
-            LITECOIN_GENESIS[0].1
-        );
-        settings.genesis_hash = Some("zz".into());
-        assert!(matches!(
-            settings.expected_genesis(),
-            Err(ScanError::Fatal(_))
-        ));
-    }
 
     use bitcoin::hashes::Hash as _;
 

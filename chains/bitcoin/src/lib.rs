@@ -1,9 +1,17 @@
-//! Bitcoin and Litecoin: BIP84 native segwit receive addresses (watch-only) and the scanner
-//! that follows them through an Electrum server.
+//! Bitcoin and Litecoin: BIP84 native segwit receive addresses (watch-only) and two scanners
+//! that follow them: through an Electrum server, or straight from a full node's RPC with its
+//! P2P announcements as the push channel.
 
+mod chain;
 mod derive;
 mod electrum;
+mod node;
+mod p2p;
+mod rpc;
 
+pub use chain::UtxoTarget;
 pub use derive::script_pubkey;
 pub use derive::{SegwitDeriver, UtxoChain, UtxoNetwork};
 pub use electrum::{ElectrumScanner, ElectrumSettings};
+pub use node::{NodeScanner, NodeSettings};
+pub use rpc::{NodeAuth, RpcError};

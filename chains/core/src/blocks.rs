@@ -224,8 +224,9 @@ impl BlockRange {
                 continue;
             }
             match k.block_height {
-                // Read again and not found: a reorg took it.
-                Some(height) if height >= from && height <= tip => {
+                // Read again and not found, or above the tip of a chain read to its end: a
+                // reorg took it.
+                Some(height) if height >= from && (height <= tip || tip >= head) => {
                     events.push(ChainEvent::Removed {
                         id: k.transfer.id.clone(),
                         tip_height: report_tip,

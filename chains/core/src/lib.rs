@@ -11,6 +11,7 @@ mod event;
 pub mod fuzz;
 mod keys;
 mod method;
+mod retry;
 mod scan;
 
 pub use amount::{Amount, ParseAmountError, ParseAmountErrorKind};
@@ -26,6 +27,7 @@ pub use keys::{
     WatchedLookup,
 };
 pub use method::{Asset, Method, Network, ParseMethodError, ParseNetworkError};
+pub use retry::{Attempt, RetryPolicy};
 pub use scan::{ChainScanner, KnownTransfer, ScanBatch, ScanError, WatchView};
 
 /// Re-exported so chain crates share one secp256k1 and one base58check.

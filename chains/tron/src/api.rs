@@ -6,19 +6,9 @@
 
 use std::time::Duration;
 
-use payrecon_chain_core::ScanError;
+use payrecon_chain_core::{Attempt, RetryPolicy, ScanError};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
-
-/// Retries of one request refused as rate-limited, failed by the server or cut short, before
-/// the scan fails and the watcher backs off as a whole.
-const REQUEST_RETRIES: u32 = 5;
-
-/// The first pause before retrying a request; doubled per retry.
-const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(200);
-
-/// The longest pause a server's `Retry-After` can ask for.
-const MAX_RETRY_PAUSE: Duration = Duration::from_secs(30);
 
 /// A block as `/wallet/getblockbynum` and `/wallet/getnowblock` return it.
 #[derive(Clone, Debug, Deserialize)]
@@ -261,25 +251,9 @@ impl TronClient {
     /// POSTs `body` and returns the answer's text, retrying what may pass: connection
     /// failures, timeouts, 429 and 5xx, bodies cut short.
     async fn post_text(&self, path: &str, body: serde_json::Value) -> Result<String, ScanError> {
-        let mut pause = FIRST_RETRY_PAUSE;
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let failure = match self.attempt(path, &body).await {
-                Ok(text) => return Ok(text),
-                Err(Attempt::Fatal(reason)) => return Err(ScanError::Fatal(reason)),
-                Err(Attempt::Retry { reason, after }) => {
-                    pause = after.unwrap_or(pause).min(MAX_RETRY_PAUSE);
-                    reason
-                }
-            };
-            if attempt > REQUEST_RETRIES {
-                return Err(ScanError::Transient(failure));
-            }
-            tracing::debug!(path, attempt, %failure, retry_in = ?pause, "Tron API request failed");
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(MAX_RETRY_PAUSE);
-        }
+        RetryPolicy::default()
+            .run(path, || self.attempt(path, &body))
+            .await
     }
 
     async fn attempt(&self, path: &str, body: &serde_json::Value) -> Result<String, Attempt> {
@@ -338,14 +312,6 @@ impl TronClient {
         }
         Ok(text)
     }
-}
-
-enum Attempt {
-    Retry {
-        reason: String,
-        after: Option<Duration>,
-    },
-    Fatal(String),
 }
 
 /// A complete answer that does not have the documented shape cannot be trusted: the watcher

@@ -1,0 +1,615 @@
+//! The Bitcoin and Litecoin scanner, straight from a full node's JSON-RPC.
+//!
+//! It reads blocks in order (`getblockhash`, then `getblock <hash> 2`: every transaction with
+//! its outputs, no transaction index needed), checks each block extends the one before it,
+//! and rejoins the chain after a reorg through the checkpoints in the cursor, exactly as the
+//! Ethereum and Tron scanners do (`payrecon_chain_core::blocks`). Every output is looked up in
+//! an in-memory index of the watched output scripts, so the cost of a block depends on the
+//! block, not on how many addresses are watched.
+//!
+//! Caught up with the node, it also reads the mempool: transactions it has not looked at yet
+//! are fetched once (`getrawtransaction <txid> true`), and a watched payment that leaves the
+//! mempool without being mined (replaced by fee, double spent, expired) is reported removed.
+//!
+//! News: with `push_peer`, a P2P connection to the node ([`crate::p2p`]) wakes the watcher the
+//! moment the node announces a block or a transaction; polling stays the fallback.
+//!
+//! Trust: the node is your own, reached over loopback or a private network with credentials;
+//! what it answers is the chain. Its genesis block is still checked against the configured
+//! network, so a node of another chain stops the watcher.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use payrecon_chain_core::bitcoin::ScriptBuf;
+use payrecon_chain_core::bitcoin::hex::FromHex;
+use payrecon_chain_core::blocks::{self, BlockRange};
+use payrecon_chain_core::{
+    Amount, ChainEvent, ChainScanner, KeyIndex, KnownTransfer, Network, ReceivedAsset, ScanBatch,
+    ScanError, Transfer, TransferId, WatchView,
+};
+use serde::Deserialize;
+use serde_json::json;
+use serde_json::value::RawValue;
+
+use crate::p2p::PushChannel;
+use crate::rpc::{NodeAuth, NodeRpc, RpcError};
+use crate::{UtxoTarget, script_pubkey};
+
+/// `RPC_INVALID_ADDRESS_OR_KEY`: no such transaction (in the mempool, or at all).
+const RPC_NOT_FOUND: i64 = -5;
+
+/// `RPC_INVALID_PARAMETER`: a height above the node's tip.
+const RPC_INVALID_PARAMETER: i64 = -8;
+
+/// Transactions asked for in one batched request.
+const TRANSACTIONS_PER_REQUEST: usize = 200;
+
+/// Decimals of a coin amount in the node's JSON (satoshi, litoshi).
+const COIN_DECIMALS: u8 = 8;
+
+/// Where and how to reach one network's full node.
+#[derive(Clone, Debug)]
+pub struct NodeSettings {
+    /// The node's JSON-RPC, `http://host:port` (`rpcport`: 8332 Bitcoin, 9332 Litecoin).
+    pub rpc_url: String,
+    /// Credentials, or the cookie file.
+    pub auth: NodeAuth,
+    /// The chain the node must serve.
+    pub target: UtxoTarget,
+    /// The node's P2P `host:port`, heard for block and transaction announcements.
+    pub push_peer: Option<String>,
+    /// The height the very first scan starts at; the node's tip then by default.
+    pub start_height: Option<u64>,
+    /// Timeout of one request.
+    pub timeout: Duration,
+    /// Blocks read in one scan at most, so a long catch-up commits as it goes.
+    pub blocks_per_scan: u64,
+    /// Blocks asked for in one batched request.
+    pub blocks_per_request: usize,
+}
+
+impl NodeSettings {
+    /// Settings with a 30 s timeout, scans of at most 100 blocks asked 10 at a time.
+    pub fn new(rpc_url: impl Into<String>, auth: NodeAuth, target: UtxoTarget) -> NodeSettings {
+        NodeSettings {
+            rpc_url: rpc_url.into(),
+            auth,
+            target,
+            push_peer: None,
+            start_height: None,
+            timeout: Duration::from_secs(30),
+            blocks_per_scan: 100,
+            blocks_per_request: 10,
+        }
+    }
+}
+
+/// A block as `getblock <hash> 2` answers it: the fields read.
+#[derive(Deserialize)]
+struct NodeBlock {
+    hash: String,
+    height: u64,
+    #[serde(default)]
+    previousblockhash: String,
+    time: i64,
+    tx: Vec<NodeTransaction>,
+}
+
+/// A transaction inside a block, or as `getrawtransaction <txid> true` answers it.
+#[derive(Deserialize)]
+struct NodeTransaction {
+    txid: String,
+    vout: Vec<NodeOutput>,
+    /// `getrawtransaction` only: depth of its block, absent while in the mempool.
+    #[serde(default)]
+    confirmations: Option<u32>,
+}
+
+#[derive(Deserialize)]
+struct NodeOutput {
+    /// The amount in coins, a JSON number with eight decimals: read exactly from its text.
+    value: Box<RawValue>,
+    n: u32,
+    #[serde(rename = "scriptPubKey")]
+    script_pubkey: NodeScript,
+}
+
+#[derive(Deserialize)]
+struct NodeScript {
+    hex: String,
+}
+
+/// A watched output of a mempool transaction.
+#[derive(Clone, Debug)]
+struct MempoolHit {
+    vout: u32,
+    script: ScriptBuf,
+    amount: Amount,
+}
+
+impl NodeOutput {
+    fn script(&self) -> Result<ScriptBuf, ScanError> {
+        Vec::<u8>::from_hex(&self.script_pubkey.hex)
+            .map(ScriptBuf::from_bytes)
+            .map_err(|e| ScanError::Fatal(format!("an output script is not hex: {e}")))
+    }
+
+    fn amount(&self) -> Result<Amount, ScanError> {
+        Amount::from_decimal_str(self.value.get(), COIN_DECIMALS)
+            .map_err(|e| ScanError::Fatal(format!("output value {}: {e}", self.value.get())))
+    }
+}
+
+/// Scans one UTXO network through one full node.
+pub struct NodeScanner {
+    settings: NodeSettings,
+    rpc: Option<NodeRpc>,
+    /// The node serves the configured chain (checked once per connection).
+    checked: bool,
+    /// The watched output scripts.
+    scripts: KeyIndex<ScriptBuf>,
+    /// Mempool transactions already looked at.
+    mempool_seen: HashSet<String>,
+    /// Those of them that pay a watched script (as watched when fetched).
+    mempool_hits: HashMap<String, Vec<MempoolHit>>,
+    push: Option<PushChannel>,
+}
+
+impl NodeScanner {
+    /// A scanner that connects on its first scan.
+    pub fn new(settings: NodeSettings) -> NodeScanner {
+        NodeScanner {
+            settings,
+            rpc: None,
+            checked: false,
+            scripts: KeyIndex::default(),
+            mempool_seen: HashSet::new(),
+            mempool_hits: HashMap::new(),
+            push: None,
+        }
+    }
+
+    /// Whether `url` can be a node's RPC URL: what configuration checks at start.
+    pub fn check_url(url: &str) -> Result<(), ScanError> {
+        NodeRpc::new(url, NodeAuth::None, Duration::from_secs(1)).map(drop)
+    }
+
+    fn network_id(&self) -> Network {
+        self.settings.target.network_id()
+    }
+
+    async fn connect(&mut self) -> Result<&NodeRpc, ScanError> {
+        if self.rpc.is_none() {
+            self.rpc = Some(NodeRpc::new(
+                &self.settings.rpc_url,
+                self.settings.auth.clone(),
+                self.settings.timeout,
+            )?);
+        }
+        if self.push.is_none()
+            && let Some(peer) = &self.settings.push_peer
+        {
+            self.push = Some(PushChannel::start(
+                peer.clone(),
+                self.settings.target.magic(),
+            ));
+        }
+        let rpc = self.rpc.as_ref().expect("just made");
+        if !self.checked {
+            check_chain(rpc, &self.settings.target).await?;
+            self.checked = true;
+        }
+        Ok(rpc)
+    }
+}
+
+/// The node must serve the configured chain: its genesis block, and its chain name.
+async fn check_chain(rpc: &NodeRpc, target: &UtxoTarget) -> Result<(), ScanError> {
+    #[derive(Deserialize)]
+    struct ChainInfo {
+        chain: String,
+        blocks: u64,
+        #[serde(default)]
+        initialblockdownload: bool,
+    }
+    let info: ChainInfo = rpc.call("getblockchaininfo", json!([])).await?;
+    let expected = target.expected_genesis()?;
+    let genesis: String = rpc.call("getblockhash", json!([0])).await?;
+    if genesis != expected.to_string() {
+        return Err(ScanError::Fatal(format!(
+            "the node at {} serves the {:?} chain with genesis block {genesis}, not {:?} {:?} ({expected})",
+            rpc.url(),
+            info.chain,
+            target.chain,
+            target.network
+        )));
+    }
+    if info.initialblockdownload {
+        tracing::warn!(network = %target.network_id(), tip = info.blocks, "the node is still syncing: payments show up as it catches up");
+    }
+    tracing::info!(network = %target.network_id(), url = %rpc.url(), tip = info.blocks, "connected to the full node");
+    Ok(())
+}
+
+/// The hash of the block at `height` on the node's chain, `None` above its tip.
+async fn block_hash(rpc: &NodeRpc, height: u64) -> Result<Option<String>, ScanError> {
+    match rpc.try_call("getblockhash", json!([height])).await? {
+        Ok(hash) => Ok(Some(hash)),
+        Err(RpcError { code, .. }) if code == RPC_INVALID_PARAMETER => Ok(None),
+        Err(error) => Err(error.into_scan_error("getblockhash")),
+    }
+}
+
+/// The blocks at `heights`, in order, asked in one request for the hashes and one for the
+/// blocks.
+async fn read_blocks(rpc: &NodeRpc, heights: &[u64]) -> Result<Vec<NodeBlock>, ScanError> {
+    let params: Vec<_> = heights.iter().map(|h| json!([h])).collect();
+    let hashes: Vec<String> = rpc
+        .batch::<String>("getblockhash", &params)
+        .await?
+        .into_iter()
+        .map(|hash| {
+            hash.map_err(|e| {
+                // A tip that went down between asking the count and the hash: a reorg.
+                ScanError::Transient(format!("getblockhash: {e} (the chain moved)"))
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    let params: Vec<_> = hashes.iter().map(|h| json!([h, 2])).collect();
+    rpc.batch::<NodeBlock>("getblock", &params)
+        .await?
+        .into_iter()
+        .zip(heights)
+        .map(|(block, height)| {
+            let block = block.map_err(|e| e.into_scan_error("getblock"))?;
+            if block.height != *height {
+                return Err(ScanError::Fatal(format!(
+                    "asked for block {height}, the node answered block {}",
+                    block.height
+                )));
+            }
+            Ok(block)
+        })
+        .collect()
+}
+
+impl ChainScanner for NodeScanner {
+    fn network(&self) -> Network {
+        self.network_id()
+    }
+
+    async fn scan(&mut self, view: &WatchView) -> Result<ScanBatch, ScanError> {
+        let network = self.network_id();
+        let method = self.settings.target.method();
+        let (per_scan, per_request) = (
+            self.settings.blocks_per_scan.max(1),
+            self.settings.blocks_per_request.max(1),
+        );
+        let start_height = self.settings.start_height;
+        self.connect().await?;
+        let rpc = self.rpc.as_ref().expect("connected");
+        let scripts = &mut self.scripts;
+        scripts
+            .sync(&view.watch_keys, script_pubkey)
+            .map_err(|(key, e)| {
+                ScanError::Fatal(format!("watch key {key:?} is not a segwit address: {e}"))
+            })?;
+
+        let head: u64 = rpc.call("getblockcount", json!([])).await?;
+        if let Some(cursor) = &view.cursor
+            && cursor.tip.height > head
+        {
+            return Err(ScanError::Transient(format!(
+                "the node at {} is at height {head}, behind the {} already processed",
+                rpc.url(),
+                cursor.tip.height
+            )));
+        }
+        let resume = blocks::resume(
+            view.cursor.as_ref(),
+            start_height.unwrap_or(head),
+            |height| block_hash(rpc, height),
+        )
+        .await?;
+        let mut range = BlockRange::new(resume);
+        let last = head.min(range.from().saturating_add(per_scan - 1));
+        let heights: Vec<u64> = (range.from()..=last).collect();
+        for chunk in heights.chunks(per_request) {
+            for block in read_blocks(rpc, chunk).await? {
+                range.push_block(
+                    block.height,
+                    block.hash,
+                    &block.previousblockhash,
+                    block.time.saturating_mul(1000),
+                )?;
+                for tx in block.tx {
+                    for output in &tx.vout {
+                        let Some(key) = scripts.get(&output.script()?) else {
+                            continue;
+                        };
+                        let transfer = Transfer {
+                            id: TransferId {
+                                network,
+                                txid: tx.txid.clone(),
+                                position: output.n,
+                            },
+                            to_address: key.to_string(),
+                            asset: ReceivedAsset::Method { method },
+                            amount: output.amount()?,
+                        };
+                        range.push_transfer(transfer, block.height)?;
+                    }
+                }
+            }
+        }
+        let mut batch = range.into_batch(view, head, blocks::depth);
+        if batch.more {
+            // Still catching up: the mempool is judged against the node's tip only.
+            return Ok(batch);
+        }
+        let tip_hash = batch.cursor.tip.hash.clone();
+        let mempool = Mempool {
+            rpc,
+            seen: &mut self.mempool_seen,
+            hits: &mut self.mempool_hits,
+            scripts,
+        };
+        if !mempool.refresh(&tip_hash).await? {
+            // A block came in while the mempool was read: a transaction missing from both
+            // may be in it. Scan again at once instead of judging.
+            batch.more = true;
+            return Ok(batch);
+        }
+        let report_tip = batch
+            .cursor
+            .tip
+            .height
+            .max(view.cursor.as_ref().map_or(0, |cursor| cursor.tip.height));
+        merge_mempool(
+            &mut batch,
+            view,
+            &self.mempool_hits,
+            &self.scripts,
+            network,
+            method,
+            report_tip,
+        );
+        Ok(batch)
+    }
+
+    fn reset(&mut self) {
+        self.rpc = None;
+        self.checked = false;
+        self.mempool_seen.clear();
+        self.mempool_hits.clear();
+    }
+
+    async fn recheck(
+        &mut self,
+        transfers: &[KnownTransfer],
+        _settle_depth: u32,
+    ) -> Result<Vec<Option<u32>>, ScanError> {
+        let rpc = self.connect().await?;
+        let head: u64 = rpc.call("getblockcount", json!([])).await?;
+        let mut found = Vec::with_capacity(transfers.len());
+        for known in transfers {
+            let txid = &known.transfer.id.txid;
+            // With `txindex` (or while in the mempool) the node finds any transaction.
+            let answer: Result<NodeTransaction, RpcError> = rpc
+                .try_call("getrawtransaction", json!([txid, true]))
+                .await?;
+            let depth = match answer {
+                Ok(tx) if tx.confirmations.is_some_and(|c| c > 0) => tx.confirmations,
+                // The index still knows a transaction a reorg took out of the chain (with
+                // its stale block, zero confirmations): only the mempool can hold it now.
+                Ok(_) => match rpc
+                    .try_call::<serde_json::Value>("getmempoolentry", json!([txid]))
+                    .await?
+                {
+                    Ok(_) => Some(0),
+                    Err(RpcError { code, .. }) if code == RPC_NOT_FOUND => None,
+                    Err(error) => return Err(error.into_scan_error("getmempoolentry")),
+                },
+                Err(RpcError { code, .. }) if code == RPC_NOT_FOUND => {
+                    // Without `txindex`: is it still in the block it was recorded in?
+                    match known.block_height {
+                        Some(height) => {
+                            let in_block = match block_hash(rpc, height).await? {
+                                Some(hash) => {
+                                    #[derive(Deserialize)]
+                                    struct Txids {
+                                        tx: Vec<String>,
+                                    }
+                                    let block: Txids =
+                                        rpc.call("getblock", json!([hash, 1])).await?;
+                                    block.tx.contains(txid)
+                                }
+                                None => false,
+                            };
+                            in_block.then(|| blocks::depth(height, head))
+                        }
+                        None => None,
+                    }
+                }
+                Err(error) => return Err(error.into_scan_error("getrawtransaction")),
+            };
+            found.push(depth);
+        }
+        Ok(found)
+    }
+
+    async fn news(&mut self) {
+        match &self.push {
+            Some(push) => push.news().await,
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// The scanner's copy of the node's mempool, brought up to date once per scan.
+struct Mempool<'a> {
+    rpc: &'a NodeRpc,
+    seen: &'a mut HashSet<String>,
+    hits: &'a mut HashMap<String, Vec<MempoolHit>>,
+    scripts: &'a KeyIndex<ScriptBuf>,
+}
+
+impl Mempool<'_> {
+    /// Forgets what left the mempool and fetches what entered it. False when the node's tip
+    /// is no longer `tip_hash` by the end, so the copy cannot be judged against the blocks.
+    async fn refresh(self, tip_hash: &str) -> Result<bool, ScanError> {
+        let now: Vec<String> = self.rpc.call("getrawmempool", json!([false])).await?;
+        let current: HashSet<&str> = now.iter().map(String::as_str).collect();
+        self.seen.retain(|txid| current.contains(txid.as_str()));
+        self.hits.retain(|txid, _| current.contains(txid.as_str()));
+        let new: Vec<&String> = now.iter().filter(|t| !self.seen.contains(*t)).collect();
+        for chunk in new.chunks(TRANSACTIONS_PER_REQUEST) {
+            let params: Vec<_> = chunk.iter().map(|txid| json!([txid, true])).collect();
+            let answers = self
+                .rpc
+                .batch::<NodeTransaction>("getrawtransaction", &params)
+                .await?;
+            for (txid, answer) in chunk.iter().zip(answers) {
+                let tx = match answer {
+                    Ok(tx) => tx,
+                    // Mined or dropped since the list: the blocks or the next list say which.
+                    Err(RpcError { code, .. }) if code == RPC_NOT_FOUND => continue,
+                    Err(error) => return Err(error.into_scan_error("getrawtransaction")),
+                };
+                if tx.txid != **txid {
+                    return Err(ScanError::Fatal(format!(
+                        "asked for transaction {txid}, the node answered {}",
+                        tx.txid
+                    )));
+                }
+                let mut paid = Vec::new();
+                for output in &tx.vout {
+                    let script = output.script()?;
+                    if self.scripts.contains(&script) {
+                        paid.push(MempoolHit {
+                            vout: output.n,
+                            script,
+                            amount: output.amount()?,
+                        });
+                    }
+                }
+                if !paid.is_empty() {
+                    self.hits.insert((*txid).clone(), paid);
+                }
+                self.seen.insert((*txid).clone());
+            }
+        }
+        let best: String = self.rpc.call("getbestblockhash", json!([])).await?;
+        Ok(best == tip_hash)
+    }
+}
+
+/// Adds the mempool's news to a scan caught up with the node: watched payments new in the
+/// mempool or back in it after a reorg, and unconfirmed ones that left it unmined.
+fn merge_mempool(
+    batch: &mut ScanBatch,
+    view: &WatchView,
+    hits: &HashMap<String, Vec<MempoolHit>>,
+    scripts: &KeyIndex<ScriptBuf>,
+    network: Network,
+    method: payrecon_chain_core::Method,
+    tip_height: u64,
+) {
+    let mined: HashSet<TransferId> = batch
+        .events
+        .iter()
+        .filter_map(|event| match event {
+            ChainEvent::Observed {
+                transfer,
+                block_height: Some(_),
+                ..
+            } => Some(transfer.id.clone()),
+            _ => None,
+        })
+        .collect();
+    let mut pending = HashSet::new();
+    let mut observed = Vec::new();
+    for (txid, paid) in hits {
+        for hit in paid {
+            let Some(key) = scripts.get(&hit.script) else {
+                continue;
+            };
+            let id = TransferId {
+                network,
+                txid: txid.clone(),
+                position: hit.vout,
+            };
+            if mined.contains(&id) {
+                continue;
+            }
+            pending.insert(id.clone());
+            let previous = view.known.get(&id);
+            if previous.is_some_and(|k| k.block_height.is_none() && k.confirmations == 0) {
+                continue;
+            }
+            observed.push(ChainEvent::Observed {
+                transfer: Transfer {
+                    id,
+                    to_address: key.to_string(),
+                    asset: ReceivedAsset::Method { method },
+                    amount: hit.amount,
+                },
+                confirmations: 0,
+                block_height: None,
+                seen_at_ms: previous.map_or(view.now_ms, |k| k.seen_at_ms),
+                tip_height,
+            });
+        }
+    }
+    // A reorg sent it back to the mempool: it is pending again, not gone.
+    batch
+        .events
+        .retain(|event| !matches!(event, ChainEvent::Removed { id, .. } if pending.contains(id)));
+    batch.events.extend(observed);
+    for known in view.known.values() {
+        let id = &known.transfer.id;
+        if known.block_height.is_none() && !mined.contains(id) && !pending.contains(id) {
+            batch.events.push(ChainEvent::Removed {
+                id: id.clone(),
+                tip_height,
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_recorded_block_reads_with_exact_amounts() {
+        let block: NodeBlock = serde_json::from_str(
+            r#"{"hash":"ab","height":7,"previousblockhash":"aa","time":1700000000,"nTx":1,
+                "tx":[{"txid":"t1","hex":"00","vout":[
+                  {"value":0.00000001,"n":0,"scriptPubKey":{"hex":"0014aabbccddeeff00112233445566778899aabbccdd","type":"witness_v0_keyhash"}},
+                  {"value":20999999.97690000,"n":1,"scriptPubKey":{"hex":"6a","type":"nulldata"}}]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            block.tx[0].vout[0].amount().unwrap(),
+            Amount::from_base_units(1)
+        );
+        assert_eq!(
+            block.tx[0].vout[1].amount().unwrap(),
+            Amount::from_base_units(2_099_999_997_690_000)
+        );
+        assert_eq!(block.tx[0].vout[0].script().unwrap().len(), 22);
+    }
+
+    #[test]
+    fn a_value_that_is_not_an_exact_coin_amount_is_refused() {
+        for value in ["-1", "0.000000001", "1e-8", "\"1\""] {
+            let output: NodeOutput = serde_json::from_str(&format!(
+                r#"{{"value":{value},"n":0,"scriptPubKey":{{"hex":"00"}}}}"#
+            ))
+            .unwrap();
+            assert!(output.amount().is_err(), "{value}");
+        }
+    }
+}
