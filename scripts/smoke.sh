@@ -20,9 +20,12 @@ payrecon init
 shop=$(payrecon token create --name shop-backend --role shop --json | json '["token"]')
 operator=$(payrecon token create --name ops --role operator --json | json '["token"]')
 finance=$(payrecon token create --name finance --role finance --json | json '["token"]')
-payrecon serve > "$work/serve.log" 2>&1 &
+# Started directly, not through the payrecon function: `$!` after `function &` is the
+# subshell running the function, and killing it left the server running.
+target/debug/payrecon --config "$work/devnet.toml" serve > "$work/serve.log" 2>&1 &
 serve=$!
-trap 'kill $serve 2>/dev/null || true; rm -rf "$work"' EXIT
+stop_serve() { kill "$serve" 2>/dev/null || true; wait "$serve" 2>/dev/null || true; }
+trap 'stop_serve; rm -rf "$work"' EXIT
 for _ in $(seq 1 100); do curl -fs "$base/ready" >/dev/null && break; sleep 0.1; done
 
 call() { curl -fsS -H "Authorization: Bearer $1" -H 'content-type: application/json' "${@:2}"; }
@@ -51,3 +54,6 @@ today=$(date -u +%F); tomorrow=$(date -u -d tomorrow +%F)
 call "$finance" "$base/v1/reports/reconcile?from=$today&to=$tomorrow&format=csv&section=summary" | grep -q '^ltc,LTC,1,1,0,0,1.17647059,1.17647059,'
 curl -fsS "$base/metrics" | grep -q 'payrecon_intents{state="settled"} 1'
 echo "smoke: top-up settled, balance $balance USD, pages and reports served"
+stop_serve
+if kill -0 "$serve" 2>/dev/null; then echo "smoke: payrecon serve is still running" >&2; exit 1; fi
+echo "smoke: payrecon serve stopped"

@@ -68,6 +68,7 @@ pub fn router(engine: Engine, max_body_bytes: usize, webhook_retry_hours: u32) -
         .route("/v1/ledger/trial-balance", get(trial_balance))
         .route("/v1/stuck", get(stuck))
         .route("/v1/exceptions", get(exceptions))
+        .route("/v1/support/find", get(support_find))
         .route("/v1/exceptions/{id}/resolve", post(resolve))
         .route("/v1/audit-log", get(audit_log))
         .route("/v1/webhooks/{endpoint}/replay", post(replay_webhooks))
@@ -428,6 +429,31 @@ async fn trial_balance(State(state): State<ApiState>, _: Finance) -> ApiResult {
 
 async fn stuck(State(state): State<ApiState>, _: Operator) -> ApiResult {
     ok(&state.engine.stuck(&StuckOptions::default()).await?)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FindQuery {
+    /// A transaction id, an address, an order or top-up reference, or an intent id.
+    q: String,
+}
+
+/// Support lookup (operators): 404 when the text names nothing payrecon knows.
+async fn support_find(
+    State(state): State<ApiState>,
+    _: Operator,
+    query: Result<Query<FindQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult {
+    let Query(query) = query
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", e.body_text()))?;
+    match state.engine.find(&query.q).await? {
+        Some(finding) => ok(&finding),
+        None => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "no transaction, address, order or intent matches",
+        )),
+    }
 }
 
 #[derive(Deserialize)]

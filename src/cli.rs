@@ -82,6 +82,12 @@ enum Command {
     /// deadline, serve the HTTP API (`[http] listen`) and send webhooks, until interrupted
     /// (Ctrl-C or SIGTERM).
     Serve,
+    /// Support lookup: a transaction id, an address, an order or top-up reference, or a
+    /// payment intent id, with everything about what it names. Exits 1 when nothing matches.
+    Find {
+        /// What the customer gave.
+        text: String,
+    },
     /// Throughput benchmarks of the hot paths; prints figures, changes nothing else.
     #[command(subcommand)]
     Bench(crate::bench::BenchCommand),
@@ -308,11 +314,39 @@ pub fn main() -> ExitCode {
     };
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader went away (`payrecon … | head`): end quietly, with the status a Unix
+        // tool killed by SIGPIPE has.
+        Err(error) if is_broken_pipe(&error) => ExitCode::from(BROKEN_PIPE_STATUS),
         Err(error) => {
             eprintln!("error: {}", one_line(&error));
             ExitCode::FAILURE
         }
     }
+}
+
+/// 128 + SIGPIPE: what a shell reports for a tool whose output pipe was closed.
+const BROKEN_PIPE_STATUS: u8 = 141;
+
+/// Whether writing the output failed because its reader closed the pipe.
+fn is_broken_pipe(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+            || cause
+                .downcast_ref::<crate::Error>()
+                .is_some_and(crate::Error::is_broken_pipe)
+    })
+}
+
+/// Writes `text` to stdout, failing (rather than panicking as `print!` does) when the reader
+/// closed the pipe.
+fn print_out(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(text.as_bytes())?;
+    stdout.flush()?;
+    Ok(())
 }
 
 /// Help and version print as clap writes them; a usage mistake is one line on stderr (the
@@ -422,83 +456,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Order(OrderCommand::Show { reference }) => {
             let reference = OrderRef::new(reference)?;
-            let order = engine.order(&reference).await?;
-            let entries = engine.entries_for(reference.as_str()).await?;
-            let intents = engine.payments_for(&reference).await?;
-            let transfers = engine.transfers_for(&reference).await?;
-            let exceptions = engine.exceptions(Some(&reference)).await?;
-            /// The support view: everything about one order.
-            #[derive(Serialize)]
-            struct Shown<'a> {
-                #[serde(flatten)]
-                order: &'a Order,
-                payment_intents: &'a [crate::payments::PaymentInstructions],
-                transfers: &'a [crate::store::payments::StoredTransfer],
-                exceptions: &'a [crate::store::payments::ExceptionRecord],
-                ledger_entries: &'a [crate::ledger::PostedEntry],
-            }
-            emit(
-                json,
-                &Shown {
-                    order: &order,
-                    payment_intents: &intents,
-                    transfers: &transfers,
-                    exceptions: &exceptions,
-                    ledger_entries: &entries,
-                },
-                || {
-                    let mut text = describe_order(&order);
-                    if let Some(attention) = &order.attention {
-                        text.push_str(&format!("\nATTENTION: {attention}"));
-                    }
-                    for intent in &intents {
-                        text.push_str(&format!("\nintent {}", describe_intent(intent)));
-                    }
-                    for transfer in &transfers {
-                        text.push_str(&format!(
-                            "\ntransfer {} {} base units of {}, {} confirmations{}{}",
-                            transfer.id,
-                            transfer.amount,
-                            crate::store::payments::asset_text(&transfer.asset),
-                            transfer.confirmations,
-                            if transfer.removed { ", REMOVED" } else { "" },
-                            transfer
-                                .credited_entry
-                                .as_ref()
-                                .map(|e| format!(", entry {e}"))
-                                .unwrap_or_default()
-                        ));
-                    }
-                    for exception in &exceptions {
-                        let state = if exception.resolved_at.is_some() {
-                            "resolved"
-                        } else {
-                            "OPEN"
-                        };
-                        text.push_str(&format!(
-                            "\nexception {} [{state}]: {}",
-                            exception.kind, exception.detail
-                        ));
-                    }
-                    for posted in &entries {
-                        text.push_str(&format!(
-                            "\nentry {} ({}) at {}",
-                            posted.entry.idempotency_key,
-                            posted.entry.kind.as_str(),
-                            posted.posted_at.to_rfc3339()
-                        ));
-                        for leg in &posted.entry.postings {
-                            text.push_str(&format!(
-                                "\n  {:<32} {:>24} {}",
-                                leg.account.to_string(),
-                                leg.currency.format(leg.amount_minor),
-                                leg.currency
-                            ));
-                        }
-                    }
-                    text
-                },
-            )
+            let view = engine.order_view(&reference).await?;
+            emit(json, &view, || describe_order_view(&view))
         }
         Command::Order(OrderCommand::PayFromBalance { reference }) => {
             let reference = OrderRef::new(reference)?;
@@ -622,7 +581,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 match &output {
                     Some(path) => std::fs::write(path, text)
                         .with_context(|| format!("writing {}", path.display()))?,
-                    None => print!("{text}"),
+                    None => print_out(&text)?,
                 }
                 anyhow::ensure!(
                     report.unchecked.is_empty(),
@@ -670,6 +629,109 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 "the ledger's invariants do not hold (see the trial balance)"
             );
             Ok(())
+        }
+        Command::Find { text } => {
+            use crate::support::Finding;
+            let finding = engine.find(&text).await?.with_context(|| {
+                format!("nothing matches {text:?}: no transaction, address, order or intent")
+            })?;
+            emit(json, &finding, || match &finding {
+                Finding::Transfers { transfers } => transfers
+                    .iter()
+                    .map(|view| {
+                        let mut text = format!(
+                            "transfer {} {} base units of {} to {}, {} confirmations{}",
+                            view.transfer.id,
+                            view.transfer.amount,
+                            crate::store::payments::asset_text(&view.transfer.asset),
+                            view.transfer.to_address,
+                            view.transfer.confirmations,
+                            if view.transfer.removed {
+                                ", REMOVED"
+                            } else {
+                                ""
+                            }
+                        );
+                        match &view.intent {
+                            Some(intent) => text.push_str(&format!(
+                                "
+intent {}",
+                                describe_intent(intent)
+                            )),
+                            None => text.push_str(
+                                "
+no intent: an unmatched transfer",
+                            ),
+                        }
+                        if let Some(order) = &view.order {
+                            text.push_str(&format!(
+                                "
+{}",
+                                describe_order(order)
+                            ));
+                        }
+                        for exception in &view.exceptions {
+                            text.push_str(&format!(
+                                "
+exception {}: {}",
+                                exception.kind, exception.detail
+                            ));
+                        }
+                        for posted in &view.ledger_entries {
+                            text.push_str(&format!(
+                                "
+entry {}",
+                                posted.entry.idempotency_key
+                            ));
+                        }
+                        text
+                    })
+                    .collect::<Vec<_>>()
+                    .join("\n\n"),
+                Finding::Address(view) => {
+                    let mut text = format!("address {}", view.address);
+                    match &view.intent {
+                        Some(intent) => text.push_str(&format!(
+                            "
+intent {}",
+                            describe_intent(intent)
+                        )),
+                        None => text.push_str(
+                            "
+no intent of payrecon's",
+                        ),
+                    }
+                    if let Some(order) = &view.order {
+                        text.push_str(&format!(
+                            "
+{}",
+                            describe_order(order)
+                        ));
+                    }
+                    for transfer in &view.transfers {
+                        text.push_str(&format!(
+                            "
+transfer {} {} base units, {} confirmations{}{}",
+                            transfer.id,
+                            transfer.amount,
+                            transfer.confirmations,
+                            if transfer.removed { ", REMOVED" } else { "" },
+                            if transfer.intent_id.is_none() {
+                                ", unmatched"
+                            } else {
+                                ""
+                            }
+                        ));
+                    }
+                    text
+                }
+                Finding::Order(view) => describe_order_view(view),
+                Finding::Intent { intent, order } => format!(
+                    "intent {}\n{}",
+                    describe_intent(intent),
+                    describe_order_view(order)
+                ),
+            })
         }
         Command::Stuck {
             marked_paid_minutes,
@@ -897,18 +959,72 @@ fn describe_intent(instructions: &crate::payments::PaymentInstructions) -> Strin
     text
 }
 
+/// The support view of one order, as text.
+fn describe_order_view(view: &crate::support::OrderView) -> String {
+    let mut text = describe_order(&view.order);
+    if let Some(attention) = &view.order.attention {
+        text.push_str(&format!("\nATTENTION: {attention}"));
+    }
+    for intent in &view.payment_intents {
+        text.push_str(&format!("\nintent {}", describe_intent(intent)));
+    }
+    for transfer in &view.transfers {
+        text.push_str(&format!(
+            "\ntransfer {} {} base units of {}, {} confirmations{}{}",
+            transfer.id,
+            transfer.amount,
+            crate::store::payments::asset_text(&transfer.asset),
+            transfer.confirmations,
+            if transfer.removed { ", REMOVED" } else { "" },
+            transfer
+                .credited_entry
+                .as_ref()
+                .map(|e| format!(", entry {e}"))
+                .unwrap_or_default()
+        ));
+    }
+    for exception in &view.exceptions {
+        let state = if exception.resolved_at.is_some() {
+            "resolved"
+        } else {
+            "OPEN"
+        };
+        text.push_str(&format!(
+            "\nexception {} [{state}]: {}",
+            exception.kind, exception.detail
+        ));
+    }
+    for posted in &view.ledger_entries {
+        text.push_str(&format!(
+            "\nentry {} ({}) at {}",
+            posted.entry.idempotency_key,
+            posted.entry.kind.as_str(),
+            posted.posted_at.to_rfc3339()
+        ));
+        for leg in &posted.entry.postings {
+            text.push_str(&format!(
+                "\n  {:<32} {:>24} {}",
+                leg.account.to_string(),
+                leg.currency.format(leg.amount_minor),
+                leg.currency
+            ));
+        }
+    }
+    text
+}
+
 /// Prints `value` as JSON, or the text `describe` makes.
 pub(crate) fn emit<T: Serialize>(
     json: bool,
     value: &T,
     describe: impl FnOnce() -> String,
 ) -> anyhow::Result<()> {
-    if json {
-        println!("{}", serde_json::to_string_pretty(value)?);
+    let text = if json {
+        serde_json::to_string_pretty(value)?
     } else {
-        println!("{}", describe());
-    }
-    Ok(())
+        describe()
+    };
+    print_out(&format!("{text}\n"))
 }
 
 /// A database URL without its password, for messages.

@@ -62,6 +62,9 @@ pub enum Error {
     /// A report could not be written to its destination.
     #[error("cannot write the report: {0}")]
     Report(String),
+    /// A report's destination refused the bytes (a full disk, a closed pipe).
+    #[error("cannot write the report: {0}")]
+    ReportOutput(#[source] std::io::Error),
     /// A caller's input is malformed; the message says which field and why.
     #[error("invalid input: {0}")]
     InvalidInput(String),
@@ -86,6 +89,13 @@ pub enum Error {
     /// The database failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+impl Error {
+    /// The output's reader closed the pipe: the CLI ends quietly.
+    pub fn is_broken_pipe(&self) -> bool {
+        matches!(self, Error::ReportOutput(e) if e.kind() == std::io::ErrorKind::BrokenPipe)
+    }
 }
 
 impl From<sqlx::Error> for Error {

@@ -29,6 +29,7 @@ pub mod report;
 pub mod serve;
 pub mod store;
 pub mod stuck;
+pub mod support;
 pub mod tokens;
 pub mod watcher;
 pub mod webhooks;

@@ -150,7 +150,7 @@ impl Engine {
             methods: folded.methods.values().cloned().collect(),
             trial_balance_sound: trial.is_sound(),
         };
-        let io = |e: std::io::Error| Error::Report(e.to_string());
+        let io = Error::ReportOutput;
         match format {
             ReportFormat::Csv => {
                 self.write_csv(query, section, &folded, &trial, &mut out, &mut totals)

@@ -243,6 +243,70 @@ on_both_databases! {
         assert!(stuck.as_array().unwrap().iter().any(|i| i["category"] == "exception"));
     }
 
+    async fn support_finds_a_payment_by_transaction_address_reference_or_intent(db) {
+        let seeded = seed(&db).await;
+        let api = Api::start(&seeded).await;
+        let find = |q: &str| format!("/v1/support/find?q={q}");
+        let t1 = seeded.intents["T1"].clone();
+        let txid = seeded.engine.transfers_for(&common::checks::order("T1")).await.unwrap()[0].id.txid.clone();
+
+        // A transaction id: the transfer with its intent, order, exceptions and entries.
+        let (status, found) = api.call("GET", &find(&txid), Some(&api.operator), None).await;
+        assert_eq!(status, StatusCode::OK, "{found}");
+        assert_eq!(found["found"], "transfers");
+        let transfer = &found["transfers"][0];
+        assert_eq!(transfer["intent"]["id"], t1.intent.id.as_str());
+        assert_eq!(transfer["order"]["reference"], "T1");
+        assert!(transfer["ledger_entries"][0]["idempotency_key"].as_str().unwrap().starts_with("settle:"), "{transfer}");
+
+        // An address: its intent, its order and every transfer to it.
+        let (status, found) = api.call("GET", &find(&t1.intent.pay_to), Some(&api.operator), None).await;
+        assert_eq!(status, StatusCode::OK, "{found}");
+        assert_eq!(found["found"], "address");
+        assert_eq!(found["order"]["reference"], "T1");
+        assert_eq!(found["transfers"].as_array().unwrap().len(), 1);
+
+        // An unmatched transfer is found by its transaction, with no intent, and its exception.
+        let (_, found) = api.call("GET", &find(common::seed::UNMATCHED_TXID), Some(&api.operator), None).await;
+        assert_eq!(found["found"], "transfers");
+        assert!(found["transfers"][0]["intent"].is_null());
+        assert_eq!(found["transfers"][0]["exceptions"][0]["kind"], "unmatched");
+        // ... and by the address it paid, which no intent owns.
+        let stray = found["transfers"][0]["transfer"]["to_address"].as_str().unwrap().to_owned();
+        let (_, found) = api.call("GET", &find(&stray), Some(&api.operator), None).await;
+        assert_eq!(found["found"], "address");
+        assert!(found["intent"].is_null());
+        assert_eq!(found["transfers"][0]["intent_id"], Value::Null);
+
+        // A reference: the order as `order show` gives it; an intent id: the intent and that.
+        let (_, found) = api.call("GET", &find("T3"), Some(&api.operator), None).await;
+        assert_eq!((found["found"].as_str(), found["reference"].as_str()), (Some("order"), Some("T3")));
+        assert_eq!(found["exceptions"][0]["kind"], "overpaid");
+        let (_, found) = api.call("GET", &find(&t1.intent.id), Some(&api.operator), None).await;
+        assert_eq!(found["found"], "intent");
+        assert_eq!(found["order"]["reference"], "T1");
+
+        // Nothing known: 404. Hostile or empty text: 422 or 400, and nothing is written.
+        let (status, body) = api.call("GET", &find("nothing-here"), Some(&api.operator), None).await;
+        assert_eq!((status, error_code(&body)), (StatusCode::NOT_FOUND, "not_found"));
+        let before = seeded.engine.trial_balance().await.unwrap().entries;
+        for hostile in ["x%27%20OR%20%271%27%3D%271", "%3Cscript%3E", "", &"a".repeat(200)] {
+            let (status, body) = api.call("GET", &find(hostile), Some(&api.operator), None).await;
+            assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{hostile}: {body}");
+        }
+        let (status, _) = api.call("GET", "/v1/support/find", Some(&api.operator), None).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "q is required");
+        assert_eq!(seeded.engine.trial_balance().await.unwrap().entries, before);
+
+        // Operators only.
+        for token in [&api.shop, &api.finance] {
+            let (status, _) = api.call("GET", &find("T1"), Some(token), None).await;
+            assert_eq!(status, StatusCode::FORBIDDEN);
+        }
+        let (status, _) = api.call("GET", &find("T1"), None, None).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+    }
+
     async fn health_metrics_and_the_openapi_description(db) {
         let seeded = seed(&db).await;
         let api = Api::start(&seeded).await;

@@ -249,3 +249,73 @@ on_both_databases! {
         drop(seeded);
     }
 }
+
+/// `payrecon … | head` or `| grep -q`: the reader closes the pipe before payrecon writes, and
+/// payrecon ends quietly as a Unix tool does (status 141, nothing on stderr), for a plain
+/// answer and for a streamed report alike.
+#[test]
+fn a_closed_pipe_ends_the_cli_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("pipe.db").display());
+    json(&url, &["init"]);
+    for args in [
+        vec!["--json", "balance", "42"],
+        vec![
+            "report",
+            "reconcile",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-02",
+        ],
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_payrecon"))
+            .args(["--database-url", &url])
+            .args(&args)
+            .env_remove("PAYRECON_DATABASE_URL")
+            .env_remove("PAYRECON_CONFIG")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The reader is gone before payrecon has opened its database.
+        drop(child.stdout.take());
+        let output = child.wait_with_output().unwrap();
+        assert_eq!(output.status.code(), Some(141), "{args:?}: {output:?}");
+        assert!(
+            output.stderr.is_empty(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
+
+/// `payrecon find`: an order by its reference; nothing known and hostile text are one line
+/// and status 1.
+#[test]
+fn find_looks_up_what_a_customer_gave() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("find.db").display());
+    json(
+        &url,
+        &[
+            "topup",
+            "create",
+            "--account",
+            "42",
+            "--amount-usd",
+            "100",
+            "--reference",
+            "T-find",
+        ],
+    );
+    let found = json(&url, &["find", "T-find"]);
+    assert_eq!(
+        (found["found"].as_str(), found["reference"].as_str()),
+        (Some("order"), Some("T-find"))
+    );
+    let text = payrecon(&url, &["find", "T-find"]);
+    assert!(String::from_utf8_lossy(&text.stdout).contains("T-find"));
+    assert!(refused(&url, &["find", "nothing-here"]).contains("nothing matches"));
+    assert!(refused(&url, &["find", "x' OR '1'='1"]).contains("letters, digits"));
+}

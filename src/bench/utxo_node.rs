@@ -320,7 +320,7 @@ pub async fn scale(
         let mut outputs = serde_json::Map::new();
         for _ in 0..outputs_per_block {
             let address = random_address(hrp)?;
-            outputs.insert(address.clone(), json!("0.00001"));
+            outputs.insert(address.clone(), json!("0.0001"));
             paid.push(address);
         }
         node.call(true, "sendmany", json!(["", outputs])).await?;

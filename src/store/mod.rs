@@ -40,7 +40,7 @@ const POSTGRES_MAX_CONNECTIONS: u32 = 16;
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The schema, in order. Each version has one script per database.
-const MIGRATIONS: [(i64, &str, &str, &str); 7] = [
+const MIGRATIONS: [(i64, &str, &str, &str); 8] = [
     (
         1,
         "foundation",
@@ -82,6 +82,12 @@ const MIGRATIONS: [(i64, &str, &str, &str); 7] = [
         "feed positions",
         include_str!("../../migrations/sqlite/0007_feed_positions.sql"),
         include_str!("../../migrations/postgres/0007_feed_positions.sql"),
+    ),
+    (
+        8,
+        "support lookup",
+        include_str!("../../migrations/sqlite/0008_support_lookup.sql"),
+        include_str!("../../migrations/postgres/0008_support_lookup.sql"),
     ),
 ];
 

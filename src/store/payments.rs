@@ -271,6 +271,75 @@ pub(crate) async fn intent_id_by_watch_key(
     )
 }
 
+/// `network IN (…)` with the placeholders after `$after`: lookups by txid or address probe the
+/// `(network, …)` indexes once per network instead of reading the table.
+fn networks_in(conn: &mut AnyConnection, after: usize, networks: &[Network]) -> String {
+    format!(
+        "network IN ({})",
+        list_placeholders_after(super::backend_of_conn(conn), after, networks.len())
+    )
+}
+
+/// The intent whose watch key is `watch_key` on any of `networks` (support lookup).
+pub(crate) async fn intent_id_by_any_watch_key(
+    conn: &mut AnyConnection,
+    networks: &[Network],
+    watch_key: &str,
+) -> Result<Option<String>, StoreError> {
+    let sql = format!(
+        "SELECT id FROM payment_intents WHERE watch_key = {} AND {} ORDER BY id LIMIT 1",
+        super::placeholder(super::backend_of_conn(conn), 1),
+        networks_in(conn, 1, networks)
+    );
+    let mut query = sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(watch_key);
+    for network in networks {
+        query = query.bind(network.as_str());
+    }
+    Ok(query.fetch_optional(conn).await?)
+}
+
+/// Every transfer of the transaction `txid` on any of `networks` (support lookup).
+pub(crate) async fn transfers_by_txid(
+    conn: &mut AnyConnection,
+    networks: &[Network],
+    txid: &str,
+) -> Result<Vec<StoredTransfer>, StoreError> {
+    transfers_where(conn, "txid", networks, txid).await
+}
+
+/// Every transfer to `address` on any of `networks`, matched or not (support lookup).
+pub(crate) async fn transfers_to_address(
+    conn: &mut AnyConnection,
+    networks: &[Network],
+    address: &str,
+) -> Result<Vec<StoredTransfer>, StoreError> {
+    transfers_where(conn, "to_address", networks, address).await
+}
+
+async fn transfers_where(
+    conn: &mut AnyConnection,
+    column: &'static str,
+    networks: &[Network],
+    value: &str,
+) -> Result<Vec<StoredTransfer>, StoreError> {
+    let sql = format!(
+        "SELECT {TRANSFER_COLUMNS} FROM transfers t WHERE t.{column} = {} AND t.{} \
+         ORDER BY t.seen_at_ms, t.txid, t.position",
+        super::placeholder(super::backend_of_conn(conn), 1),
+        networks_in(conn, 1, networks)
+    );
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(value);
+    for network in networks {
+        query = query.bind(network.as_str());
+    }
+    query
+        .fetch_all(conn)
+        .await?
+        .iter()
+        .map(decode_transfer)
+        .collect()
+}
+
 /// Intents whose deadline has passed in a state the deadline changes: nothing received
 /// (becomes expired) or part received and confirmed (becomes underpaid). A `seen` intent waits
 /// for its confirmations, which arrive as chain events, so the clock alone never moves it and
@@ -792,6 +861,23 @@ pub(crate) async fn exceptions(
         .await?,
     };
     rows.iter().map(decode_exception).collect()
+}
+
+/// The exceptions about one transfer (`network:txid:position`).
+pub(crate) async fn exceptions_of_transfer(
+    conn: &mut AnyConnection,
+    transfer: &str,
+) -> Result<Vec<ExceptionRecord>, StoreError> {
+    sqlx::query(
+        "SELECT id, kind, intent_id, order_ref, transfer, detail, opened_at_ms, resolved_at_ms, resolution \
+             FROM exceptions WHERE transfer = $1 ORDER BY opened_at_ms, id",
+    )
+    .bind(transfer)
+    .fetch_all(conn)
+    .await?
+    .iter()
+    .map(decode_exception)
+    .collect()
 }
 
 /// An exception row, as every exception query selects it.

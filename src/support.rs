@@ -1,0 +1,236 @@
+//! Support lookup: what a customer who paid usually has (a transaction id, the address they
+//! paid, their order reference, the intent id from the payment page) found in one call, with
+//! everything support needs to answer them.
+
+use payrecon_chain_core::Network;
+use serde::Serialize;
+
+use crate::engine::Engine;
+use crate::error::Error;
+use crate::ledger::PostedEntry;
+use crate::order::{Order, OrderRef};
+use crate::payments::PaymentInstructions;
+use crate::store::payments::{self, ExceptionRecord, StoredTransfer};
+
+/// Longest text a lookup takes: a transaction id is 64 hex digits, a Solana signature 88
+/// base58 characters, an order reference 64.
+pub const MAX_LOOKUP_CHARS: usize = 128;
+
+/// Everything about one order, as `payrecon order show` and a reference lookup give it.
+#[derive(Clone, Debug, Serialize)]
+pub struct OrderView {
+    /// The order or top-up.
+    #[serde(flatten)]
+    pub order: Order,
+    /// Its payment instructions, superseded ones too.
+    pub payment_intents: Vec<PaymentInstructions>,
+    /// Every transfer to any of their addresses.
+    pub transfers: Vec<StoredTransfer>,
+    /// Its exceptions.
+    pub exceptions: Vec<ExceptionRecord>,
+    /// Every journal entry that names it.
+    pub ledger_entries: Vec<PostedEntry>,
+}
+
+/// A transfer with what it paid and what it caused.
+#[derive(Clone, Debug, Serialize)]
+pub struct TransferView {
+    /// The transfer and its state.
+    pub transfer: StoredTransfer,
+    /// The intent whose address it paid, if any.
+    pub intent: Option<PaymentInstructions>,
+    /// That intent's order, if any.
+    pub order: Option<Order>,
+    /// Exceptions about this transfer.
+    pub exceptions: Vec<ExceptionRecord>,
+    /// The journal entries that account for it: its credit and any reversal or operator action.
+    pub ledger_entries: Vec<PostedEntry>,
+}
+
+/// An address (or Solana reference) with its intent and every transfer to it.
+#[derive(Clone, Debug, Serialize)]
+pub struct AddressView {
+    /// The address as looked up.
+    pub address: String,
+    /// The intent it was handed out for, if payrecon handed it out.
+    pub intent: Option<PaymentInstructions>,
+    /// That intent's order.
+    pub order: Option<Order>,
+    /// Every transfer to it, matched or not.
+    pub transfers: Vec<StoredTransfer>,
+}
+
+/// What a lookup found.
+#[derive(Clone, Debug, Serialize)]
+#[serde(tag = "found", rename_all = "snake_case")]
+pub enum Finding {
+    /// The text is a transaction id: each of its outputs or logs to a watched address.
+    Transfers {
+        /// One per transfer in the transaction.
+        transfers: Vec<TransferView>,
+    },
+    /// The text is an address (or a Solana reference) payrecon watched.
+    Address(Box<AddressView>),
+    /// The text is an order or top-up reference.
+    Order(Box<OrderView>),
+    /// The text is a payment intent id.
+    Intent {
+        /// The intent.
+        intent: Box<PaymentInstructions>,
+        /// Its order, as a reference lookup gives it.
+        order: Box<OrderView>,
+    },
+}
+
+/// The text must look like one of the things a lookup finds; anything else is refused
+/// before it reaches the database.
+fn checked(text: &str) -> Result<&str, Error> {
+    let text = text.trim();
+    if text.is_empty() || text.chars().count() > MAX_LOOKUP_CHARS {
+        return Err(Error::InvalidInput(format!(
+            "a lookup takes 1 to {MAX_LOOKUP_CHARS} characters: a transaction id, an address, an order reference or an intent id"
+        )));
+    }
+    if !text
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-' | ':'))
+    {
+        return Err(Error::InvalidInput(
+            "a lookup is a transaction id, an address, an order reference or an intent id: letters, digits and _ . - : only".into(),
+        ));
+    }
+    Ok(text)
+}
+
+impl Engine {
+    /// Everything about one order: the support view.
+    pub async fn order_view(&self, reference: &OrderRef) -> Result<OrderView, Error> {
+        Ok(OrderView {
+            order: self.order(reference).await?,
+            payment_intents: self.payments_for(reference).await?,
+            transfers: self.transfers_for(reference).await?,
+            exceptions: self.exceptions(Some(reference)).await?,
+            ledger_entries: self.entries_for(reference.as_str()).await?,
+        })
+    }
+
+    /// Finds what `text` names: a transaction id, an address, an order or top-up reference,
+    /// or a payment intent id, tried in that order. `None` when it names nothing payrecon
+    /// knows.
+    pub async fn find(&self, text: &str) -> Result<Option<Finding>, Error> {
+        let text = checked(text)?;
+        let mut conn = self.store().pool().acquire().await?;
+        let transfers = payments::transfers_by_txid(&mut conn, &Network::ALL, text).await?;
+        if !transfers.is_empty() {
+            let mut views = Vec::with_capacity(transfers.len());
+            for transfer in transfers {
+                views.push(self.transfer_view(&mut conn, transfer).await?);
+            }
+            return Ok(Some(Finding::Transfers { transfers: views }));
+        }
+        let intent_id =
+            payments::intent_id_by_any_watch_key(&mut conn, &Network::ALL, text).await?;
+        let to_address = payments::transfers_to_address(&mut conn, &Network::ALL, text).await?;
+        if intent_id.is_some() || !to_address.is_empty() {
+            drop(conn);
+            let intent = match &intent_id {
+                Some(id) => Some(self.payment(id).await?),
+                None => None,
+            };
+            let order = match &intent {
+                Some(intent) => Some(self.order(&intent.intent.order_ref).await?),
+                None => None,
+            };
+            return Ok(Some(Finding::Address(Box::new(AddressView {
+                address: text.to_owned(),
+                intent,
+                order,
+                transfers: to_address,
+            }))));
+        }
+        drop(conn);
+        if let Ok(reference) = OrderRef::new(text) {
+            match self.order_view(&reference).await {
+                Ok(view) => return Ok(Some(Finding::Order(Box::new(view)))),
+                Err(Error::OrderNotFound(_)) => {}
+                Err(error) => return Err(error),
+            }
+        }
+        match self.payment(text).await {
+            Ok(intent) => {
+                let order = self.order_view(&intent.intent.order_ref).await?;
+                Ok(Some(Finding::Intent {
+                    intent: Box::new(intent),
+                    order: Box::new(order),
+                }))
+            }
+            Err(Error::IntentNotFound(_)) => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    async fn transfer_view(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        transfer: StoredTransfer,
+    ) -> Result<TransferView, Error> {
+        let id = transfer.id.to_string();
+        let exceptions = payments::exceptions_of_transfer(conn, &id).await?;
+        let mut ledger_entries = Vec::new();
+        if let Some(key) = &transfer.credited_entry {
+            for key in [key.clone(), format!("reverse:{key}")] {
+                if let Some(entry) = self.entry(&key).await? {
+                    ledger_entries.push(entry);
+                }
+            }
+        }
+        for key in crate::store::operations::action_entries_for_transfer(conn, &id).await? {
+            if let Some(entry) = self.entry(&key).await? {
+                ledger_entries.push(entry);
+            }
+        }
+        let intent = match &transfer.intent_id {
+            Some(id) => Some(self.payment(id).await?),
+            None => None,
+        };
+        let order = match &intent {
+            Some(intent) => Some(self.order(&intent.intent.order_ref).await?),
+            None => None,
+        };
+        Ok(TransferView {
+            transfer,
+            intent,
+            order,
+            exceptions,
+            ledger_entries,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hostile_text_is_refused_before_the_database() {
+        for text in [
+            "",
+            "  ",
+            "x' OR '1'='1",
+            "a b",
+            "<script>",
+            &"a".repeat(129),
+            "ä",
+        ] {
+            assert!(checked(text).is_err(), "{text:?}");
+        }
+        for text in [
+            "T-1",
+            "4a5e1e4baab89f3a32518a88c31bc87f618f76673e2cc77ab2127b7afdeda33b",
+            "bc1qar0srrr7xfkvy5l643lydnw9re59gtzzwf5mdq",
+            "0x52908400098527886E0F7030069857D2E4169EE7",
+        ] {
+            assert_eq!(checked(&format!(" {text} ")).unwrap(), text);
+        }
+    }
+}
