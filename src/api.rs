@@ -64,6 +64,7 @@ pub fn router(engine: Engine, max_body_bytes: usize, webhook_retry_hours: u32) -
         .route("/v1/payments/{intent}/qr.svg", get(payment_qr))
         .route("/v1/payments/{intent}/mark-paid", post(mark_paid))
         .route("/v1/balances/{account}", get(balance))
+        .route("/v1/accounts/{account}/history", get(account_history))
         .route("/v1/reports/reconcile", get(reconcile))
         .route("/v1/ledger/trial-balance", get(trial_balance))
         .route("/v1/stuck", get(stuck))
@@ -347,6 +348,32 @@ async fn balance(State(state): State<ApiState>, _: Shop, Path(account): Path<Str
     let account = AccountId::new(account).map_err(Error::from)?;
     let available = state.engine.available_balance(&account).await?;
     ok(&serde_json::json!({ "account_id": account, "available_usd": available }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HistoryQuery {
+    /// Items per page.
+    limit: Option<usize>,
+    /// The previous page's `next`.
+    after: Option<String>,
+}
+
+/// One page of an account's orders, payments and balance statement (shop).
+async fn account_history(
+    State(state): State<ApiState>,
+    _: Shop,
+    Path(account): Path<String>,
+    query: Result<Query<HistoryQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult {
+    let Query(query) = query
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", e.body_text()))?;
+    let account = AccountId::new(account).map_err(Error::from)?;
+    let limit = query.limit.unwrap_or(crate::history::DEFAULT_HISTORY_PAGE);
+    ok(&state
+        .engine
+        .account_history(&account, query.after.as_deref(), limit)
+        .await?)
 }
 
 #[derive(Deserialize)]

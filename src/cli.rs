@@ -45,6 +45,9 @@ enum Command {
     /// Balance top-ups.
     #[command(subcommand)]
     Topup(TopupCommand),
+    /// A customer's history.
+    #[command(subcommand)]
+    Account(AccountCommand),
     /// A customer's available USD balance.
     Balance {
         /// The shop's account id.
@@ -250,6 +253,22 @@ enum ActionArg {
     CreditBalance,
     MarkRefunded,
     Dismiss,
+}
+
+#[derive(Debug, Subcommand)]
+enum AccountCommand {
+    /// Orders and top-ups, every payment intent with its status, and the balance statement
+    /// with the running balance: one timeline, oldest first, a page at a time.
+    History {
+        /// The shop's account id.
+        account: String,
+        /// Items per page.
+        #[arg(long, default_value_t = crate::history::DEFAULT_HISTORY_PAGE)]
+        limit: usize,
+        /// Where the previous page ended (its `next`).
+        #[arg(long)]
+        after: Option<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -492,6 +511,48 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     "already exists"
                 };
                 format!("top-up {verb}\n{}", describe_order(&created.value))
+            })
+        }
+        Command::Account(AccountCommand::History {
+            account,
+            limit,
+            after,
+        }) => {
+            use crate::history::HistoryItem;
+            let account = AccountId::new(account)?;
+            let history = engine
+                .account_history(&account, after.as_deref(), limit)
+                .await?;
+            emit(json, &history, || {
+                let mut text = format!(
+                    "account {}: {} USD available",
+                    history.account_id, history.balance_usd
+                );
+                for item in &history.items {
+                    text.push('\n');
+                    text.push_str(&match item {
+                        HistoryItem::Order { at, order } => {
+                            format!("{} {}", at.to_rfc3339(), describe_order(order))
+                        }
+                        HistoryItem::Payment { at, payment } => {
+                            format!("{} intent {}", at.to_rfc3339(), describe_intent(payment))
+                        }
+                        HistoryItem::Balance {
+                            at,
+                            entry,
+                            change_usd,
+                            balance_usd,
+                            ..
+                        } => format!(
+                            "{} balance {change_usd:>12} USD -> {balance_usd} USD ({entry})",
+                            at.to_rfc3339()
+                        ),
+                    });
+                }
+                if let Some(next) = &history.next {
+                    text.push_str(&format!("\nmore: --after {next}"));
+                }
+                text
             })
         }
         Command::Balance { account } => {

@@ -15,6 +15,7 @@ pub mod config;
 pub mod crash;
 pub mod engine;
 pub mod error;
+pub mod history;
 pub mod intent;
 pub mod leases;
 pub mod ledger;

@@ -547,7 +547,7 @@ impl Engine {
         Ok(self.instructions(intent))
     }
 
-    fn instructions(&self, intent: PaymentIntent) -> PaymentInstructions {
+    pub(crate) fn instructions(&self, intent: PaymentIntent) -> PaymentInstructions {
         PaymentInstructions {
             amount_decimal: intent.amount_decimal(),
             asset: intent.method.asset().to_string(),

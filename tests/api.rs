@@ -307,6 +307,73 @@ on_both_databases! {
         assert_eq!(status, StatusCode::UNAUTHORIZED);
     }
 
+    async fn an_accounts_history_pages_through_its_own_orders_payments_and_balance_only(db) {
+        let seeded = seed(&db).await;
+        // Neighbours whose ids share a prefix with 42's see nothing of each other.
+        for (reference, account) in [("N1", "420"), ("N2", "4")] {
+            seeded.engine.create_topup(&common::topup(reference, account, "100")).await.unwrap();
+        }
+        let api = Api::start(&seeded).await;
+        let mut items = Vec::new();
+        let mut after: Option<String> = None;
+        let mut pages = 0;
+        loop {
+            let path = match &after {
+                Some(next) => format!("/v1/accounts/42/history?limit=3&after={next}"),
+                None => "/v1/accounts/42/history?limit=3".to_owned(),
+            };
+            let (status, page) = api.call("GET", &path, Some(&api.shop), None).await;
+            assert_eq!(status, StatusCode::OK, "{page}");
+            let page_items = page["items"].as_array().unwrap();
+            assert!(page_items.len() <= 3);
+            items.extend(page_items.iter().cloned());
+            pages += 1;
+            match page["next"].as_str() {
+                Some(next) => after = Some(next.to_owned()),
+                None => break,
+            }
+        }
+        assert!(pages > 3, "paged");
+        let times: Vec<&str> = items.iter().map(|i| i["at"].as_str().unwrap()).collect();
+        assert!(times.windows(2).all(|w| w[0] <= w[1]), "oldest first: {times:?}");
+        let count = |kind: &str| items.iter().filter(|i| i["type"] == kind).count();
+        let orders: Vec<&str> = items.iter().filter(|i| i["type"] == "order").map(|i| i["reference"].as_str().unwrap()).collect();
+        for reference in ["T1", "T2", "T3", "T4", "T5", "T6", "T7", "T8"] {
+            assert_eq!(orders.iter().filter(|r| **r == reference).count(), 1, "{reference} once: {orders:?}");
+        }
+        assert!(count("payment") >= seeded.intents.len());
+        assert!(items.iter().all(|i| i["account_id"].is_null() || i["account_id"] == "42"));
+        assert!(!items.iter().any(|i| i["reference"] == "N1" || i["reference"] == "N2"));
+        // The statement's running balance ends at what the customer can spend.
+        let last = items.iter().rev().find(|i| i["type"] == "balance").expect("a balance movement");
+        let (_, balance) = api.call("GET", "/v1/balances/42", Some(&api.shop), None).await;
+        assert_eq!(last["balance_usd"], balance["available_usd"]);
+
+        let (_, other) = api.call("GET", "/v1/accounts/420/history", Some(&api.shop), None).await;
+        let refs: Vec<&str> = other["items"].as_array().unwrap().iter().filter_map(|i| i["reference"].as_str()).collect();
+        assert_eq!(refs, ["N1"], "its own order only");
+
+        // Bad input: a clear 4xx; an e-mail is never an account id.
+        for (path, expected) in [
+            ("/v1/accounts/42/history?limit=0", StatusCode::UNPROCESSABLE_ENTITY),
+            ("/v1/accounts/42/history?limit=100000", StatusCode::UNPROCESSABLE_ENTITY),
+            ("/v1/accounts/42/history?limit=x", StatusCode::BAD_REQUEST),
+            ("/v1/accounts/42/history?after=1.9.x", StatusCode::UNPROCESSABLE_ENTITY),
+            ("/v1/accounts/42/history?after=%27%3B--", StatusCode::UNPROCESSABLE_ENTITY),
+            ("/v1/accounts/42/history?sort=desc", StatusCode::BAD_REQUEST),
+            ("/v1/accounts/bob%40example.com/history", StatusCode::UNPROCESSABLE_ENTITY),
+        ] {
+            let (status, body) = api.call("GET", path, Some(&api.shop), None).await;
+            assert_eq!(status, expected, "{path}: {body}");
+        }
+        for token in [&api.finance, &api.operator] {
+            let (status, _) = api.call("GET", "/v1/accounts/42/history", Some(token), None).await;
+            assert_eq!(status, StatusCode::FORBIDDEN);
+        }
+        let (status, _) = api.call("GET", "/v1/accounts/42/history", None, None).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+    }
+
     async fn health_metrics_and_the_openapi_description(db) {
         let seeded = seed(&db).await;
         let api = Api::start(&seeded).await;

@@ -319,3 +319,41 @@ fn find_looks_up_what_a_customer_gave() {
     assert!(refused(&url, &["find", "nothing-here"]).contains("nothing matches"));
     assert!(refused(&url, &["find", "x' OR '1'='1"]).contains("letters, digits"));
 }
+
+/// `payrecon account history`: the timeline a page at a time, and the cursor it prints.
+#[test]
+fn account_history_from_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("history.db").display());
+    for reference in ["H1", "H2"] {
+        json(
+            &url,
+            &[
+                "topup",
+                "create",
+                "--account",
+                "77",
+                "--amount-usd",
+                "100",
+                "--reference",
+                reference,
+            ],
+        );
+    }
+    let first = json(&url, &["account", "history", "77", "--limit", "1"]);
+    assert_eq!(first["items"][0]["reference"], "H1");
+    let next = first["next"].as_str().unwrap().to_owned();
+    let second = json(
+        &url,
+        &["account", "history", "77", "--limit", "1", "--after", &next],
+    );
+    assert_eq!(second["items"][0]["reference"], "H2");
+    assert!(second["next"].is_null());
+    let text = payrecon(&url, &["account", "history", "77"]);
+    assert!(String::from_utf8_lossy(&text.stdout).contains("H2"));
+    assert!(
+        refused(&url, &["account", "history", "77", "--after", "nonsense"])
+            .contains("history cursor")
+    );
+    assert!(refused(&url, &["account", "history", "a@b.example"]).contains("e-mail"));
+}

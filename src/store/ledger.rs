@@ -311,6 +311,48 @@ pub(crate) async fn account_sum(
     Ok(sum)
 }
 
+/// One posting to an account, with the header of its entry: a line of a statement.
+#[derive(Clone, Debug)]
+pub(crate) struct Movement {
+    pub seq: i64,
+    pub key: String,
+    pub kind: String,
+    pub reference: String,
+    pub memo: String,
+    pub posted_at_ms: i64,
+    pub amount: i128,
+}
+
+/// Every posting to `account` in `currency`, in journal order (`postings_by_account`).
+pub(crate) async fn movements(
+    conn: &mut AnyConnection,
+    account: &Account,
+    currency: Currency,
+) -> Result<Vec<Movement>, StoreError> {
+    sqlx::query(
+        "SELECT j.seq, j.idempotency_key, j.kind, j.reference, j.memo, j.posted_at_ms, p.amount \
+         FROM postings p JOIN journal_entries j ON j.seq = p.entry_seq \
+         WHERE p.account = $1 AND p.currency = $2 ORDER BY p.entry_seq, p.leg",
+    )
+    .bind(account.to_string())
+    .bind(currency.to_string())
+    .fetch_all(conn)
+    .await?
+    .iter()
+    .map(|row| {
+        Ok(Movement {
+            seq: row.try_get(0)?,
+            key: row.try_get(1)?,
+            kind: row.try_get(2)?,
+            reference: row.try_get(3)?,
+            memo: row.try_get(4)?,
+            posted_at_ms: row.try_get(5)?,
+            amount: parse_amount(&row.try_get::<String, _>(6)?)?,
+        })
+    })
+    .collect()
+}
+
 /// One entry by its key, with its legs in order.
 pub(crate) async fn get_entry(
     conn: &mut AnyConnection,

@@ -132,6 +132,22 @@ pub(crate) async fn get_orders(
     Ok(orders)
 }
 
+/// Every order and top-up of one customer, oldest first (`orders_by_account`).
+pub(crate) async fn orders_of_account(
+    conn: &mut AnyConnection,
+    account_id: &str,
+) -> Result<Vec<StoredOrder>, StoreError> {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT {ORDER_COLUMNS} FROM orders WHERE account_id = $1 ORDER BY created_at_ms, reference"
+    )))
+    .bind(account_id)
+    .fetch_all(conn)
+    .await?
+    .iter()
+    .map(decode_order)
+    .collect()
+}
+
 /// Reads an order.
 pub(crate) async fn get_order(
     conn: &mut AnyConnection,

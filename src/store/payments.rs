@@ -206,6 +206,22 @@ pub(crate) async fn intents_of_order(
     .collect()
 }
 
+/// Every intent of one customer's orders, oldest first.
+pub(crate) async fn intents_of_account(
+    conn: &mut AnyConnection,
+    account_id: &str,
+) -> Result<Vec<PaymentIntent>, StoreError> {
+    sqlx::query(select_intents!(
+        "WHERE order_ref IN (SELECT reference FROM orders WHERE account_id = $1) ORDER BY created_at_ms, id"
+    ))
+    .bind(account_id)
+    .fetch_all(conn)
+    .await?
+    .iter()
+    .map(decode_intent)
+    .collect()
+}
+
 /// The intents with these ids, in no particular order: one statement per
 /// [`rows_per_statement`] ids.
 pub(crate) async fn intents_by_ids(
