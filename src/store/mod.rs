@@ -16,6 +16,7 @@ pub mod operations;
 pub mod orders;
 pub mod payments;
 pub mod reports;
+mod statistics;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -138,6 +139,8 @@ pub struct Store {
     sqlite_writer: Option<Arc<Mutex<()>>>,
     /// Callers' writes waiting to share a transaction and its commit.
     group: Arc<GroupCommit>,
+    /// PostgreSQL: keeps the planner's table statistics fresh as tables grow.
+    _statistics: Option<Arc<statistics::StatisticsKeeper>>,
 }
 
 impl Store {
@@ -176,12 +179,15 @@ impl Store {
             .connect_with(options)
             .await
             .map_err(StoreError::Connect)?;
+        let statistics = (backend == Backend::Postgres)
+            .then(|| Arc::new(statistics::StatisticsKeeper::start(pool.clone())));
         Ok(Store {
             pool,
             backend,
             durability,
             sqlite_writer: (backend == Backend::Sqlite).then(|| Arc::new(Mutex::new(()))),
             group: Arc::new(GroupCommit::new(backend)),
+            _statistics: statistics,
         })
     }
 

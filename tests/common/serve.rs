@@ -39,26 +39,26 @@ impl ServeConfig {
     /// Litecoin (`ltc`, 100 USD) on the regtest node behind `electrum_url`, below a fresh key,
     /// one confirmation, fast polling; `extra` TOML sections (e.g. `[serve]`) come first.
     pub fn litecoin(electrum_url: &str, extra: &str) -> ServeConfig {
-        ServeConfig::new(
-            &["ltc"],
-            r#"{"LTC":"100"}"#,
-            &format!(
-                "{extra}[networks.litecoin]\nxpub = \"{xpub}\"\nnetwork = \"regtest\"\nconfirmations = 1\n\
-                 electrum_url = \"{electrum_url}\"\npoll_interval_ms = 100\n",
-                xpub = super::regtest::fresh_account_xpub(),
-            ),
-        )
+        ServeConfig::litecoin_from(&format!("electrum_url = \"{electrum_url}\"\n"), extra)
     }
 
     /// Litecoin as [`ServeConfig::litecoin`], read straight from the regtest node's RPC at
     /// `rpc_url` with its P2P announcements from `push_peer`.
     pub fn litecoin_node(rpc_url: &str, push_peer: &str, extra: &str) -> ServeConfig {
+        ServeConfig::litecoin_from(
+            &format!("rpc_url = \"{rpc_url}\"\npush_peer = \"{push_peer}\"\n"),
+            extra,
+        )
+    }
+
+    /// Litecoin reading the chain from the `source` keys given.
+    fn litecoin_from(source: &str, extra: &str) -> ServeConfig {
         ServeConfig::new(
             &["ltc"],
             r#"{"LTC":"100"}"#,
             &format!(
                 "{extra}[networks.litecoin]\nxpub = \"{xpub}\"\nnetwork = \"regtest\"\nconfirmations = 1\n\
-                 rpc_url = \"{rpc_url}\"\npush_peer = \"{push_peer}\"\npoll_interval_ms = 100\n",
+                 {source}poll_interval_ms = 100\n",
                 xpub = super::regtest::fresh_account_xpub(),
             ),
         )
