@@ -126,8 +126,10 @@ impl EthereumSettings {
                 Amount::from_base_units(u128::try_from(value).unwrap_or(u128::MAX))
             }
         };
-        let position = u32::try_from(index + 1)
-            .map_err(|_| ScanError::Fatal(format!("log index {index} out of range")))?;
+        let position = index
+            .checked_add(1)
+            .and_then(|position| u32::try_from(position).ok())
+            .ok_or_else(|| ScanError::Fatal(format!("log index {index} out of range")))?;
         let transfer = Transfer {
             id: TransferId {
                 network: Network::Ethereum,
@@ -589,6 +591,17 @@ mod tests {
             }
         );
         assert_eq!(transfer.amount.base_units(), 771_618_057_897_599_959_040);
+    }
+
+    #[test]
+    fn a_log_index_beyond_u32_is_refused_not_wrapped() {
+        let mut logs = recorded_logs();
+        logs[0]["logIndex"] = serde_json::json!(u64::MAX);
+        let logs: Vec<Log> = serde_json::from_value(logs).unwrap();
+        let refused = settings().token_transfer(&logs[0], &watched());
+        assert!(
+            matches!(refused, Err(ScanError::Fatal(message)) if message.contains("out of range"))
+        );
     }
 
     proptest::proptest! {
