@@ -34,6 +34,9 @@ payment=$(call "$shop" -X POST "$base/v1/payments" -d '{"order":"smoke-1","metho
 intent=$(echo "$payment" | json '["id"]')
 address=$(echo "$payment" | json '["pay_to"]')
 amount=$(echo "$payment" | json '["amount_decimal"]')
+checkout="$base$(echo "$payment" | json '["checkout_path"]')"
+curl -fsS -H 'Accept-Language: de' "$checkout" | grep -q "Zahlen Sie $amount LTC"
+curl -fsS "$checkout?lang=id" | grep -q "$address"
 echo "smoke: paying $amount LTC to $address for $intent"
 scripts/devnet.sh litecoin-cli -rpcwallet=miner sendtoaddress "$address" "$amount" >/dev/null
 scripts/devnet.sh mine 2
@@ -47,13 +50,14 @@ done
 [ "$status" = settled ] || { cat "$work/serve.log" >&2; echo "smoke: the payment did not settle ($status)" >&2; exit 1; }
 balance=$(call "$shop" "$base/v1/balances/alice" | json '["available_usd"]')
 [ "$balance" = "100.00" ] || { echo "smoke: balance $balance, expected 100.00" >&2; exit 1; }
+curl -fsS "$checkout" | grep -q "Paid. Thank you!"
 curl -fsS "$base/ui/stuck" | grep -q "Stuck payments"
 curl -fsS "$base/ui/reconcile" | grep -q "Reconciliation report"
 call "$operator" "$base/v1/stuck" >/dev/null
 today=$(date -u +%F); tomorrow=$(date -u -d tomorrow +%F)
 call "$finance" "$base/v1/reports/reconcile?from=$today&to=$tomorrow&format=csv&section=summary" | grep -q '^ltc,LTC,1,1,0,0,1.17647059,1.17647059,'
 curl -fsS "$base/metrics" | grep -q 'payrecon_intents{state="settled"} 1'
-echo "smoke: top-up settled, balance $balance USD, pages and reports served"
+echo "smoke: top-up settled, balance $balance USD, checkout page, pages and reports served"
 stop_serve
 if kill -0 "$serve" 2>/dev/null; then echo "smoke: payrecon serve is still running" >&2; exit 1; fi
 echo "smoke: payrecon serve stopped"

@@ -5,6 +5,8 @@
 //! Every refusal is a 4xx with `{"error": {"code", "message"}}`; bearer tokens carry a role
 //! and each route admits one role.
 
+mod checkout;
+
 use std::fmt::Write as _;
 
 use axum::body::Body;
@@ -52,6 +54,11 @@ pub fn router(engine: Engine, max_body_bytes: usize, webhook_retry_hours: u32) -
         .route("/openapi.json", get(openapi))
         .route("/ui/stuck", get(|| async { Html(STUCK_PAGE) }))
         .route("/ui/reconcile", get(|| async { Html(RECONCILE_PAGE) }))
+        .route("/pay/{key}", get(checkout::checkout_page))
+        .route("/pay/{key}/events", get(checkout::checkout_events))
+        .route("/pay/{key}/paid", post(checkout::checkout_paid))
+        .route("/assets/checkout.css", get(checkout::stylesheet))
+        .route("/assets/checkout.js", get(checkout::script))
         .route("/v1/orders", post(create_order))
         .route("/v1/orders/{reference}", get(show_order))
         .route(

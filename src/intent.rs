@@ -155,6 +155,9 @@ pub struct PaymentIntent {
     pub key_id: String,
     /// The derivation index of its address.
     pub derivation_index: u32,
+    /// The secret part of the customer's checkout page link, `/pay/<checkout_key>`: 122
+    /// random bits, so the public page cannot be found by guessing (the id can).
+    pub checkout_key: String,
 }
 
 impl PaymentIntent {

@@ -9,6 +9,7 @@
 pub mod api;
 pub mod audit;
 pub mod bench;
+pub mod checkout;
 pub mod cli;
 pub mod clock;
 pub mod config;

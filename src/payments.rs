@@ -310,6 +310,7 @@ fn intent_of(
         settlement_count: 0,
         key_id,
         derivation_index: index,
+        checkout_key: uuid::Uuid::new_v4().simple().to_string(),
     })
 }
 
@@ -474,6 +475,9 @@ pub struct PaymentInstructions {
     pub payment_uri: String,
     /// What to tell the customer about its state.
     pub customer_message: String,
+    /// The customer's checkout page, below the address `payrecon serve` is reached at: the
+    /// shop links the customer there (public; the path's key is the only credential).
+    pub checkout_path: String,
 }
 
 impl Engine {
@@ -553,6 +557,7 @@ impl Engine {
             asset: intent.method.asset().to_string(),
             payment_uri: payment_uri(&intent, &self.payment_settings().uri),
             customer_message: intent.status.customer_message().to_owned(),
+            checkout_path: format!("/pay/{}", intent.checkout_key),
             intent,
         }
     }

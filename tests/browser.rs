@@ -1,11 +1,15 @@
-//! What a person sees: headless Chromium (Debian's `chromium`) opens the stuck-payments page
-//! and the reconciliation page that `payrecon serve` serves, over a database holding every
-//! state and exception, and the rendered pages are checked.
+//! What a person sees: headless Chromium (Debian's `chromium`) opens the pages `payrecon
+//! serve` serves and the rendered pages are checked: the stuck-payments and reconciliation
+//! pages over a database holding every state and exception, and the customer's checkout page
+//! in each language at desktop and phone width while a real regtest payment lands.
 //!
 //! Chromium comes from `PAYRECON_TEST_CHROMIUM` or `/usr/bin/chromium`; scripts/test.sh
-//! installs it. Without it the test fails: it is never skipped.
+//! installs it. Without it the tests fail: they are never skipped. Screenshots are kept in
+//! `target/test-artifacts/`.
 
 mod common;
+#[path = "browser/headless.rs"]
+mod headless;
 
 use std::process::Command;
 
@@ -14,19 +18,9 @@ use common::seed::seed;
 use common::serve::ServeConfig;
 use payrecon::tokens::Role;
 
-fn chromium() -> String {
-    let path =
-        std::env::var("PAYRECON_TEST_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
-    assert!(
-        std::path::Path::new(&path).exists(),
-        "the browser test needs Chromium at {path}: run scripts/test.sh, which installs Debian's chromium"
-    );
-    path
-}
-
 /// The page's DOM once its scripts have run.
 async fn rendered(url: &str) -> String {
-    let (browser, url) = (chromium(), url.to_owned());
+    let (browser, url) = (headless::chromium(), url.to_owned());
     let output = tokio::task::spawn_blocking(move || {
         Command::new(browser)
             .args([
@@ -81,12 +75,7 @@ async fn a_person_sees_the_stuck_payments_and_the_reconciliation() {
         .unwrap();
     let serving = config.serve();
     let base = format!("http://127.0.0.1:{port}");
-    common::regtest::eventually("payrecon serve answers", || async {
-        reqwest::get(format!("{base}/ready"))
-            .await
-            .is_ok_and(|r| r.status().is_success())
-    })
-    .await;
+    ready(&base).await;
 
     let stuck = rendered(&format!("{base}/ui/stuck#token={operator}")).await;
     assert!(stuck.contains(" item(s) need attention."), "{stuck}");
@@ -126,5 +115,357 @@ async fn a_person_sees_the_stuck_payments_and_the_reconciliation() {
     );
     assert!(report.contains("9 transfers"));
     assert!(report.contains("Every currency sums to zero."));
+    serving.stop().await;
+}
+
+/// What each language says about a Litecoin payment, as a person reads it.
+struct Said {
+    language: &'static str,
+    network: &'static str,
+    warning: &'static str,
+    waiting: &'static str,
+}
+
+const SAID: [Said; 3] = [
+    Said {
+        language: "en",
+        network: "Litecoin (LTC) on the Litecoin network",
+        warning: "is not this payment and will not be credited",
+        waiting: "Waiting for your payment.",
+    },
+    Said {
+        language: "de",
+        network: "Litecoin (LTC) im Litecoin-Netzwerk",
+        warning: "ist nicht diese Zahlung und wird nicht gutgeschrieben",
+        waiting: "Wir warten auf Ihre Zahlung.",
+    },
+    Said {
+        language: "id",
+        network: "Litecoin (LTC) di jaringan Litecoin",
+        warning: "bukan pembayaran ini dan tidak akan dikreditkan",
+        waiting: "Menunggu pembayaran Anda.",
+    },
+];
+
+/// How each language reaches the page: English by default, German from the browser's
+/// `Accept-Language`, Indonesian from `?lang=`.
+fn asked(language: &str) -> (&'static str, Option<&'static str>) {
+    match language {
+        "de" => ("", Some("de-DE,de;q=0.9,en;q=0.5")),
+        "id" => ("?lang=id", Some("en-US,en;q=0.9")),
+        _ => ("", None),
+    }
+}
+
+/// `payrecon serve` watching the regtest node for Litecoin at 100 USD, two confirmations.
+async fn litecoin_checkout(chain: &common::regtest::Chain) -> (ServeConfig, String) {
+    let port = free_port();
+    let config = ServeConfig::new(
+        &["ltc"],
+        r#"{"LTC":"100"}"#,
+        &format!(
+            "[http]\nlisten = \"127.0.0.1:{port}\"\n[networks.litecoin]\nxpub = \"{xpub}\"\n\
+             network = \"regtest\"\nconfirmations = 2\nrpc_url = \"{rpc}\"\npush_peer = \"{peer}\"\n\
+             poll_interval_ms = 100\n",
+            xpub = common::regtest::fresh_account_xpub(),
+            rpc = chain.rpc_url,
+            peer = chain.p2p_peer,
+        ),
+    );
+    (config, format!("http://127.0.0.1:{port}"))
+}
+
+async fn ready(base: &str) {
+    common::regtest::eventually("payrecon serve answers", || async {
+        reqwest::get(format!("{base}/ready"))
+            .await
+            .is_ok_and(|r| r.status().is_success())
+    })
+    .await;
+}
+
+/// The checkout page of a fresh Litecoin payment in English, German and Indonesian, on a
+/// desktop and on a phone: amount, address and network in words, the QR code in the
+/// screenshot decoding to the payment URI, the countdown running; then, on a phone, the
+/// status following a real payment live from the mempool to its second confirmation; and
+/// "I have paid" pressed on another payment's page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_customer_pays_on_the_checkout_page_in_three_languages() {
+    let chain = common::regtest::Chain::lock().await;
+    let (config, base) = litecoin_checkout(&chain).await;
+    let (intent, address) = config.topup_and_pay("ltc");
+    let shown = config.cli(&["pay", "show", &intent]);
+    let link = format!("{base}{}", shown["checkout_path"].as_str().unwrap());
+    let uri = shown["payment_uri"].as_str().unwrap().to_owned();
+    assert_eq!(shown["amount_decimal"], "1");
+    let serving = config.serve();
+    ready(&base).await;
+    let browser = headless::Headless::launch().await;
+
+    for said in &SAID {
+        let (query, accept_language) = asked(said.language);
+        for screen in [headless::DESKTOP, headless::PHONE] {
+            let page = browser
+                .open(&format!("{link}{query}"), screen, accept_language)
+                .await;
+            let lang: String = headless::evaluate(&page, "document.documentElement.lang").await;
+            assert_eq!(lang, said.language);
+            let seen = headless::visible_text(&page).await;
+            for expected in [&address, "1 LTC", said.network, said.warning, said.waiting] {
+                assert!(
+                    seen.contains(expected),
+                    "{} at {}: {expected:?} in {seen}",
+                    said.language,
+                    screen.name
+                );
+            }
+            // The script ran under the page's policy: the copy buttons are shown.
+            headless::wait_until(
+                &page,
+                "[...document.querySelectorAll('button.copy')].every(b => !b.hidden)",
+                "the copy buttons",
+            )
+            .await;
+            let overflow: bool = headless::evaluate(
+                &page,
+                "document.documentElement.scrollWidth > window.innerWidth",
+            )
+            .await;
+            assert!(
+                !overflow,
+                "{} at {}: nothing wider than the screen",
+                said.language, screen.name
+            );
+            let first: String =
+                headless::evaluate(&page, "document.getElementById('countdown').textContent").await;
+            assert!(
+                first.len() >= 4 && first.contains(':') && first.starts_with("5"),
+                "a countdown of about an hour: {first}"
+            );
+            headless::wait_until(
+                &page,
+                &format!("document.getElementById('countdown').textContent !== '{first}'"),
+                "the countdown to run",
+            )
+            .await;
+            let png = headless::screenshot(
+                &page,
+                screen,
+                "checkout",
+                &format!("{}-{}", said.language, screen.name),
+            )
+            .await;
+            let codes = headless::decode_qr_codes(&png);
+            assert_eq!(
+                codes,
+                std::slice::from_ref(&uri),
+                "the QR code in the screenshot is the payment URI"
+            );
+            page.close().await.unwrap();
+        }
+    }
+
+    let page = browser.open(&link, headless::PHONE, None).await;
+    let _: bool = headless::evaluate(&page, "window.sameDocument = true").await;
+    chain.send(&address, "1").await;
+    headless::wait_until(
+        &page,
+        "window.sameDocument && document.getElementById('status').textContent \
+         === 'Payment seen: 0 of 2 confirmations.'",
+        "the page to show the payment seen, pushed without a reload",
+    )
+    .await;
+    let withdrawn: bool =
+        headless::evaluate(&page, "document.getElementById('paid-form').hidden").await;
+    assert!(
+        withdrawn,
+        "once a payment is seen, \"I have paid\" is no longer offered"
+    );
+    headless::screenshot(&page, headless::PHONE, "checkout", "live-seen").await;
+    chain.mine(1).await;
+    headless::wait_until(
+        &page,
+        "window.sameDocument && document.getElementById('status').textContent \
+         === 'Payment seen: 1 of 2 confirmations.'",
+        "the first confirmation",
+    )
+    .await;
+    headless::screenshot(&page, headless::PHONE, "checkout", "live-confirming").await;
+    chain.mine(1).await;
+    headless::wait_until(
+        &page,
+        "document.getElementById('status')?.dataset.status === 'settled'",
+        "the page to show the payment settled",
+    )
+    .await;
+    let settled = headless::visible_text(&page).await;
+    assert!(settled.contains("Paid. Thank you!"), "{settled}");
+    assert!(
+        !settled.contains(&address),
+        "a paid page no longer offers the address"
+    );
+    headless::screenshot(&page, headless::PHONE, "checkout", "live-settled").await;
+    page.close().await.unwrap();
+
+    config.cli(&[
+        "topup",
+        "create",
+        "--reference",
+        "T2",
+        "--account",
+        "42",
+        "--amount-usd",
+        "100",
+    ]);
+    let second = config.cli(&["pay", "create", "--order", "T2", "--method", "ltc"]);
+    let second_link = format!(
+        "{base}{}?lang=id",
+        second["checkout_path"].as_str().unwrap()
+    );
+    let page = browser.open(&second_link, headless::PHONE, None).await;
+    page.find_element("#paid")
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    headless::wait_until(
+        &page,
+        "document.getElementById('paid-noted') !== null",
+        "the page to say it noted the payment",
+    )
+    .await;
+    let noted = headless::visible_text(&page).await;
+    assert!(
+        noted.contains("Terima kasih. Kami mencatat bahwa Anda sudah membayar"),
+        "{noted}"
+    );
+    headless::screenshot(&page, headless::PHONE, "checkout", "id-phone-i-have-paid").await;
+    let recorded = config.cli(&["pay", "show", second["id"].as_str().unwrap()]);
+    assert!(recorded["marked_paid_at"].is_string(), "{recorded}");
+    assert_eq!(recorded["status"], "awaiting_payment", "it credits nothing");
+    browser.close().await;
+    serving.stop().await;
+}
+
+/// An expired intent's page and a late payment's page, on both screens: no address, no QR
+/// code, and what to do instead. Unknown and hostile links get the same not-found page and
+/// store nothing; every answer carries the strict policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn expired_and_late_payments_pages_say_what_to_do_instead() {
+    let port = free_port();
+    let config = ServeConfig::new(
+        &["btc"],
+        r#"{"BTC":"80000"}"#,
+        &format!("[http]\nlisten = \"127.0.0.1:{port}\"\n"),
+    );
+    let seeded = seed(&TestDb::sqlite_at(&config.database())).await;
+    let path = |order: &str| seeded.intents[order].checkout_path.clone();
+    let (expired, late) = (path("T6"), path("T4"));
+    let serving = config.serve();
+    let base = format!("http://127.0.0.1:{port}");
+    ready(&base).await;
+    let browser = headless::Headless::launch().await;
+
+    for screen in [headless::DESKTOP, headless::PHONE] {
+        let page = browser
+            .open(&format!("{base}{expired}"), screen, Some("de"))
+            .await;
+        let seen = headless::visible_text(&page).await;
+        for expected in [
+            "Diese Zahlungsanforderung ist abgelaufen",
+            "Bitten Sie den Shop um neue Zahlungsanweisungen. Senden Sie nie wieder Geld an diese Adresse.",
+            "Wir haben vermerkt, dass Sie bezahlt haben",
+        ] {
+            assert!(seen.contains(expected), "{expected:?} in {seen}");
+        }
+        let offered: bool = headless::evaluate(
+            &page,
+            "document.getElementById('address') !== null || document.getElementById('qr') !== null",
+        )
+        .await;
+        assert!(!offered, "an expired page offers no address and no QR code");
+        let png = headless::screenshot(
+            &page,
+            screen,
+            "checkout",
+            &format!("de-{}-expired", screen.name),
+        )
+        .await;
+        assert!(headless::decode_qr_codes(&png).is_empty());
+        page.close().await.unwrap();
+
+        let page = browser.open(&format!("{base}{late}"), screen, None).await;
+        let seen = headless::visible_text(&page).await;
+        assert!(
+            seen.contains(
+                "Your payment arrived after the deadline. It is safe with us. Do not pay again: \
+                 contact support with your order reference T4."
+            ),
+            "{seen}"
+        );
+        let offered: bool =
+            headless::evaluate(&page, "document.getElementById('address') !== null").await;
+        assert!(
+            !offered,
+            "a late payment's page does not ask for another payment"
+        );
+        headless::screenshot(
+            &page,
+            screen,
+            "checkout",
+            &format!("en-{}-late", screen.name),
+        )
+        .await;
+        page.close().await.unwrap();
+    }
+
+    let http = reqwest::Client::new();
+    let answer = http.get(format!("{base}{late}")).send().await.unwrap();
+    let policy = answer.headers()["content-security-policy"]
+        .to_str()
+        .unwrap();
+    assert!(
+        policy.starts_with("default-src 'none'; script-src 'self'"),
+        "{policy}"
+    );
+    assert_eq!(answer.headers()["referrer-policy"], "no-referrer");
+    assert_eq!(answer.headers()["cache-control"], "no-store");
+    let body = answer.text().await.unwrap();
+    assert!(
+        !body.contains("<script>") && !body.contains(" style="),
+        "nothing inline"
+    );
+
+    let events_before = seeded.engine.events_after(0, 10_000).await.unwrap().len();
+    let id = seeded.intent("T6").to_owned();
+    for hostile in [
+        format!("/pay/{id}"),
+        "/pay/00000000000000000000000000000000".into(),
+        "/pay/%3Cscript%3E".into(),
+        format!("/pay/{}", "a".repeat(5000)),
+    ] {
+        let answer = http.get(format!("{base}{hostile}")).send().await.unwrap();
+        assert_eq!(answer.status(), 404, "{hostile}");
+        assert!(
+            answer
+                .text()
+                .await
+                .unwrap()
+                .contains("This payment page does not exist")
+        );
+        let paid = http
+            .post(format!("{base}{hostile}/paid"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(paid.status(), 404, "{hostile}/paid");
+    }
+    assert_eq!(
+        seeded.engine.events_after(0, 10_000).await.unwrap().len(),
+        events_before,
+        "nothing stored"
+    );
+    browser.close().await;
     serving.stop().await;
 }

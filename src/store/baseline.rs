@@ -105,9 +105,10 @@ pub(crate) async fn intents(
         tx,
         "INSERT INTO payment_intents (id, order_ref, method, network, pay_to, watch_key, key_id, \
          derivation_index, amount_base, usd_cents, rate_usd, rate_source, rate_fetched_at_ms, \
-         created_at_ms, deadline_ms, monitor_until_ms, status, settlement_count, feed_pos) VALUES",
+         created_at_ms, deadline_ms, monitor_until_ms, status, settlement_count, feed_pos, \
+         checkout_key) VALUES",
         "",
-        19,
+        20,
         rows.clone(),
         |q, i| {
             q.bind(name(run, i))
@@ -129,6 +130,7 @@ pub(crate) async fn intents(
                 .bind("awaiting_payment")
                 .bind(0i64)
                 .bind(feed)
+                .bind(name(run, i))
         },
     )
     .await?;

@@ -41,7 +41,7 @@ const POSTGRES_MAX_CONNECTIONS: u32 = 16;
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The schema, in order. Each version has one script per database.
-const MIGRATIONS: [(i64, &str, &str, &str); 8] = [
+const MIGRATIONS: [(i64, &str, &str, &str); 9] = [
     (
         1,
         "foundation",
@@ -89,6 +89,12 @@ const MIGRATIONS: [(i64, &str, &str, &str); 8] = [
         "support lookup",
         include_str!("../../migrations/sqlite/0008_support_lookup.sql"),
         include_str!("../../migrations/postgres/0008_support_lookup.sql"),
+    ),
+    (
+        9,
+        "checkout keys",
+        include_str!("../../migrations/sqlite/0009_checkout_keys.sql"),
+        include_str!("../../migrations/postgres/0009_checkout_keys.sql"),
     ),
 ];
 

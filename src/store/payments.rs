@@ -22,7 +22,7 @@ macro_rules! select_intents {
             "SELECT id, order_ref, method, pay_to, watch_key, key_id, derivation_index, ",
             "amount_base, usd_cents, rate_usd, rate_source, rate_fetched_at_ms, created_at_ms, ",
             "deadline_ms, monitor_until_ms, status, superseded_by, marked_paid_at_ms, ",
-            "first_seen_at_ms, settled_at_ms, settlement_count FROM payment_intents ",
+            "first_seen_at_ms, settled_at_ms, settlement_count, checkout_key FROM payment_intents ",
             $suffix
         )
     };
@@ -56,7 +56,7 @@ pub(crate) async fn insert_intents(
     tx: &mut WriteTx,
     intents: &[&PaymentIntent],
 ) -> Result<(), StoreError> {
-    const COLUMNS: usize = 20;
+    const COLUMNS: usize = 21;
     if intents.is_empty() {
         return Ok(());
     }
@@ -65,8 +65,8 @@ pub(crate) async fn insert_intents(
         let sql = format!(
             "INSERT INTO payment_intents (id, order_ref, method, network, pay_to, watch_key, key_id, \
              derivation_index, amount_base, usd_cents, rate_usd, rate_source, rate_fetched_at_ms, \
-             created_at_ms, deadline_ms, monitor_until_ms, status, settlement_count, superseded_by, feed_pos) \
-             VALUES {}",
+             created_at_ms, deadline_ms, monitor_until_ms, status, settlement_count, superseded_by, feed_pos, \
+             checkout_key) VALUES {}",
             values_placeholders(tx.backend(), COLUMNS, chunk.len())
         );
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
@@ -91,7 +91,8 @@ pub(crate) async fn insert_intents(
                 .bind(intent.status.as_str())
                 .bind(i64::from(intent.settlement_count))
                 .bind(intent.superseded_by.as_deref())
-                .bind(feed_position);
+                .bind(feed_position)
+                .bind(intent.checkout_key.as_str());
         }
         query.execute(tx.conn()).await?;
     }
@@ -185,6 +186,18 @@ pub(crate) async fn get_intent(
 ) -> Result<Option<PaymentIntent>, StoreError> {
     let row = sqlx::query(select_intents!("WHERE id = $1"))
         .bind(id)
+        .fetch_optional(conn)
+        .await?;
+    row.map(|row| decode_intent(&row)).transpose()
+}
+
+/// The intent whose checkout page link carries `key`.
+pub(crate) async fn intent_by_checkout_key(
+    conn: &mut AnyConnection,
+    key: &str,
+) -> Result<Option<PaymentIntent>, StoreError> {
+    let row = sqlx::query(select_intents!("WHERE checkout_key = $1"))
+        .bind(key)
         .fetch_optional(conn)
         .await?;
     row.map(|row| decode_intent(&row)).transpose()
@@ -505,6 +518,7 @@ fn decode_intent(row: &sqlx::any::AnyRow) -> Result<PaymentIntent, StoreError> {
         key_id: row.try_get("key_id")?,
         derivation_index: u32::try_from(row.try_get::<i64, _>("derivation_index")?)
             .map_err(|_| corrupt("derivation_index".into()))?,
+        checkout_key: row.try_get("checkout_key")?,
     })
 }
 

@@ -279,7 +279,7 @@ pub fn init_logs() {
         .with_test_writer()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("PAYRECON_LOG")
-                .unwrap_or_else(|_| "info".into()),
+                .unwrap_or_else(|_| "info,chromiumoxide=error".into()),
         )
         .try_init();
 }

@@ -1,0 +1,44 @@
+# The customer's checkout page, /pay/<key>. One file per language: to add a language, copy
+# this file to locales/<language tag>/checkout.ftl and translate every message.
+
+language-name = English
+page-title = Payment for order { $reference }
+heading = Pay { $amount } { $asset }
+reference-label = Order reference
+amount-label = Amount
+address-label = Address
+network-label = Asset and network
+copy = Copy
+copied = Copied
+network-warning = Send exactly this asset on this network. A transfer on another network, or of another token, is not this payment and will not be credited.
+qr-label = QR code of the payment request
+wallet-link = Open in your wallet
+deadline-label = Time left to pay
+deadline-at = Pay before { $deadline } (UTC).
+status-label = Status
+status-awaiting_payment = Waiting for your payment.
+status-seen = Payment seen: { $confirmations } of { $required } confirmations.
+status-confirmed = Part of the amount is confirmed. Please send the rest before the deadline.
+status-settled = Paid. Thank you!
+status-expired = These instructions expired without a payment.
+status-underpaid = Less than the amount due arrived before the deadline. Do not pay again: contact support with your order reference { $reference }.
+status-paid_late = Your payment arrived after the deadline. It is safe with us. Do not pay again: contact support with your order reference { $reference }.
+status-reorged_after_credit = Your payment was reversed on the blockchain. Contact support with your order reference { $reference }.
+superseded = The shop has issued newer instructions for this order. Use those for any new payment.
+paid-button = I have paid
+paid-hint = No transaction hash needed: we look for your payment ourselves.
+paid-noted = Thank you. We noted that you have paid and are looking for your payment.
+expired-heading = This payment request has expired
+expired-body = Ask the shop for new payment instructions. Never send money to this address again.
+expired-paid = If you did pay, do not pay again: contact support with your order reference { $reference }.
+no-script = This page updates itself with JavaScript; without it, reload the page to see the status.
+method-btc = Bitcoin (BTC) on the Bitcoin network
+method-ltc = Litecoin (LTC) on the Litecoin network
+method-eth = Ether (ETH) on Ethereum
+method-usdt-erc20 = Tether USD (USDT) on Ethereum, as an ERC-20 token
+method-usdc-erc20 = USD Coin (USDC) on Ethereum, as an ERC-20 token
+method-trx = TRX on Tron
+method-usdt-trc20 = Tether USD (USDT) on Tron, as a TRC-20 token
+method-sol = SOL on Solana
+not-found-heading = This payment page does not exist
+not-found-body = Check the link the shop gave you, or ask the shop for new payment instructions.

@@ -1,0 +1,56 @@
+// The checkout page works without this script; it adds copy buttons, a running countdown and
+// the live status (server-sent events from /pay/<key>/events).
+"use strict";
+(function () {
+  var main = document.getElementById("checkout");
+  if (!main || !main.dataset.key) { return; }
+
+  document.querySelectorAll("button.copy").forEach(function (button) {
+    var source = document.getElementById(button.dataset.copy);
+    if (!source || !navigator.clipboard) { return; }
+    button.hidden = false;
+    var label = button.textContent;
+    button.addEventListener("click", function () {
+      navigator.clipboard.writeText(source.textContent).then(function () {
+        button.textContent = button.dataset.copied;
+        setTimeout(function () { button.textContent = label; }, 2000);
+      });
+    });
+  });
+
+  var countdown = document.getElementById("countdown");
+  if (countdown) {
+    var deadline = Number(countdown.dataset.deadlineMs);
+    var tick = function () {
+      var left = Math.max(0, Math.floor((deadline - Date.now()) / 1000));
+      var hours = Math.floor(left / 3600), minutes = Math.floor(left / 60) % 60, seconds = left % 60;
+      var pad = function (n) { return (n < 10 ? "0" : "") + n; };
+      countdown.textContent = hours > 0
+        ? hours + ":" + pad(minutes) + ":" + pad(seconds)
+        : minutes + ":" + pad(seconds);
+    };
+    tick();
+    setInterval(tick, 1000);
+  }
+
+  if (!window.EventSource) { return; }
+  var status = document.getElementById("status");
+  var open = main.dataset.open === "true";
+  var events = new EventSource("/pay/" + main.dataset.key + "/events?lang=" + main.dataset.lang);
+  events.addEventListener("status", function (message) {
+    var update = JSON.parse(message.data);
+    status.textContent = update.text;
+    status.dataset.status = update.status;
+    var paidForm = document.getElementById("paid-form");
+    if (paidForm) {
+      // The same rule as the server's: offered only while nothing is seen and not said before.
+      paidForm.hidden = update.marked_paid ||
+        (update.status !== "awaiting_payment" && update.status !== "expired");
+    }
+    if (update.open !== open) {
+      // Paid, expired or late: the page has another layout; the server renders it.
+      events.close();
+      window.location.reload();
+    }
+  });
+})();

@@ -1,0 +1,159 @@
+//! The customer's checkout page: what one payment intent asks for and where it stands, as the
+//! customer sees it by following the page's link, `/pay/<checkout_key>`. The page is public,
+//! so it answers to the intent's random checkout key only (never its id), shows nothing the
+//! customer does not already hold, and its one write is "I have paid", which credits nothing.
+//!
+//! This module decides what to show; [`page`] says it in the customer's language.
+
+pub mod page;
+
+use chrono::{DateTime, Utc};
+use payrecon_chain_core::ReceivedAsset;
+
+use crate::engine::Engine;
+use crate::error::Error;
+use crate::intent::{IntentStatus, PaymentIntent};
+use crate::payments::PaymentInstructions;
+use crate::store::payments::{self, StoredTransfer};
+
+/// A checkout key is 32 lowercase hexadecimal digits (a v4 UUID without dashes).
+const CHECKOUT_KEY_LEN: usize = 32;
+
+/// One intent as its checkout page shows it.
+#[derive(Clone, Debug)]
+pub struct Checkout {
+    /// The instructions: amount, asset, address and payment URI.
+    pub instructions: PaymentInstructions,
+    /// Where it stands; what the live status pushes.
+    pub status: CheckoutStatus,
+}
+
+/// Where a checkout stands, in the terms the customer reads. Equal snapshots read the same,
+/// so the live status sends one only when it changed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckoutStatus {
+    /// The intent's status; `expired` as soon as the deadline passed with nothing seen, before
+    /// the expiry sweep writes it.
+    pub status: IntentStatus,
+    /// For a payment on its way: the confirmations of the least confirmed transfer paying it,
+    /// and how many settling needs.
+    pub confirmations: Option<(u32, u32)>,
+    /// Whether the customer may still pay these instructions: deadline ahead and not paid.
+    /// Only then does the page show the address, the amount and the QR code.
+    pub open: bool,
+    /// The customer said "I have paid".
+    pub marked_paid: bool,
+    /// The shop issued newer instructions for the same order.
+    pub superseded: bool,
+}
+
+impl CheckoutStatus {
+    /// Whether "I have paid" is worth offering: nothing seen yet and not said before.
+    pub fn offers_paid_button(&self) -> bool {
+        !self.marked_paid
+            && matches!(
+                self.status,
+                IntentStatus::AwaitingPayment | IntentStatus::Expired
+            )
+    }
+
+    fn of(
+        intent: &PaymentIntent,
+        transfers: &[StoredTransfer],
+        required: u32,
+        now: DateTime<Utc>,
+    ) -> Self {
+        let before_deadline = now < intent.deadline;
+        let status = match intent.status {
+            IntentStatus::AwaitingPayment if !before_deadline => IntentStatus::Expired,
+            status => status,
+        };
+        let paying = ReceivedAsset::Method {
+            method: intent.method,
+        };
+        let confirmations = (status == IntentStatus::Seen).then(|| {
+            let least = transfers
+                .iter()
+                .filter(|t| !t.removed && t.asset == paying)
+                .map(|t| t.confirmations)
+                .min()
+                .unwrap_or(0);
+            (least.min(required), required)
+        });
+        CheckoutStatus {
+            status,
+            confirmations,
+            open: before_deadline
+                && matches!(
+                    status,
+                    IntentStatus::AwaitingPayment | IntentStatus::Seen | IntentStatus::Confirmed
+                ),
+            marked_paid: intent.marked_paid_at.is_some(),
+            superseded: intent.superseded_by.is_some(),
+        }
+    }
+}
+
+/// Refuses anything but the shape of a checkout key, before the database sees it.
+fn check_key(key: &str) -> Result<(), Error> {
+    if key.len() == CHECKOUT_KEY_LEN && key.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    {
+        Ok(())
+    } else {
+        Err(Error::InvalidInput(
+            "a checkout key is 32 lowercase hexadecimal digits".into(),
+        ))
+    }
+}
+
+impl Engine {
+    /// The checkout page's content for the intent whose link carries `key`.
+    pub async fn checkout(&self, key: &str) -> Result<Checkout, Error> {
+        check_key(key)?;
+        let mut conn = self.store().pool().acquire().await?;
+        let intent = payments::intent_by_checkout_key(&mut conn, key)
+            .await?
+            .ok_or_else(|| Error::IntentNotFound("no payment has this checkout link".into()))?;
+        let transfers = payments::transfers_of_intent(&mut conn, &intent.id).await?;
+        drop(conn);
+        let required = self
+            .payment_settings()
+            .policy
+            .confirmations
+            .get(&intent.network())
+            .map_or(1, |rule| rule.required(intent.usd));
+        let status = CheckoutStatus::of(&intent, &transfers, required, self.clock().now());
+        Ok(Checkout {
+            instructions: self.instructions(intent),
+            status,
+        })
+    }
+
+    /// The customer's "I have paid" from the checkout page: [`Engine::mark_paid`] by the
+    /// page's key. It confirms nothing and credits nothing.
+    pub async fn checkout_mark_paid(&self, key: &str) -> Result<(), Error> {
+        let checkout = self.checkout(key).await?;
+        self.mark_paid(&checkout.instructions.intent.id).await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_shape_of_a_key_reaches_the_database() {
+        assert!(check_key("0123456789abcdef0123456789abcdef").is_ok());
+        for refused in [
+            "",
+            "0123456789abcdef0123456789abcde",
+            "0123456789ABCDEF0123456789ABCDEF",
+            "0123456789abcdef0123456789abcdef0",
+            "' OR 1=1 --                     ",
+            "pi_0123456789abcdef0123456789ab",
+        ] {
+            assert!(check_key(refused).is_err(), "{refused:?}");
+        }
+    }
+}
