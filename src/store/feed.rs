@@ -127,14 +127,12 @@ async fn snapshot(
     pool: &AnyPool,
     backend: Backend,
 ) -> Result<sqlx::Transaction<'static, sqlx::Any>, StoreError> {
-    Ok(match backend {
+    let begin = match backend {
         // A deferred transaction in WAL mode keeps the snapshot of its first read.
-        Backend::Sqlite => pool.begin().await?,
-        Backend::Postgres => {
-            pool.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-                .await?
-        }
-    })
+        Backend::Sqlite => "BEGIN",
+        Backend::Postgres => "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
+    };
+    super::begin_detached(pool, begin).await
 }
 
 /// Where the read after this one starts.

@@ -98,6 +98,27 @@ const MIGRATIONS: [(i64, &str, &str, &str); 9] = [
     ),
 ];
 
+/// Starts a transaction with `begin` on a task of its own. A caller cancelled while the
+/// `BEGIN` is in flight (a watcher task aborted mid-round, an HTTP client gone) would otherwise
+/// drop the connection after the server opened the transaction but before sqlx counted it:
+/// the connection went back to the pool inside a transaction nobody ends, and once a statement
+/// failed in it, every later use answered "current transaction is aborted" (SQLSTATE 25P02;
+/// seen on PostgreSQL in the killed-watcher test). Detached, the `BEGIN` completes, and a
+/// transaction nobody waits for any more is dropped as a transaction, which sqlx rolls back.
+pub(crate) async fn begin_detached(
+    pool: &AnyPool,
+    begin: &'static str,
+) -> Result<sqlx::Transaction<'static, sqlx::Any>, StoreError> {
+    let pool = pool.clone();
+    match tokio::spawn(async move { pool.begin_with(begin).await }).await {
+        Ok(begun) => Ok(begun?),
+        Err(stopped) if stopped.is_panic() => std::panic::resume_unwind(stopped.into_panic()),
+        Err(stopped) => Err(StoreError::Database(sqlx::Error::WorkerCrashed)).inspect_err(|_| {
+            tracing::warn!(%stopped, "the task beginning a transaction was stopped");
+        }),
+    }
+}
+
 /// When a commit counts as done: what payrecon waits for before it answers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -280,10 +301,11 @@ impl Store {
             Some(lock) => Some(lock.clone().lock_owned().await),
             None => None,
         };
-        let tx = match self.backend {
-            Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await?,
-            Backend::Postgres => self.pool.begin().await?,
+        let begin = match self.backend {
+            Backend::Sqlite => "BEGIN IMMEDIATE",
+            Backend::Postgres => "BEGIN",
         };
+        let tx = begin_detached(&self.pool, begin).await?;
         Ok(WriteTx {
             tx,
             backend: self.backend,
