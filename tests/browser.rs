@@ -14,8 +14,8 @@ mod headless;
 use std::process::Command;
 
 use common::TestDb;
-use common::seed::seed;
-use common::serve::ServeConfig;
+use common::seed::{Seeded, seed};
+use common::serve::{ServeConfig, Serving};
 use payrecon::tokens::Role;
 
 /// The page's DOM once its scripts have run.
@@ -54,8 +54,10 @@ fn free_port() -> u16 {
         .port()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_person_sees_the_stuck_payments_and_the_reconciliation() {
+/// `payrecon serve` with HTTP over a database seeded with every state and exception (BTC at
+/// 80,000 USD): its configuration (which holds the database), the seeded engine, the server
+/// and its base URL, once it answers.
+async fn serve_seeded() -> (ServeConfig, Seeded, Serving, String) {
     let port = free_port();
     let config = ServeConfig::new(
         &["btc"],
@@ -63,6 +65,15 @@ async fn a_person_sees_the_stuck_payments_and_the_reconciliation() {
         &format!("[http]\nlisten = \"127.0.0.1:{port}\"\n"),
     );
     let seeded = seed(&TestDb::sqlite_at(&config.database())).await;
+    let serving = config.serve();
+    let base = format!("http://127.0.0.1:{port}");
+    ready(&base).await;
+    (config, seeded, serving, base)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_person_sees_the_stuck_payments_and_the_reconciliation() {
+    let (_config, seeded, serving, base) = serve_seeded().await;
     let operator = seeded
         .engine
         .create_api_token("otto", Role::Operator)
@@ -73,9 +84,6 @@ async fn a_person_sees_the_stuck_payments_and_the_reconciliation() {
         .create_api_token("fiona", Role::Finance)
         .await
         .unwrap();
-    let serving = config.serve();
-    let base = format!("http://127.0.0.1:{port}");
-    ready(&base).await;
 
     let stuck = rendered(&format!("{base}/ui/stuck#token={operator}")).await;
     assert!(stuck.contains(" item(s) need attention."), "{stuck}");
@@ -353,18 +361,9 @@ async fn a_customer_pays_on_the_checkout_page_in_three_languages() {
 /// store nothing; every answer carries the strict policy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn expired_and_late_payments_pages_say_what_to_do_instead() {
-    let port = free_port();
-    let config = ServeConfig::new(
-        &["btc"],
-        r#"{"BTC":"80000"}"#,
-        &format!("[http]\nlisten = \"127.0.0.1:{port}\"\n"),
-    );
-    let seeded = seed(&TestDb::sqlite_at(&config.database())).await;
+    let (_config, seeded, serving, base) = serve_seeded().await;
     let path = |order: &str| seeded.intents[order].checkout_path.clone();
     let (expired, late) = (path("T6"), path("T4"));
-    let serving = config.serve();
-    let base = format!("http://127.0.0.1:{port}");
-    ready(&base).await;
     let browser = headless::Headless::launch().await;
 
     for screen in [headless::DESKTOP, headless::PHONE] {

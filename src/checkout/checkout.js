@@ -42,11 +42,7 @@
     status.textContent = update.text;
     status.dataset.status = update.status;
     var paidForm = document.getElementById("paid-form");
-    if (paidForm) {
-      // The same rule as the server's: offered only while nothing is seen and not said before.
-      paidForm.hidden = update.marked_paid ||
-        (update.status !== "awaiting_payment" && update.status !== "expired");
-    }
+    if (paidForm) { paidForm.hidden = !update.offers_paid_button; }
     if (update.open !== open) {
       // Paid, expired or late: the page has another layout; the server renders it.
       events.close();

@@ -81,11 +81,16 @@ impl Text<'_> {
 
     /// A message with arguments, HTML-escaped (arguments included).
     fn with(&self, id: &str, args: &[(&'static str, String)]) -> String {
+        escape(&self.plain(id, args)).into_owned()
+    }
+
+    /// A message with arguments, not escaped: for text set as text, never as HTML.
+    fn plain(&self, id: &str, args: &[(&'static str, String)]) -> String {
         let args: HashMap<Cow<'static, str>, FluentValue<'_>> = args
             .iter()
             .map(|(name, value)| (Cow::Borrowed(*name), FluentValue::from(value.clone())))
             .collect();
-        escape(&LOCALES.lookup_with_args(self.language, id, &args)).into_owned()
+        LOCALES.lookup_with_args(self.language, id, &args)
     }
 }
 
@@ -99,8 +104,8 @@ pub struct StatusUpdate {
     /// Whether the instructions may still be paid; when it changes the page reloads into
     /// its other layout.
     pub open: bool,
-    /// Whether "I have paid" was recorded.
-    pub marked_paid: bool,
+    /// Whether "I have paid" is still offered ([`CheckoutStatus::offers_paid_button`]).
+    pub offers_paid_button: bool,
 }
 
 /// `status` said in `language`.
@@ -114,20 +119,18 @@ pub fn status_update(
         status: status.status.as_str(),
         text: status_sentence(&text, status, reference),
         open: status.open,
-        marked_paid: status.marked_paid,
+        offers_paid_button: status.offers_paid_button(),
     }
 }
 
 /// The status sentence, not escaped (it travels as JSON and is set as text).
 fn status_sentence(text: &Text<'_>, status: &CheckoutStatus, reference: &str) -> String {
-    let id = format!("status-{}", status.status.as_str());
-    let mut args: HashMap<Cow<'static, str>, FluentValue<'_>> = HashMap::new();
-    args.insert("reference".into(), FluentValue::from(reference.to_owned()));
+    let mut args = vec![("reference", reference.to_owned())];
     if let Some((have, required)) = status.confirmations {
-        args.insert("confirmations".into(), FluentValue::from(have.to_string()));
-        args.insert("required".into(), FluentValue::from(required.to_string()));
+        args.push(("confirmations", have.to_string()));
+        args.push(("required", required.to_string()));
     }
-    LOCALES.lookup_with_args(text.language, &id, &args)
+    text.plain(&format!("status-{}", status.status.as_str()), &args)
 }
 
 /// The whole page for `checkout` at `now`, in `language`; `key` is the page's own key.
@@ -175,10 +178,9 @@ pub fn render(
         reference = escape(reference),
     );
 
-    let expired = !status.open && status.status == IntentStatus::Expired;
     if status.open {
         render_instructions(&mut html, &text, checkout, now);
-    } else if expired {
+    } else if status.status == IntentStatus::Expired {
         let _ = write!(
             html,
             "<h1 id=\"expired\">{heading}</h1>\n<p id=\"expired-body\" class=\"warning\">{body}</p>\n\

@@ -113,9 +113,10 @@ pub(crate) async fn begin_detached(
     match tokio::spawn(async move { pool.begin_with(begin).await }).await {
         Ok(begun) => Ok(begun?),
         Err(stopped) if stopped.is_panic() => std::panic::resume_unwind(stopped.into_panic()),
-        Err(stopped) => Err(StoreError::Database(sqlx::Error::WorkerCrashed)).inspect_err(|_| {
+        Err(stopped) => {
             tracing::warn!(%stopped, "the task beginning a transaction was stopped");
-        }),
+            Err(StoreError::Database(sqlx::Error::WorkerCrashed))
+        }
     }
 }
 
