@@ -150,8 +150,7 @@ impl Engine {
     ) -> Result<AuditReport, Error> {
         let mut report = AuditReport::default();
         let mut pending: BTreeMap<Network, Pending> = BTreeMap::new();
-        let mut conn = self.store().pool().acquire().await?;
-        let mut rows = std::pin::pin!(crate::report::transfers_of(&mut conn, query));
+        let mut rows = std::pin::pin!(crate::report::transfers_of(self, query));
         while let Some(transfer) = rows.try_next().await? {
             // Accounted for in the books: credited, held in suspense or resolved by an operator.
             if transfer.removed || transfer.credited_entry.is_none() {

@@ -5,6 +5,7 @@
 //! The report streams: a first pass folds the period into per-method and per-day sums, a
 //! second writes the transfers one by one. A million transfers never sit in memory.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
@@ -18,6 +19,10 @@ use crate::error::Error;
 use crate::ledger::{Account, Currency};
 use crate::store::payments::{ExceptionRecord, asset_text};
 use crate::store::reports::{self, ReportTransfer};
+
+/// Bytes buffered before the report reaches its writer: a file written through tokio makes a
+/// trip to the blocking pool per write, so few large ones.
+const OUTPUT_BUFFER_BYTES: usize = 256 * 1024;
 
 /// Which period and method a report covers.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -141,9 +146,10 @@ impl Engine {
                 "the report period is empty: --from must be before --to".into(),
             ));
         }
-        let mut out = BufWriter::new(out);
-        let folded = self.fold_period(query).await?;
-        let trial = self.trial_balance().await?;
+        let mut out = BufWriter::with_capacity(OUTPUT_BUFFER_BYTES, out);
+        // The period's sums and the whole journal's trial balance are independent scans: run
+        // side by side, on connections of their own.
+        let (folded, trial) = tokio::try_join!(self.fold_period(query), self.trial_balance())?;
         let mut totals = ReportTotals {
             transfers: 0,
             exceptions: 0,
@@ -186,9 +192,19 @@ impl Engine {
             })
             .collect();
         let mut per_day = BTreeMap::new();
-        let mut conn = self.store().pool().acquire().await?;
+        let pool = self.store().pool();
+        let (mut conn, mut postings_conn) = (pool.acquire().await?, pool.acquire().await?);
+        let ((intent_sums, open_exceptions, transfer_sums), posting_sums) = tokio::try_join!(
+            async {
+                let intents = reports::intent_sums(&mut conn, from, to).await?;
+                let open = reports::intents_with_open_exceptions(&mut conn, from, to).await?;
+                let transfers = reports::transfer_sums(&mut conn, from, to).await?;
+                Ok::<_, crate::store::StoreError>((intents, open, transfers))
+            },
+            reports::posting_sums(&mut postings_conn, from, to),
+        )?;
         let known = |text: &str| text.parse::<Method>().ok();
-        for intents in reports::intent_sums(&mut conn, from, to).await? {
+        for intents in intent_sums {
             let Some(summary) = known(&intents.method).and_then(|m| methods.get_mut(&m)) else {
                 continue;
             };
@@ -207,12 +223,12 @@ impl Engine {
             }
             summary.sums.expected += u128::try_from(intents.expected).unwrap_or(0);
         }
-        for (method, count) in reports::intents_with_open_exceptions(&mut conn, from, to).await? {
+        for (method, count) in open_exceptions {
             if let Some(summary) = known(&method).and_then(|m| methods.get_mut(&m)) {
                 summary.intents_in_exception = summary.intents_in_exception.max(count as u64);
             }
         }
-        for transfers in reports::transfer_sums(&mut conn, from, to).await? {
+        for transfers in transfer_sums {
             let Some(method) = known(&transfers.asset) else {
                 continue;
             };
@@ -228,7 +244,7 @@ impl Engine {
                 .entry((day(transfers.day * DAY_MS), method))
                 .or_insert(0) += units;
         }
-        for postings in reports::posting_sums(&mut conn, from, to).await? {
+        for postings in posting_sums {
             let (Ok(account), Ok(currency)) = (
                 postings.account.parse::<Account>(),
                 postings.currency.parse::<Currency>(),
@@ -301,12 +317,14 @@ impl Engine {
         match section {
             CsvSection::Transfers => {
                 put(out, &csv_line(&TRANSFER_COLUMNS)).await?;
-                let mut conn = self.store().pool().acquire().await?;
-                let mut rows = std::pin::pin!(transfers_of(&mut conn, query));
+                let mut rows = std::pin::pin!(transfers_of(self, query));
+                let mut text = String::new();
                 while let Some(t) = rows.try_next().await? {
-                    put(out, &csv_line(&transfer_cells(&t))).await?;
+                    push_csv_line(&mut text, &transfer_cells(&t));
+                    put_when_full(out, &mut text).await?;
                     totals.transfers += 1;
                 }
+                put(out, &text).await?;
             }
             CsvSection::Summary => {
                 put(out, &csv_line(&SUMMARY_COLUMNS)).await?;
@@ -354,18 +372,17 @@ impl Engine {
             ),
         )
         .await?;
-        let mut conn = self.store().pool().acquire().await?;
-        let mut rows = std::pin::pin!(transfers_of(&mut conn, query));
+        let mut rows = std::pin::pin!(transfers_of(self, query));
+        let mut text = String::new();
         while let Some(t) = rows.try_next().await? {
-            let row: BTreeMap<&str, String> = TRANSFER_COLUMNS
-                .iter()
-                .copied()
-                .zip(transfer_cells(&t))
-                .collect();
-            let separator = if totals.transfers == 0 { "" } else { "," };
-            put(out, &format!("{separator}{}", json(&row)?)).await?;
+            if totals.transfers > 0 {
+                text.push(',');
+            }
+            push_json_object(&mut text, &TRANSFER_COLUMNS, &transfer_cells(&t));
+            put_when_full(out, &mut text).await?;
             totals.transfers += 1;
         }
+        put(out, &text).await?;
         let exceptions = self.period_exceptions(query).await?;
         totals.exceptions = exceptions.len() as u64;
         put(
@@ -417,12 +434,14 @@ impl Engine {
             .map(|c| format!("<th>{}</th>", escape(c)))
             .collect();
         put(out, &format!("{header}</tr></thead><tbody>\n")).await?;
-        let mut conn = self.store().pool().acquire().await?;
-        let mut rows = std::pin::pin!(transfers_of(&mut conn, query));
+        let mut rows = std::pin::pin!(transfers_of(self, query));
+        let mut text = String::new();
         while let Some(t) = rows.try_next().await? {
-            put(out, &html_row(&transfer_cells(&t))).await?;
+            push_html_row(&mut text, &transfer_cells(&t));
+            put_when_full(out, &mut text).await?;
             totals.transfers += 1;
         }
+        put(out, &text).await?;
         let mut page = format!(
             "</tbody></table>\n<p class=\"total\">{} transfers</p>\n<h2>Exceptions</h2>\n",
             totals.transfers
@@ -458,14 +477,14 @@ impl Engine {
 }
 
 /// The period's transfers of the query's method (paid in it, or to an intent of it).
-pub(crate) fn transfers_of<'c>(
-    conn: &'c mut sqlx::AnyConnection,
+pub(crate) fn transfers_of(
+    engine: &Engine,
     query: &ReportQuery,
-) -> impl futures_util::Stream<Item = Result<ReportTransfer, crate::store::StoreError>> + Send + 'c
+) -> impl futures_util::Stream<Item = Result<ReportTransfer, crate::store::StoreError>> + Send + 'static
 {
     let method = query.method;
     reports::transfers_in(
-        conn,
+        engine.store().pool().clone(),
         query.from.timestamp_millis(),
         query.to.timestamp_millis(),
     )
@@ -525,30 +544,38 @@ const EXCEPTION_COLUMNS: [&str; 8] = [
     "resolution",
 ];
 
-fn transfer_cells(t: &ReportTransfer) -> Vec<String> {
+/// A transfer's cells in [`TRANSFER_COLUMNS`] order. Text the row already holds is borrowed,
+/// so a million-row report allocates only for the numbers it formats.
+fn transfer_cells(t: &ReportTransfer) -> [Cow<'_, str>; 15] {
     let (asset, amount) = match &t.asset {
         ReceivedAsset::Method { method } => {
             (method.asset().to_string(), method.format_amount(t.amount))
         }
         other => (asset_text(other), t.amount.base_units().to_string()),
     };
-    vec![
-        iso(t.seen_at_ms),
-        t.network.clone(),
-        t.txid.clone(),
-        t.position.to_string(),
-        t.to_address.clone(),
-        asset,
-        amount,
-        t.intent_id.clone().unwrap_or_default(),
-        t.order_ref.clone().unwrap_or_default(),
-        t.intent_status.clone().unwrap_or_default(),
-        t.confirmations.to_string(),
-        t.block_height.map(|h| h.to_string()).unwrap_or_default(),
-        transfer_state(t).to_owned(),
-        t.credited_entry.clone().unwrap_or_default(),
-        t.removed.to_string(),
+    [
+        Cow::Owned(iso(t.seen_at_ms)),
+        Cow::Borrowed(t.network.as_str()),
+        Cow::Borrowed(t.txid.as_str()),
+        Cow::Owned(t.position.to_string()),
+        Cow::Borrowed(t.to_address.as_str()),
+        Cow::Owned(asset),
+        Cow::Owned(amount),
+        optional(&t.intent_id),
+        optional(&t.order_ref),
+        optional(&t.intent_status),
+        Cow::Owned(t.confirmations.to_string()),
+        t.block_height
+            .map_or(Cow::Borrowed(""), |h| Cow::Owned(h.to_string())),
+        Cow::Borrowed(transfer_state(t)),
+        optional(&t.credited_entry),
+        Cow::Borrowed(if t.removed { "true" } else { "false" }),
     ]
+}
+
+/// An optional text cell: empty when absent.
+fn optional(value: &Option<String>) -> Cow<'_, str> {
+    Cow::Borrowed(value.as_deref().unwrap_or_default())
 }
 
 /// What became of a transfer, from the entry that accounted for it.
@@ -662,57 +689,80 @@ pub(crate) fn html_table(columns: &[&str], rows: impl Iterator<Item = Vec<String
     html
 }
 
-fn html_row(cells: &[String]) -> String {
-    let cells: String = cells
-        .iter()
-        .map(|c| format!("<td>{}</td>", escape(c)))
-        .collect();
-    format!("<tr>{cells}</tr>\n")
+fn html_row<S: AsRef<str>>(cells: &[S]) -> String {
+    let mut row = String::new();
+    push_html_row(&mut row, cells);
+    row
+}
+
+/// Appends a table row of `cells` to `out`, escaped.
+fn push_html_row<S: AsRef<str>>(out: &mut String, cells: &[S]) {
+    out.push_str("<tr>");
+    for cell in cells {
+        out.push_str("<td>");
+        push_escaped(out, cell.as_ref());
+        out.push_str("</td>");
+    }
+    out.push_str("</tr>\n");
 }
 
 /// Escapes text for HTML element content and attribute values.
 pub(crate) fn escape(text: &str) -> String {
     let mut escaped = String::with_capacity(text.len());
+    push_escaped(&mut escaped, text);
+    escaped
+}
+
+/// Appends `text` to `out`, escaped for HTML.
+fn push_escaped(out: &mut String, text: &str) {
     for c in text.chars() {
         match c {
-            '&' => escaped.push_str("&amp;"),
-            '<' => escaped.push_str("&lt;"),
-            '>' => escaped.push_str("&gt;"),
-            '"' => escaped.push_str("&quot;"),
-            '\'' => escaped.push_str("&#39;"),
-            c => escaped.push(c),
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
         }
     }
-    escaped
 }
 
 /// One CSV line (RFC 4180 quoting). Text a spreadsheet would run as a formula is prefixed
 /// with a quote; amounts (digits, one sign) are left as they are.
 pub(crate) fn csv_line<S: AsRef<str>>(cells: &[S]) -> String {
-    let mut line = cells
-        .iter()
-        .map(|cell| {
-            let cell = cell.as_ref();
-            let numeric = cell
-                .strip_prefix('-')
-                .unwrap_or(cell)
-                .chars()
-                .all(|c| c.is_ascii_digit() || c == '.');
-            let cell = if !numeric && cell.starts_with(['=', '+', '-', '@', '\t', '\r']) {
-                format!("'{cell}")
-            } else {
-                cell.to_owned()
-            };
-            if cell.contains([',', '"', '\n', '\r']) {
-                format!("\"{}\"", cell.replace('"', "\"\""))
-            } else {
-                cell
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(",");
-    line.push_str("\r\n");
+    let mut line = String::new();
+    push_csv_line(&mut line, cells);
     line
+}
+
+/// Appends [`csv_line`] of `cells` to `out`, without a string per cell.
+fn push_csv_line<S: AsRef<str>>(out: &mut String, cells: &[S]) {
+    for (index, cell) in cells.iter().enumerate() {
+        if index > 0 {
+            out.push(',');
+        }
+        let cell = cell.as_ref();
+        let numeric = cell
+            .strip_prefix('-')
+            .unwrap_or(cell)
+            .chars()
+            .all(|c| c.is_ascii_digit() || c == '.');
+        let defuse = !numeric && cell.starts_with(['=', '+', '-', '@', '\t', '\r']);
+        let quote = cell.contains([',', '"', '\n', '\r']);
+        if quote {
+            out.push('"');
+        }
+        if defuse {
+            out.push('\'');
+        }
+        if quote {
+            out.push_str(&cell.replace('"', "\"\""));
+            out.push('"');
+        } else {
+            out.push_str(cell);
+        }
+    }
+    out.push_str("\r\n");
 }
 
 fn json<T: Serialize + ?Sized>(value: &T) -> Result<String, Error> {
@@ -723,6 +773,55 @@ async fn put<W: AsyncWrite + Unpin + Send>(out: &mut W, text: &str) -> Result<()
     out.write_all(text.as_bytes())
         .await
         .map_err(|e| Error::Report(e.to_string()))
+}
+
+/// Rows gathered before a write: one write per row cost more than formatting the row.
+const ROWS_TEXT_BYTES: usize = 64 * 1024;
+
+/// Writes `text` once it holds [`ROWS_TEXT_BYTES`], and empties it.
+async fn put_when_full<W: AsyncWrite + Unpin + Send>(
+    out: &mut W,
+    text: &mut String,
+) -> Result<(), Error> {
+    if text.len() >= ROWS_TEXT_BYTES {
+        put(out, text).await?;
+        text.clear();
+    }
+    Ok(())
+}
+
+/// Appends a JSON object of `keys` and their text `values`.
+fn push_json_object<S: AsRef<str>>(out: &mut String, keys: &[&str], values: &[S]) {
+    out.push('{');
+    for (index, (key, value)) in keys.iter().zip(values).enumerate() {
+        if index > 0 {
+            out.push(',');
+        }
+        push_json_string(out, key);
+        out.push(':');
+        push_json_string(out, value.as_ref());
+    }
+    out.push('}');
+}
+
+/// Appends `text` as a JSON string (RFC 8259 escaping).
+fn push_json_string(out: &mut String, text: &str) {
+    use std::fmt::Write;
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if u32::from(c) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
 }
 
 fn iso(ms: i64) -> String {
@@ -754,6 +853,21 @@ mod tests {
             csv_line(&["=SUM(A1)", "-0.5", "@x"]),
             "'=SUM(A1),-0.5,'@x\r\n"
         );
+    }
+
+    #[test]
+    fn json_strings_parse_back() {
+        for text in [
+            "plain",
+            "quote \" back \\ slash",
+            "new\nline\ttab\r",
+            "\u{1}\u{1f}",
+            "ünï ✓",
+        ] {
+            let mut out = String::new();
+            push_json_string(&mut out, text);
+            assert_eq!(serde_json::from_str::<String>(&out).unwrap(), text);
+        }
     }
 
     #[test]

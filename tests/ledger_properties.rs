@@ -155,6 +155,71 @@ async fn check(db: Db, ops: Vec<Op>) {
     }
 }
 
+/// A crypto amount of any size: SQLite sums the short ones (up to 18 characters, sign
+/// included) as integers and slices the longer ones into limbs, so both sides of that line,
+/// and values far beyond it, turn up.
+fn crypto_amount() -> impl Strategy<Value = i128> {
+    prop_oneof![
+        1..1_000i128,
+        10i128.pow(16)..10i128.pow(17),
+        10i128.pow(17)..10i128.pow(18),
+        10i128.pow(18)..10i128.pow(19),
+        10i128.pow(19)..10i128.pow(30),
+        10i128.pow(30)..10i128.pow(36),
+    ]
+}
+
+/// Property: the trial balance and the reconciliation report's ledger figures are the exact
+/// sums of what was posted, however large and however mixed the amounts.
+async fn check_exact_sums(db: Db, amounts: Vec<i128>) {
+    use payrecon::ledger::SuspenseReason;
+    use payrecon::report::{CsvSection, ReportFormat, ReportQuery};
+    use payrecon_chain_core::Method;
+
+    let test_db = TestDb::new(db).await;
+    let engine = test_db.engine().await;
+    let eth = Currency::Crypto(Method::Eth);
+    for (index, amount) in amounts.iter().enumerate() {
+        let entry = NewEntry {
+            idempotency_key: format!("unmatched:sum:{index}"),
+            kind: EntryKind::Payment,
+            reference: None,
+            memo: "held: unmatched".into(),
+            postings: vec![
+                Posting::debit(Account::Custody(Method::Eth), eth, *amount),
+                Posting::credit(Account::Suspense(SuspenseReason::Unmatched), eth, *amount),
+            ],
+        };
+        engine.post_entry(&entry).await.unwrap();
+    }
+    let total: i128 = amounts.iter().sum();
+    let trial = engine.trial_balance().await.unwrap();
+    assert!(trial.is_sound(), "{trial:?}");
+    let balance = |name: &str| {
+        trial
+            .accounts
+            .iter()
+            .find(|line| line.account == name)
+            .map(|line| line.balance_minor)
+    };
+    assert_eq!(balance("custody:ethereum:ETH"), Some(total));
+    assert_eq!(balance("suspense:unmatched"), Some(-total));
+
+    let now = chrono::Utc::now();
+    let query = ReportQuery {
+        from: now - chrono::Duration::hours(1),
+        to: now + chrono::Duration::hours(1),
+        method: Some(Method::Eth),
+    };
+    let totals = engine
+        .write_reconciliation(&query, ReportFormat::Csv, CsvSection::Summary, Vec::new())
+        .await
+        .unwrap();
+    let summary = &totals.methods[0];
+    assert_eq!(summary.booked, eth.format(total));
+    assert_eq!(summary.held, eth.format(total));
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 
@@ -166,5 +231,15 @@ proptest! {
     #[test]
     fn ledger_invariants_hold_on_postgres(ops in prop::collection::vec(op(), 1..40)) {
         common::runtime().block_on(check(Db::Postgres, ops));
+    }
+
+    #[test]
+    fn exact_sums_on_sqlite(amounts in prop::collection::vec(crypto_amount(), 1..12)) {
+        common::runtime().block_on(check_exact_sums(Db::Sqlite, amounts));
+    }
+
+    #[test]
+    fn exact_sums_on_postgres(amounts in prop::collection::vec(crypto_amount(), 1..12)) {
+        common::runtime().block_on(check_exact_sums(Db::Postgres, amounts));
     }
 }
