@@ -40,11 +40,12 @@ on_both_databases! {
         }
         let proxy = FaultProxy::in_front_of(&chain.rpc_url).await;
         let clean = Source::Node.watch(&steady, &chain);
-        let hostile = Running::spawn(
-            &faulty,
-            NodeScanner::new(Source::node_settings(&chain, &proxy.url_for(&chain.rpc_url))),
-            fast(),
-        );
+        // The link may fail for the hostile watcher's very first connection while the first
+        // payments are mined: its first scan starts where the clean one's did, not at the tip
+        // it first reaches (a watcher's first start is a configuration matter, `start_height`).
+        let mut hostile_settings = Source::node_settings(&chain, &proxy.url_for(&chain.rpc_url));
+        hostile_settings.start_height = Some(chain.height().await);
+        let hostile = Running::spawn(&faulty, NodeScanner::new(hostile_settings), fast());
         for (n, (index, amount)) in STEPS.iter().enumerate() {
             proxy.breaks_once_more().await;
             chain.send(&addresses[*index], amount).await;

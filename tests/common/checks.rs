@@ -17,10 +17,18 @@ pub async fn status(engine: &Engine, intent: &str) -> IntentStatus {
 }
 
 pub async fn wait_status(engine: &Engine, intent: &str, want: IntentStatus) {
-    eventually(&format!("intent {intent} to become {want:?}"), || async {
-        status(engine, intent).await == want
-    })
-    .await;
+    let last = std::sync::Mutex::new(None);
+    let what = format!("intent {intent} to become {want:?}");
+    let waited = std::panic::AssertUnwindSafe(eventually(&what, || async {
+        let now = engine.payment(intent).await.unwrap();
+        let reached = now.intent.status == want;
+        *last.lock().unwrap() = Some(now);
+        reached
+    }));
+    if let Err(panic) = futures_util::FutureExt::catch_unwind(waited).await {
+        eprintln!("intent {intent} as last read: {:#?}", last.lock().unwrap());
+        std::panic::resume_unwind(panic);
+    }
 }
 
 /// The kinds of the order's exceptions, sorted.
