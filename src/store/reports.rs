@@ -67,10 +67,8 @@ fn transfer_columns(qualified: bool) -> String {
 /// The order transfers are listed in: first seen, then their identity (unique).
 const TRANSFER_ORDER: &str = "t.seen_at_ms, t.network, t.txid, t.position";
 
-/// Transfers SQLite packs into one answer row of [`transfers_in`].
-const SQLITE_PAGE_ROWS: i64 = 2_000;
-
-/// Transfers handed from the reading task to the caller at once.
+/// Transfers handed from the reading task to the caller at once: a page SQLite packs into one
+/// answer row, a chunk of PostgreSQL's stream.
 const BATCH_ROWS: usize = 2_000;
 
 /// Batches read ahead of the caller: the reading task waits beyond that, so memory stays flat.
@@ -86,7 +84,7 @@ const READ_AHEAD_BATCHES: usize = 4;
 ///
 /// PostgreSQL streams the rows. sqlx's SQLite driver hands every row across threads, a wake-up
 /// each (5.4 s of the 8.2 s a million rows took), so SQLite packs pages of
-/// [`SQLITE_PAGE_ROWS`] into one JSON array each, the next page starting after the last row of
+/// [`BATCH_ROWS`] into one JSON array each, the next page starting after the last row of
 /// the one before (keyset paging on the listing's unique order: no row skipped or listed
 /// twice). PostgreSQL's JSON building costs more than its rows (16 ms a page of 2,000, against
 /// 1.4 s for a million rows streamed), so it streams.
@@ -129,7 +127,7 @@ async fn read_transfers(
         }
         Backend::Sqlite => {
             let mut pages =
-                std::pin::pin!(transfer_pages(&mut conn, from_ms, to_ms, SQLITE_PAGE_ROWS));
+                std::pin::pin!(transfer_pages(&mut conn, from_ms, to_ms, BATCH_ROWS as i64));
             while let Some(page) = pages.try_next().await? {
                 if batches.send(Ok(page)).await.is_err() {
                     break;
@@ -272,9 +270,24 @@ async fn transfer_page(
 
 impl ReportTransfer {
     fn from_columns(columns: TransferColumns) -> Result<ReportTransfer, StoreError> {
-        let (network, txid, position, to_address, asset, amount_base, intent_id, order_ref) = (
-            columns.0, columns.1, columns.2, columns.3, columns.4, columns.5, columns.6, columns.7,
-        );
+        let (
+            network,
+            txid,
+            position,
+            to_address,
+            asset,
+            amount_base,
+            intent_id,
+            order_ref,
+            intent_method,
+            intent_status,
+            intent_usd_cents,
+            confirmations,
+            block_height,
+            removed,
+            seen_at_ms,
+            credited_entry,
+        ) = columns;
         Ok(ReportTransfer {
             network,
             txid,
@@ -285,14 +298,14 @@ impl ReportTransfer {
                 .map_err(|_| StoreError::Corrupt(format!("amount_base {amount_base:?}")))?,
             intent_id,
             order_ref,
-            intent_method: columns.8,
-            intent_status: columns.9,
-            intent_usd_cents: columns.10,
-            confirmations: columns.11,
-            block_height: columns.12,
-            removed: columns.13 != 0,
-            seen_at_ms: columns.14,
-            credited_entry: columns.15,
+            intent_method,
+            intent_status,
+            intent_usd_cents,
+            confirmations,
+            block_height,
+            removed: removed != 0,
+            seen_at_ms,
+            credited_entry,
         })
     }
 }
