@@ -272,8 +272,8 @@ pub struct UtxoConfig {
     /// announcements and scans at once (push); polling stays the fallback.
     #[serde(default)]
     pub push_peer: Option<String>,
-    /// With `rpc_url`: the block height the very first scan starts at (the node's tip then by
-    /// default).
+    /// With `rpc_url`: the block height the very first scan starts at. By default the block of
+    /// the earliest open payment's address, or the node's tip when there is none.
     #[serde(default)]
     pub start_height: Option<u64>,
     /// `false`: this process does not watch the network even though its method is enabled
@@ -345,7 +345,8 @@ pub struct EthereumConfig {
     /// block).
     #[serde(default)]
     pub finality: EthereumFinality,
-    /// First block to scan on the very first start (default: the head at that time).
+    /// First block to scan on the very first start. By default the block of the earliest open
+    /// payment's address, or the head when there is none.
     #[serde(default)]
     pub start_block: Option<u64>,
     /// Pause between scans when caught up, in milliseconds.
@@ -389,7 +390,8 @@ pub struct TronConfig {
     /// head).
     #[serde(default)]
     pub finality: TronFinality,
-    /// First block to scan on the very first start (default: the head at that time).
+    /// First block to scan on the very first start. By default the block of the earliest open
+    /// payment's address, or the head when there is none.
     #[serde(default)]
     pub start_block: Option<u64>,
     /// Pause between scans when caught up, in milliseconds.

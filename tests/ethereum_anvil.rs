@@ -18,7 +18,7 @@ use common::{TestDb, topup};
 use payrecon::clock::Clock;
 use payrecon::intent::IntentStatus;
 use payrecon::watcher::{WatcherOptions, WatcherState};
-use payrecon_chain_core::Method;
+use payrecon_chain_core::{Method, Network};
 use payrecon_chain_ethereum::Finality;
 
 /// 0.05 ETH, what a 100 USD top-up costs at 2000 USD per ETH.
@@ -176,6 +176,29 @@ on_both_databases! {
         let blind = engine.audit_credited(&common::payments::config(|c| c.networks.ethereum.as_mut().unwrap().rpc_url = None), &query).await.unwrap();
         assert_eq!(blind.checked, 0);
         assert!(blind.unchecked["ethereum"].contains("no node configured"), "{blind:?}");
+    }
+
+    async fn payments_confirmed_before_the_watcher_first_reaches_its_node_are_found(db) {
+        let anvil = Anvil::lock().await;
+        let tokens = anvil.tokens().await;
+        let (engine, _clock) = eth_engine(&db, &anvil, &tokens, &fresh_ethereum_xpub(), 2).await;
+        engine.create_topup(&topup("E1", "50", "100")).await.unwrap();
+        engine.create_topup(&topup("U1", "51", "100")).await.unwrap();
+        let eth = engine.create_payment(&order("E1"), Method::Eth).await.unwrap();
+        let usdt = engine.create_payment(&order("U1"), Method::UsdtErc20).await.unwrap();
+        // Paid and buried while the node is still out of reach of the watcher.
+        anvil.send_eth(&eth.intent.pay_to, TOPUP_WEI).await;
+        anvil.send_token(&tokens.usdt, &usdt.intent.pay_to, 100_000_000).await;
+        anvil.mine(5).await;
+        assert_eq!(engine.watcher_cursor(Network::Ethereum).await.unwrap(), None);
+        let mut settings = scanner_settings(&anvil.url, &tokens, 0);
+        settings.start_block = None;
+        let watcher = watch_ethereum_with(&engine, settings, fast());
+        for pay in [&eth, &usdt] {
+            wait_status(&engine, &pay.intent.id, IntentStatus::Settled).await;
+        }
+        assert_eq!((cents(&engine, "50").await, cents(&engine, "51").await), (10_000, 10_000));
+        watcher.stop().await.unwrap();
     }
 
     async fn a_watcher_killed_mid_stream_ends_with_the_ledger_of_an_uninterrupted_run(db) {

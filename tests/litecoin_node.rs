@@ -41,11 +41,12 @@ on_both_databases! {
         let proxy = FaultProxy::in_front_of(&chain.rpc_url).await;
         let clean = Source::Node.watch(&steady, &chain);
         // The link may fail for the hostile watcher's very first connection while the first
-        // payments are mined: its first scan starts where the clean one's did, not at the tip
-        // it first reaches (a watcher's first start is a configuration matter, `start_height`).
-        let mut hostile_settings = Source::node_settings(&chain, &proxy.url_for(&chain.rpc_url));
-        hostile_settings.start_height = Some(chain.height().await);
-        let hostile = Running::spawn(&faulty, NodeScanner::new(hostile_settings), fast());
+        // payments are mined: its first scan still starts at the block of its first address.
+        let hostile = Running::spawn(
+            &faulty,
+            NodeScanner::new(Source::node_settings(&chain, &proxy.url_for(&chain.rpc_url))),
+            fast(),
+        );
         for (n, (index, amount)) in STEPS.iter().enumerate() {
             proxy.breaks_once_more().await;
             chain.send(&addresses[*index], amount).await;
@@ -66,6 +67,23 @@ on_both_databases! {
         eprintln!("fault proxy: {}", proxy.counts.summary());
         assert!(proxy.counts.broken() >= STEPS.len(), "{}", proxy.counts.summary());
         assert_eq!(ledger_summary(&faulty, &orders).await, ledger_summary(&steady, &orders).await);
+    }
+
+    async fn payments_confirmed_before_the_watcher_first_reaches_its_node_are_found(db) {
+        let chain = Chain::lock().await;
+        let (engine, _clock) = ltc_engine(&db, &chain, 2, &fresh_account_xpub(), |_| {}).await;
+        engine.create_topup(&topup("T1", "42", "100")).await.unwrap();
+        let pay = engine.create_payment(&order("T1"), Method::Ltc).await.unwrap();
+        // The shop hands out the address while the node is still out of reach: the payment is
+        // mined and buried before the watcher ever connects.
+        chain.send(&pay.intent.pay_to, "1").await;
+        chain.mine(5).await;
+        assert_eq!(engine.watcher_cursor(Network::Litecoin).await.unwrap(), None);
+        let watcher = Source::Node.watch(&engine, &chain);
+        wait_status(&engine, &pay.intent.id, IntentStatus::Settled).await;
+        chain.wait_synced(&engine, Network::Litecoin).await;
+        assert_eq!(engine.trial_balance().await.unwrap().entries, 1);
+        watcher.stop().await.unwrap();
     }
 
     async fn the_node_restarted_mid_stream_loses_nothing(db) {

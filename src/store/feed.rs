@@ -14,10 +14,11 @@ use sqlx::{AnyConnection, AnyPool, Row};
 use super::payments::{StoredTransfer, TRANSFER_COLUMNS, decode_transfer};
 use super::{Backend, StoreError};
 
-/// A watched key and the end of its monitoring window.
+/// A watched key, when it was handed out and the end of its monitoring window.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct WatchedKey {
     pub watch_key: String,
+    pub created_at_ms: i64,
     pub monitor_until_ms: i64,
 }
 
@@ -51,7 +52,7 @@ pub(crate) async fn read_all(
     let mut tx = snapshot(pool, backend).await?;
     let next_from = next_from(&mut tx, backend).await?;
     let keys = sqlx::query(
-        "SELECT watch_key, monitor_until_ms FROM payment_intents WHERE network = $1 AND monitor_until_ms > $2",
+        "SELECT watch_key, created_at_ms, monitor_until_ms FROM payment_intents WHERE network = $1 AND monitor_until_ms > $2",
     )
     .bind(network.as_str())
     .bind(now_ms)
@@ -92,7 +93,7 @@ pub(crate) async fn read_changes(
     let mut tx = snapshot(pool, backend).await?;
     let next_from = next_from(&mut tx, backend).await?;
     let keys = sqlx::query(
-        "SELECT watch_key, monitor_until_ms FROM payment_intents WHERE network = $1 AND feed_pos >= $2",
+        "SELECT watch_key, created_at_ms, monitor_until_ms FROM payment_intents WHERE network = $1 AND feed_pos >= $2",
     )
     .bind(network.as_str())
     .bind(from)
@@ -159,6 +160,7 @@ async fn next_from(conn: &mut AnyConnection, backend: Backend) -> Result<i64, St
 fn decode_key(row: &sqlx::any::AnyRow) -> Result<WatchedKey, StoreError> {
     Ok(WatchedKey {
         watch_key: row.try_get("watch_key")?,
+        created_at_ms: row.try_get("created_at_ms")?,
         monitor_until_ms: row.try_get("monitor_until_ms")?,
     })
 }

@@ -100,6 +100,11 @@ impl LiveView {
             if key.monitor_until_ms <= now_ms || self.view.watch_keys.contains(&key.watch_key) {
                 continue;
             }
+            self.view.keys_since_ms = Some(
+                self.view
+                    .keys_since_ms
+                    .map_or(key.created_at_ms, |since| since.min(key.created_at_ms)),
+            );
             let key_handle: Arc<str> = Arc::from(key.watch_key);
             self.view.watch_keys.insert_shared(key_handle.clone());
             keys_added += 1;

@@ -48,6 +48,11 @@ const TRANSACTIONS_PER_REQUEST: usize = 200;
 /// Decimals of a coin amount in the node's JSON (satoshi, litoshi).
 const COIN_DECIMALS: u8 = 8;
 
+/// How far a block's time may trail the moment it was mined: Bitcoin Core accepts block times
+/// up to two hours ahead of its own clock (`MAX_FUTURE_BLOCK_TIME`) and rescans wallets from
+/// two hours before a key's birth for the same reason.
+const BLOCK_TIME_SLACK_MS: i64 = 2 * 60 * 60 * 1000;
+
 /// Where and how to reach one network's full node.
 #[derive(Clone, Debug)]
 pub struct NodeSettings {
@@ -59,7 +64,8 @@ pub struct NodeSettings {
     pub target: UtxoTarget,
     /// The node's P2P `host:port`, heard for block and transaction announcements.
     pub push_peer: Option<String>,
-    /// The height the very first scan starts at; the node's tip then by default.
+    /// The height the very first scan starts at. By default the block of the earliest
+    /// watch key's birth (see [`blocks::start_height`]), or the tip when there is none.
     pub start_height: Option<u64>,
     /// Timeout of one request.
     pub timeout: Duration,
@@ -83,6 +89,12 @@ impl NodeSettings {
             blocks_per_request: 10,
         }
     }
+}
+
+/// A block header as `getblockheader <hash> true` answers it: the field read.
+#[derive(Deserialize)]
+struct BlockHeader {
+    time: i64,
 }
 
 /// A block as `getblock <hash> 2` answers it: the fields read.
@@ -241,6 +253,15 @@ async fn block_hash(rpc: &NodeRpc, height: u64) -> Result<Option<String>, ScanEr
     }
 }
 
+/// The time of the block at `height` on the node's chain, Unix milliseconds.
+async fn block_time(rpc: &NodeRpc, height: u64) -> Result<i64, ScanError> {
+    let hash = block_hash(rpc, height)
+        .await?
+        .ok_or_else(|| ScanError::Transient(format!("block {height} is gone (the chain moved)")))?;
+    let header: BlockHeader = rpc.call("getblockheader", json!([hash, true])).await?;
+    Ok(header.time.saturating_mul(1000))
+}
+
 /// The blocks at `heights`, in order, asked in one request for the hashes and one for the
 /// blocks.
 async fn read_blocks(rpc: &NodeRpc, heights: &[u64]) -> Result<Vec<NodeBlock>, ScanError> {
@@ -306,11 +327,13 @@ impl ChainScanner for NodeScanner {
                 cursor.tip.height
             )));
         }
-        let resume = blocks::resume(
-            view.cursor.as_ref(),
-            start_height.unwrap_or(head),
-            |height| block_hash(rpc, height),
-        )
+        let start = blocks::start_height(start_height, view, head, BLOCK_TIME_SLACK_MS, |height| {
+            block_time(rpc, height)
+        })
+        .await?;
+        let resume = blocks::resume(view.cursor.as_ref(), start, |height| {
+            block_hash(rpc, height)
+        })
         .await?;
         let mut range = BlockRange::new(resume);
         let last = head.min(range.from().saturating_add(per_scan - 1));

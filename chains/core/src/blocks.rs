@@ -15,6 +15,10 @@ use crate::{
 /// Recent block ids kept in the cursor for finding a fork point.
 pub const KEPT_CHECKPOINTS: usize = 64;
 
+/// For chains whose block times follow a slot clock (Ethereum, Tron), how far the engine's
+/// clock may run ahead of the chain's when [`start_height`] looks for a key's first block.
+pub const SLOT_CLOCK_SLACK_MS: i64 = 15 * 60 * 1000;
+
 /// Where a block scan continues, and the blocks below it that are still on the chain.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Resume {
@@ -74,6 +78,49 @@ where
         "none of the last {} blocks processed is on the chain any more: a reorg deeper than the cursor remembers",
         chain.len()
     )))
+}
+
+/// Where a scan with no cursor yet begins: the configured height if there is one; else the
+/// first block whose time is at least `slack_ms` before the earliest watch key was handed
+/// out; else, with no keys to miss, the head. With a cursor the scan resumes there and this
+/// answers the head without asking the chain anything.
+///
+/// Starting at the head would lose every payment confirmed between handing out an address
+/// and the watcher's first successful contact with its node (a node down when the shop
+/// started). `slack_ms` covers how far a block's time may trail the moment it was mined on
+/// the chain, and the skew between the engine's clock and the chain's. `time_at(height)`
+/// answers a canonical block's time in Unix milliseconds. Block times are searched by
+/// bisection, `log2(head)` requests, once per network.
+pub async fn start_height<F, Fut>(
+    configured: Option<u64>,
+    view: &WatchView,
+    head: u64,
+    slack_ms: i64,
+    mut time_at: F,
+) -> Result<u64, ScanError>
+where
+    F: FnMut(u64) -> Fut,
+    Fut: Future<Output = Result<i64, ScanError>>,
+{
+    let since_ms = match (configured, &view.cursor, view.keys_since_ms) {
+        (Some(height), _, _) => return Ok(height),
+        (None, None, Some(since_ms)) => since_ms.saturating_sub(slack_ms),
+        _ => return Ok(head),
+    };
+    if time_at(head).await? < since_ms {
+        return Ok(head);
+    }
+    // The first block at or after `since_ms` lies in `low..=high`.
+    let (mut low, mut high) = (0, head);
+    while low < high {
+        let middle = low + (high - low) / 2;
+        if time_at(middle).await? < since_ms {
+            low = middle + 1;
+        } else {
+            high = middle;
+        }
+    }
+    Ok(low)
 }
 
 /// The confirmations of a block at `height` with the chain at `tip`.
@@ -302,6 +349,79 @@ mod tests {
                 hash: block(from - 1),
             }],
         })
+    }
+
+    /// Runs `start_height` over blocks with these times (block `n` at `times[n]`), counting
+    /// the blocks asked for.
+    async fn start_over(
+        times: &[i64],
+        configured: Option<u64>,
+        view: &WatchView,
+        slack_ms: i64,
+    ) -> (u64, usize) {
+        let asked = std::cell::Cell::new(0);
+        let head = times.len() as u64 - 1;
+        let start = start_height(configured, view, head, slack_ms, |height| {
+            asked.set(asked.get() + 1);
+            std::future::ready(Ok(times[height as usize]))
+        })
+        .await
+        .unwrap();
+        (start, asked.get())
+    }
+
+    fn keys_since(ms: i64) -> WatchView {
+        WatchView {
+            keys_since_ms: Some(ms),
+            ..WatchView::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_first_scan_starts_at_the_block_of_the_earliest_key_less_the_slack() {
+        let times: Vec<i64> = (0..1000).map(|n| n * 600).collect();
+        for (since, slack, expected) in [
+            (300_000, 0, 500),
+            (300_001, 0, 501),
+            (300_000, 7_200, 488),
+            (0, 7_200, 0),
+            (599_400, 0, 999),
+            (10_000_000, 0, 999),
+        ] {
+            let (start, asked) = start_over(&times, None, &keys_since(since), slack).await;
+            assert_eq!(start, expected, "since {since}, slack {slack}");
+            assert!(asked <= 12, "{asked} blocks asked for");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_configured_start_a_cursor_or_no_keys_ask_the_chain_nothing() {
+        let times: Vec<i64> = (0..100).collect();
+        assert_eq!(start_over(&times, Some(7), &keys_since(3), 0).await, (7, 0));
+        assert_eq!(
+            start_over(&times, None, &WatchView::default(), 0).await,
+            (99, 0)
+        );
+        let resumed = WatchView {
+            cursor: Some(ChainCursor {
+                tip: BlockId {
+                    height: 50,
+                    hash: block(50),
+                },
+                checkpoints: Vec::new(),
+            }),
+            ..keys_since(3)
+        };
+        assert_eq!(start_over(&times, None, &resumed, 0).await, (99, 0));
+    }
+
+    #[tokio::test]
+    async fn keys_newer_than_the_head_start_at_the_head_after_one_question() {
+        let times: Vec<i64> = (0..100).collect();
+        assert_eq!(
+            start_over(&times, None, &keys_since(1_000), 0).await,
+            (99, 1)
+        );
     }
 
     #[test]

@@ -66,7 +66,8 @@ pub struct EthereumSettings {
     pub usdc_contract: Address,
     /// Depth or the `finalized` tag.
     pub finality: Finality,
-    /// The first block to scan when there is no cursor yet (default: the head).
+    /// The first block to scan when there is no cursor yet. By default the block of the
+    /// earliest watch key's birth (see [`blocks::start_height`]), or the head when there is none.
     pub start_block: Option<u64>,
     /// Blocks per scan at most.
     pub max_blocks_per_scan: u64,
@@ -249,18 +250,36 @@ impl ChainScanner for EthereumScanner {
             })?;
         let watched = &self.watched;
         let head = provider.get_block_number().await.map_err(classify)?;
-        let resume = blocks::resume(
-            view.cursor.as_ref(),
-            settings.start_block.unwrap_or(head),
+        let start = blocks::start_height(
+            settings.start_block,
+            view,
+            head,
+            blocks::SLOT_CLOCK_SLACK_MS,
             |height| {
                 let provider = provider.clone();
                 async move {
-                    Ok(block_hash(&provider, height)
-                        .await?
-                        .map(|hash| hash.to_string()))
+                    let block = provider
+                        .get_block_by_number(BlockNumberOrTag::Number(height))
+                        .await
+                        .map_err(classify)?
+                        .ok_or_else(|| {
+                            ScanError::Transient(format!("block {height} is not served yet"))
+                        })?;
+                    Ok(i64::try_from(block.header.timestamp)
+                        .unwrap_or(i64::MAX)
+                        .saturating_mul(1000))
                 }
             },
         )
+        .await?;
+        let resume = blocks::resume(view.cursor.as_ref(), start, |height| {
+            let provider = provider.clone();
+            async move {
+                Ok(block_hash(&provider, height)
+                    .await?
+                    .map(|hash| hash.to_string()))
+            }
+        })
         .await?;
         let mut range = BlockRange::new(resume);
         let from = range.from();

@@ -49,7 +49,8 @@ pub struct TronSettings {
     pub usdt_contract: TronAddress,
     /// Depth or solidified blocks.
     pub finality: TronFinality,
-    /// The first block to scan when there is no cursor yet (default: the head).
+    /// The first block to scan when there is no cursor yet. By default the block of the
+    /// earliest watch key's birth (see [`blocks::start_height`]), or the head when there is none.
     pub start_block: Option<u64>,
     /// Blocks per scan at most.
     pub max_blocks_per_scan: u64,
@@ -120,14 +121,26 @@ impl ChainScanner for TronScanner {
             })?;
         let watched = &self.watched;
         let head = client.now_block(false).await?.block_header.raw_data.number;
-        let resume = blocks::resume(
-            view.cursor.as_ref(),
-            settings.start_block.unwrap_or(head),
+        let start = blocks::start_height(
+            settings.start_block,
+            view,
+            head,
+            blocks::SLOT_CLOCK_SLACK_MS,
             |height| {
                 let client = client.clone();
-                async move { Ok(client.block(height).await?.map(|b| b.block_id)) }
+                async move {
+                    let block = client.block(height).await?.ok_or_else(|| {
+                        ScanError::Transient(format!("block {height} is not served yet"))
+                    })?;
+                    Ok(block.block_header.raw_data.timestamp)
+                }
             },
         )
+        .await?;
+        let resume = blocks::resume(view.cursor.as_ref(), start, |height| {
+            let client = client.clone();
+            async move { Ok(client.block(height).await?.map(|b| b.block_id)) }
+        })
         .await?;
         let mut range = BlockRange::new(resume);
         let from = range.from();
