@@ -4,13 +4,19 @@
 # and anvil for Ethereum (npm's @foundry-rs/anvil-linux-amd64). Everything lives under
 # $DEVNET_DIR.
 #
-#   scripts/devnet.sh up                      start (fresh chain) or reuse; prints `export` lines
+#   scripts/devnet.sh up                      start (fresh chains) or reuse; prints `export` lines
 #   scripts/devnet.sh down                    stop everything started by `up`
 #   scripts/devnet.sh litecoin-cli ARGS…      the node's litecoin-cli (wallet: -rpcwallet=miner)
 #   scripts/devnet.sh mine [N]                mine N Litecoin blocks (default 1)
 #   scripts/devnet.sh node-restart            stop litecoind and start it again (same chain)
 #   scripts/devnet.sh electrumx-start DIR PORT   one more ElectrumX over the same node
 #   scripts/devnet.sh electrumx-stop DIR         stop that one (its index stays in DIR)
+#
+# DEVNET_LANES=N (default 1) makes `up` start N independent Litecoin chains, each a litecoind
+# with its own ElectrumX: lane 0 on the ports below, lane i on each port + 100*i, under
+# $DEVNET_DIR/lane<i>. The tests take one lane per test, so tests that mine, reorg or restart
+# the node run side by side without seeing each other's blocks. DEVNET_LANE=i points
+# litecoin-cli, mine, node-restart and electrumx-start at lane i.
 #
 # Pitfalls handled here: the real litecoind binary is /usr/lib/litecoin/litecoind (the /usr/bin
 # wrapper writes ~/.litecoin); -conf must be absolute; ElectrumX needs DB_ENGINE=leveldb with
@@ -19,18 +25,30 @@
 set -euo pipefail
 
 DEVNET_DIR=${DEVNET_DIR:-/tmp/payrecon-devnet}
-LTC_RPC_PORT=${LTC_RPC_PORT:-19443}
-LTC_P2P_PORT=${LTC_P2P_PORT:-19444}
-ELECTRUM_PORT=${ELECTRUM_PORT:-50001}
+DEVNET_LANES=${DEVNET_LANES:-1}
+BASE_RPC_PORT=${LTC_RPC_PORT:-19443}
+BASE_P2P_PORT=${LTC_P2P_PORT:-19444}
+BASE_ELECTRUM_PORT=${ELECTRUM_PORT:-50001}
 ANVIL_PORT=${ANVIL_PORT:-8545}
 ANVIL_VERSION=1.7.1
-LTC_DIR=$DEVNET_DIR/ltc
 VENV=$DEVNET_DIR/venv-electrumx
 NPM_DIR=$DEVNET_DIR/npm
 ANVIL=$NPM_DIR/node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil
 SCRIPT=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 
 log() { echo "devnet: $*" >&2; }
+
+# use_lane I: the Litecoin chain the commands below act on.
+use_lane() {
+  LANE=$1
+  LANE_DIR=$DEVNET_DIR
+  [ "$LANE" = 0 ] || LANE_DIR=$DEVNET_DIR/lane$LANE
+  LTC_DIR=$LANE_DIR/ltc
+  LTC_RPC_PORT=$((BASE_RPC_PORT + 100 * LANE))
+  LTC_P2P_PORT=$((BASE_P2P_PORT + 100 * LANE))
+  ELECTRUM_PORT=$((BASE_ELECTRUM_PORT + 100 * LANE))
+}
+use_lane "${DEVNET_LANE:-0}"
 
 cli() { litecoin-cli -conf="$LTC_DIR/litecoin.conf" -datadir="$LTC_DIR/data" "$@"; }
 
@@ -90,7 +108,11 @@ stop_litecoind() {
     local pid
     pid=$(cat "$LTC_DIR/litecoind.pid")
     cli stop >/dev/null 2>&1 || kill "$pid"
-    for _ in $(seq 1 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    for _ in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    if kill -0 "$pid" 2>/dev/null; then
+      log "litecoind (lane $LANE) did not stop within 60 s"
+      exit 1
+    fi
   fi
 }
 
@@ -109,6 +131,9 @@ mempoolreplacement=1
 # payrecon's full-node scanner hears block and transaction announcements as a P2P peer on
 # loopback; noban lets the node announce transactions to it at once.
 listen=1
+# No Tor onion service: its listener takes 127.0.0.1 at the regtest default port (19444), which
+# is lane 0's own P2P port, whenever another lane's node starts first.
+listenonion=0
 discover=0
 dnsseed=0
 printtoconsole=0
@@ -118,6 +143,9 @@ rpcpassword=pass
 rpcbind=127.0.0.1
 rpcallowip=127.0.0.1
 rpcport=$LTC_RPC_PORT
+# On stop the node waits for idle keep-alive RPC connections (ElectrumX's, the watchers') up to
+# this timeout, 30 s by default: node-restart under load then outlasted its wait.
+rpcservertimeout=5
 port=$LTC_P2P_PORT
 bind=127.0.0.1
 whitelist=noban@127.0.0.1
@@ -127,7 +155,7 @@ CONF
   # Coinbase outputs mature after 100 blocks: 101 leaves the miner one spendable coinbase per
   # block mined from here on. Litecoin activates MWEB at height 432; tests stay far below it.
   cli -rpcwallet=miner generatetoaddress 150 "$(cli -rpcwallet=miner getnewaddress '' bech32)" >/dev/null
-  log "litecoind regtest up at height $(cli getblockcount)"
+  log "litecoind regtest (lane $LANE) up at height $(cli getblockcount)"
 }
 
 # electrumx_start DIR PORT: ElectrumX over the node, listening on 127.0.0.1:PORT.
@@ -175,36 +203,68 @@ electrumx_stop() {
   rm -f "$dir/electrumx.pid"
 }
 
+# The lanes' endpoints, comma-separated in lane order (the tests' pool of chains).
 print_env() {
-  echo "export PAYRECON_TEST_LTC_RPC=http://user:pass@127.0.0.1:$LTC_RPC_PORT"
-  echo "export PAYRECON_TEST_LTC_P2P=127.0.0.1:$LTC_P2P_PORT"
-  echo "export PAYRECON_TEST_ELECTRUM=tcp://127.0.0.1:$ELECTRUM_PORT"
+  local rpc=() p2p=() electrum=()
+  for lane in $(seq 0 $((DEVNET_LANES - 1))); do
+    use_lane "$lane"
+    rpc+=("http://user:pass@127.0.0.1:$LTC_RPC_PORT")
+    p2p+=("127.0.0.1:$LTC_P2P_PORT")
+    electrum+=("tcp://127.0.0.1:$ELECTRUM_PORT")
+  done
+  local IFS=,
+  echo "export PAYRECON_TEST_LTC_RPC=${rpc[*]}"
+  echo "export PAYRECON_TEST_LTC_P2P=${p2p[*]}"
+  echo "export PAYRECON_TEST_ELECTRUM=${electrum[*]}"
   echo "export PAYRECON_TEST_ETH_RPC=http://127.0.0.1:$ANVIL_PORT"
   echo "export PAYRECON_TEST_DEVNET=$SCRIPT"
-  # electrumx-start reaches the node through these, also when called from a test.
-  echo "export DEVNET_DIR=$DEVNET_DIR LTC_RPC_PORT=$LTC_RPC_PORT"
+  # Commands run from a test (node-restart, electrumx-start) find the lanes through these.
+  echo "export DEVNET_DIR=$DEVNET_DIR LTC_RPC_PORT=$BASE_RPC_PORT LTC_P2P_PORT=$BASE_P2P_PORT ELECTRUM_PORT=$BASE_ELECTRUM_PORT"
+}
+
+# lane_up: this lane's node and ElectrumX, reused when both run, else started on a fresh chain.
+lane_up() {
+  if alive "$LTC_DIR/litecoind.pid" && alive "$LANE_DIR/electrumx/electrumx.pid"; then
+    log "lane $LANE already running"
+    return
+  fi
+  electrumx_stop "$LANE_DIR/electrumx"
+  stop_litecoind
+  mkdir -p "$LANE_DIR"
+  start_litecoind
+  rm -rf "$LANE_DIR/electrumx"
+  electrumx_start "$LANE_DIR/electrumx" "$ELECTRUM_PORT"
+}
+
+# Every lane ever started under $DEVNET_DIR, whatever DEVNET_LANES says now.
+started_lanes() {
+  echo 0
+  for dir in "$DEVNET_DIR"/lane*; do
+    [ -d "$dir" ] && echo "${dir##*/lane}"
+  done
 }
 
 case "${1:-}" in
   up)
     install
-    if alive "$LTC_DIR/litecoind.pid" && alive "$DEVNET_DIR/electrumx/electrumx.pid" \
-      && alive "$DEVNET_DIR/anvil/anvil.pid"; then
-      log "already running"
+    for lane in $(seq 0 $((DEVNET_LANES - 1))); do
+      use_lane "$lane"
+      lane_up
+    done
+    if alive "$DEVNET_DIR/anvil/anvil.pid"; then
+      log "anvil already running"
     else
-      "$SCRIPT" down
-      mkdir -p "$DEVNET_DIR"
-      start_litecoind
-      rm -rf "$DEVNET_DIR/electrumx"
-      electrumx_start "$DEVNET_DIR/electrumx" "$ELECTRUM_PORT"
       start_anvil
     fi
     print_env
     ;;
   down)
-    electrumx_stop "$DEVNET_DIR/electrumx"
+    for lane in $(started_lanes); do
+      use_lane "$lane"
+      electrumx_stop "$LANE_DIR/electrumx"
+      stop_litecoind
+    done
     if alive "$DEVNET_DIR/anvil/anvil.pid"; then kill "$(cat "$DEVNET_DIR/anvil/anvil.pid")"; fi
-    stop_litecoind
     ;;
   node-restart)
     # Stops litecoind and starts it again on the same chain (what a node upgrade does).

@@ -11,8 +11,14 @@ port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0));
 sed -e "s|^database_url = .*|database_url = \"sqlite://$work/devnet.db\"|" \
     -e "s|^listen = .*|listen = \"127.0.0.1:$port\"|" \
     -e "s|\.\./fixtures|$PWD/fixtures|" examples/devnet.toml > "$work/devnet.toml"
-cargo build --quiet --locked
-payrecon() { target/debug/payrecon --config "$work/devnet.toml" "$@"; }
+# PAYRECON_BIN: a payrecon binary already built from this checkout (scripts/test.sh passes the
+# one `cargo test` just built, which `cargo build` would build again for its other features).
+bin=${PAYRECON_BIN:-}
+if [ -z "$bin" ]; then
+  cargo build --quiet --locked
+  bin=target/debug/payrecon
+fi
+payrecon() { "$bin" --config "$work/devnet.toml" "$@"; }
 json() { python3 -c "import json, sys; print(json.load(sys.stdin)$1)"; }
 base="http://127.0.0.1:$port"
 
@@ -22,7 +28,7 @@ operator=$(payrecon token create --name ops --role operator --json | json '["tok
 finance=$(payrecon token create --name finance --role finance --json | json '["token"]')
 # Started directly, not through the payrecon function: `$!` after `function &` is the
 # subshell running the function, and killing it left the server running.
-target/debug/payrecon --config "$work/devnet.toml" serve > "$work/serve.log" 2>&1 &
+"$bin" --config "$work/devnet.toml" serve > "$work/serve.log" 2>&1 &
 serve=$!
 stop_serve() { kill "$serve" 2>/dev/null || true; wait "$serve" 2>/dev/null || true; }
 trap 'stop_serve; rm -rf "$work"' EXIT

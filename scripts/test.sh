@@ -4,11 +4,16 @@
 #   for this run and removed after it.
 # - The Litecoin regtest node, ElectrumX and anvil come from PAYRECON_TEST_LTC_RPC,
 #   PAYRECON_TEST_LTC_P2P, PAYRECON_TEST_ELECTRUM and PAYRECON_TEST_ETH_RPC when all are set; otherwise
-#   scripts/devnet.sh installs (first run) and starts them for this run and stops them after it.
+#   scripts/devnet.sh installs (first run) and starts them for this run and stops them after it:
+#   DEVNET_LANES (3) independent Litecoin chains, each a node with its own ElectrumX, so that as
+#   many chain tests run at once (the three lists then name one chain per lane, comma-separated).
+# - Tests run RUST_TEST_THREADS (6) at a time: most of them wait on a node, a server or a poll,
+#   not on the CPU.
 # - Headless Chromium for the browser test comes from PAYRECON_TEST_CHROMIUM or Debian's
 #   chromium, installed here when missing; strace (the durability test watches `payrecon serve`
 #   sync before it answers) is installed here when missing too.
-# - After the suite, scripts/smoke.sh runs README's "Try it in five minutes" end to end.
+# - After the suite, scripts/smoke.sh runs README's "Try it in five minutes" end to end, with the
+#   payrecon binary `cargo test` built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,7 +30,7 @@ else
 fi
 
 if [ -z "${PAYRECON_TEST_ELECTRUM:-}" ] || [ -z "${PAYRECON_TEST_LTC_RPC:-}" ] || [ -z "${PAYRECON_TEST_LTC_P2P:-}" ] || [ -z "${PAYRECON_TEST_ETH_RPC:-}" ]; then
-  eval "$(scripts/devnet.sh up)"
+  eval "$(DEVNET_LANES=${DEVNET_LANES:-3} scripts/devnet.sh up)"
   cleanup+=("scripts/devnet.sh down")
   echo "using fresh local nodes: Litecoin regtest behind ElectrumX at $PAYRECON_TEST_ELECTRUM, anvil at $PAYRECON_TEST_ETH_RPC"
 else
@@ -45,5 +50,6 @@ if ! command -v strace >/dev/null; then
   apt_install strace
 fi
 
+export RUST_TEST_THREADS=${RUST_TEST_THREADS:-6}
 cargo test --workspace --locked
-scripts/smoke.sh
+PAYRECON_BIN=target/debug/payrecon scripts/smoke.sh

@@ -71,15 +71,16 @@ on_both_databases_and_sources! {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_watcher_survives_its_electrum_server_restarting() {
     let chain = Chain::lock().await;
-    let devnet =
-        std::env::var("PAYRECON_TEST_DEVNET").expect("PAYRECON_TEST_DEVNET (scripts/test.sh)");
     let dir = tempfile::tempdir().unwrap();
-    let port = 50_011;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let electrumx = |action: &'static str| {
-        let devnet = devnet.clone();
+        let mut command = chain.devnet();
         let dir = dir.path().to_path_buf();
         async move {
-            let mut command = tokio::process::Command::new(devnet);
             command.arg(action).arg(&dir);
             if action == "electrumx-start" {
                 command.arg(port.to_string());

@@ -1,8 +1,10 @@
 //! Test support for the Litecoin regtest node behind ElectrumX (scripts/devnet.sh).
 //!
 //! Tests that mine, reorg or replace transactions change what every other test would see, so
-//! each holds [`Chain::lock`] for its whole run. Every test derives its addresses below a fresh
-//! random account key, so no test sees another's payments.
+//! each holds a chain of its own ([`Chain::lock`]) for its whole run. scripts/devnet.sh starts
+//! several independent chains (lanes), each a node with its own ElectrumX; a test takes a free
+//! one, or waits for one. Every test derives its addresses below a fresh random account key, so
+//! no test sees another's payments even on a chain used before.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -20,7 +22,7 @@ use payrecon_chain_core::bitcoin::bip32::{DerivationPath, Xpriv, Xpub};
 use payrecon_chain_core::bitcoin::secp256k1::Secp256k1;
 use payrecon_chain_core::{Asset, ChainScanner, Method, Network};
 use serde_json::{Value, json};
-use tokio::sync::{Mutex, MutexGuard, watch};
+use tokio::sync::{Semaphore, SemaphorePermit, watch};
 use tokio::task::JoinHandle;
 
 use super::{TestDb, post_json};
@@ -34,6 +36,51 @@ fn env(name: &str) -> String {
     })
 }
 
+/// One chain of the devnet: its node's RPC and P2P, and its Electrum server.
+#[derive(Clone, Debug)]
+struct Lane {
+    index: usize,
+    rpc_url: String,
+    p2p_peer: String,
+    electrum_url: String,
+}
+
+/// The chains no test holds, and a permit per chain.
+struct Lanes {
+    free: std::sync::Mutex<Vec<Lane>>,
+    permits: Semaphore,
+}
+
+/// The devnet's chains, from the comma-separated lists scripts/devnet.sh prints.
+fn lanes() -> &'static Lanes {
+    static LANES: std::sync::OnceLock<Lanes> = std::sync::OnceLock::new();
+    LANES.get_or_init(|| {
+        let list = |name| -> Vec<String> { env(name).split(',').map(str::to_owned).collect() };
+        let (rpc, p2p, electrum) = (
+            list("PAYRECON_TEST_LTC_RPC"),
+            list("PAYRECON_TEST_LTC_P2P"),
+            list("PAYRECON_TEST_ELECTRUM"),
+        );
+        assert!(
+            rpc.len() == p2p.len() && rpc.len() == electrum.len(),
+            "PAYRECON_TEST_LTC_RPC, PAYRECON_TEST_LTC_P2P and PAYRECON_TEST_ELECTRUM list as many chains each"
+        );
+        let free: Vec<Lane> = (0..rpc.len())
+            .rev()
+            .map(|index| Lane {
+                index,
+                rpc_url: rpc[index].clone(),
+                p2p_peer: p2p[index].clone(),
+                electrum_url: electrum[index].clone(),
+            })
+            .collect();
+        Lanes {
+            permits: Semaphore::new(free.len()),
+            free: std::sync::Mutex::new(free),
+        }
+    })
+}
+
 /// The regtest node, its miner wallet and the Electrum server in front of it.
 pub struct Chain {
     http: reqwest::Client,
@@ -42,23 +89,55 @@ pub struct Chain {
     /// The node's P2P `host:port`.
     pub p2p_peer: String,
     pub electrum_url: String,
-    _guard: MutexGuard<'static, ()>,
+    /// The devnet lane, for scripts/devnet.sh (`DEVNET_LANE`).
+    pub lane: usize,
+    _permit: SemaphorePermit<'static>,
 }
 
-static CHAIN: Mutex<()> = Mutex::const_new(());
+impl Drop for Chain {
+    fn drop(&mut self) {
+        let lane = Lane {
+            index: self.lane,
+            rpc_url: self.rpc_url.clone(),
+            p2p_peer: self.p2p_peer.clone(),
+            electrum_url: self.electrum_url.clone(),
+        };
+        // Back on the free list before the permit goes, so the next holder finds it there.
+        lanes().free.lock().expect("never poisoned").push(lane);
+    }
+}
 
 impl Chain {
-    /// Exclusive use of the chain for one test.
+    /// Exclusive use of one chain for one test: a free one, or the next one freed.
     pub async fn lock() -> Chain {
         init_logs();
-        let guard = CHAIN.lock().await;
+        let lanes = lanes();
+        let permit = lanes.permits.acquire().await.expect("never closed");
+        let lane = lanes
+            .free
+            .lock()
+            .expect("never poisoned")
+            .pop()
+            .expect("a permit is held for every free chain");
         Chain {
-            http: reqwest::Client::new(),
-            rpc_url: env("PAYRECON_TEST_LTC_RPC"),
-            p2p_peer: env("PAYRECON_TEST_LTC_P2P"),
-            electrum_url: env("PAYRECON_TEST_ELECTRUM"),
-            _guard: guard,
+            // The devnet's nodes close idle RPC connections after 5 s (scripts/devnet.sh).
+            http: reqwest::Client::builder()
+                .pool_idle_timeout(Duration::from_secs(4))
+                .build()
+                .expect("HTTP client"),
+            rpc_url: lane.rpc_url,
+            p2p_peer: lane.p2p_peer,
+            electrum_url: lane.electrum_url,
+            lane: lane.index,
+            _permit: permit,
         }
+    }
+
+    /// scripts/devnet.sh acting on this test's chain.
+    pub fn devnet(&self) -> tokio::process::Command {
+        let mut command = tokio::process::Command::new(env("PAYRECON_TEST_DEVNET"));
+        command.env("DEVNET_LANE", self.lane.to_string());
+        command
     }
 
     /// A JSON-RPC call to the node (`wallet` routes it to the miner wallet).
@@ -115,7 +194,8 @@ impl Chain {
         let height = self.height().await;
         assert!(
             height + n < MWEB_ACTIVATION,
-            "the test chain reached Litecoin's MWEB activation: restart it with scripts/devnet.sh down && scripts/devnet.sh up"
+            "test chain {} reached Litecoin's MWEB activation: restart it with scripts/devnet.sh down && scripts/devnet.sh up",
+            self.lane
         );
         let to = self.wallet_address().await;
         self.call(true, "generatetoaddress", json!([n, to])).await;
@@ -232,8 +312,8 @@ impl Chain {
 
     /// Stops the node and starts it again on the same chain (scripts/devnet.sh node-restart).
     pub async fn restart_node(&self) {
-        let script = env("PAYRECON_TEST_DEVNET");
-        let status = tokio::process::Command::new(script)
+        let status = self
+            .devnet()
             .arg("node-restart")
             .status()
             .await

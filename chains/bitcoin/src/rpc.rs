@@ -19,6 +19,12 @@ use serde_json::value::RawValue;
 /// The node is still loading its block index: ask again.
 const RPC_IN_WARMUP: i64 = -28;
 
+/// How long an unused connection to the node is kept. Bitcoin Core closes an RPC connection
+/// idle for `rpcservertimeout` (30 s by default, lower where operators set it); a pooled
+/// connection idle that long can be picked for a request just as the node closes it, and the
+/// request fails. Polling every couple of seconds keeps the busy connection open regardless.
+const IDLE_CONNECTION_TIMEOUT: Duration = Duration::from_secs(4);
+
 /// How the node knows payrecon.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NodeAuth {
@@ -112,6 +118,7 @@ impl NodeRpc {
         let _ = parsed.set_password(None);
         let http = reqwest::Client::builder()
             .timeout(timeout)
+            .pool_idle_timeout(IDLE_CONNECTION_TIMEOUT)
             .user_agent(concat!("payrecon/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| ScanError::Fatal(format!("HTTP client: {e}")))?;
