@@ -54,11 +54,8 @@ fn name(run: &str, i: usize) -> String {
 fn scattered(run: &str, i: usize, what: &str, len: usize) -> String {
     use std::fmt::Write as _;
     use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
-    let mut text = String::with_capacity(len + 16);
-    for part in 0.. {
-        if text.len() >= len {
-            break;
-        }
+    let mut text = String::with_capacity(len.next_multiple_of(16));
+    for part in 0..len.div_ceil(16) {
         let hash = BuildHasherDefault::<DefaultHasher>::default().hash_one((run, i, what, part));
         let _ = write!(text, "{hash:016x}");
     }

@@ -253,13 +253,14 @@ async fn block_hash(rpc: &NodeRpc, height: u64) -> Result<Option<String>, ScanEr
     }
 }
 
-/// The time of the block at `height` on the node's chain, Unix milliseconds.
-async fn block_time(rpc: &NodeRpc, height: u64) -> Result<i64, ScanError> {
-    let hash = block_hash(rpc, height)
-        .await?
-        .ok_or_else(|| ScanError::Transient(format!("block {height} is gone (the chain moved)")))?;
+/// The time of the block at `height` on the node's chain, Unix milliseconds; `None` above its
+/// tip.
+async fn block_time(rpc: &NodeRpc, height: u64) -> Result<Option<i64>, ScanError> {
+    let Some(hash) = block_hash(rpc, height).await? else {
+        return Ok(None);
+    };
     let header: BlockHeader = rpc.call("getblockheader", json!([hash, true])).await?;
-    Ok(header.time.saturating_mul(1000))
+    Ok(Some(header.time.saturating_mul(1000)))
 }
 
 /// The blocks at `heights`, in order, asked in one request for the hashes and one for the

@@ -89,8 +89,8 @@ where
 /// and the watcher's first successful contact with its node (a node down when the shop
 /// started). `slack_ms` covers how far a block's time may trail the moment it was mined on
 /// the chain, and the skew between the engine's clock and the chain's. `time_at(height)`
-/// answers a canonical block's time in Unix milliseconds. Block times are searched by
-/// bisection, `log2(head)` requests, once per network.
+/// answers a canonical block's time in Unix milliseconds, `None` if there is none. Block times
+/// are searched by bisection, `log2(head)` requests, once per network.
 pub async fn start_height<F, Fut>(
     configured: Option<u64>,
     view: &WatchView,
@@ -100,8 +100,15 @@ pub async fn start_height<F, Fut>(
 ) -> Result<u64, ScanError>
 where
     F: FnMut(u64) -> Fut,
-    Fut: Future<Output = Result<i64, ScanError>>,
+    Fut: Future<Output = Result<Option<i64>, ScanError>>,
 {
+    let mut time_at = |height| {
+        let time = time_at(height);
+        async move {
+            time.await?
+                .ok_or_else(|| ScanError::Transient(format!("block {height} is not served yet")))
+        }
+    };
     let since_ms = match (configured, &view.cursor, view.keys_since_ms) {
         (Some(height), _, _) => return Ok(height),
         (None, None, Some(since_ms)) => since_ms.saturating_sub(slack_ms),
@@ -363,7 +370,7 @@ mod tests {
         let head = times.len() as u64 - 1;
         let start = start_height(configured, view, head, slack_ms, |height| {
             asked.set(asked.get() + 1);
-            std::future::ready(Ok(times[height as usize]))
+            std::future::ready(Ok(Some(times[height as usize])))
         })
         .await
         .unwrap();

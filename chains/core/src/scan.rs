@@ -37,9 +37,10 @@ pub struct WatchView {
     pub known: BTreeMap<TransferId, KnownTransfer>,
     /// Where the last committed scan ended.
     pub cursor: Option<ChainCursor>,
-    /// When the earliest of the keys was handed out, Unix milliseconds. A block scanner with
-    /// no cursor starts no later than the block of that time, so a payment confirmed before
-    /// the watcher first reached its node is still found.
+    /// When the earliest key followed since the view was built was handed out, Unix
+    /// milliseconds (a key whose window closed since still counts: earlier is safe). A block
+    /// scanner with no cursor starts no later than the block of that time, so a payment
+    /// confirmed before the watcher first reached its node is still found.
     pub keys_since_ms: Option<i64>,
     /// The engine's clock, Unix milliseconds: the time of a transfer first seen unconfirmed.
     pub now_ms: i64,

@@ -257,18 +257,7 @@ impl ChainScanner for EthereumScanner {
             blocks::SLOT_CLOCK_SLACK_MS,
             |height| {
                 let provider = provider.clone();
-                async move {
-                    let block = provider
-                        .get_block_by_number(BlockNumberOrTag::Number(height))
-                        .await
-                        .map_err(classify)?
-                        .ok_or_else(|| {
-                            ScanError::Transient(format!("block {height} is not served yet"))
-                        })?;
-                    Ok(i64::try_from(block.header.timestamp)
-                        .unwrap_or(i64::MAX)
-                        .saturating_mul(1000))
-                }
+                async move { block_time(&provider, height).await }
             },
         )
         .await?;
@@ -461,11 +450,26 @@ async fn native_transfers(
 }
 
 async fn block_hash(provider: &RootProvider, height: u64) -> Result<Option<B256>, ScanError> {
+    Ok(block_header(provider, height)
+        .await?
+        .map(|header| header.hash))
+}
+
+/// The time of the canonical block at `height`, Unix milliseconds.
+async fn block_time(provider: &RootProvider, height: u64) -> Result<Option<i64>, ScanError> {
+    Ok(block_header(provider, height).await?.map(|header| {
+        i64::try_from(header.timestamp)
+            .unwrap_or(i64::MAX)
+            .saturating_mul(1000)
+    }))
+}
+
+async fn block_header(provider: &RootProvider, height: u64) -> Result<Option<Header>, ScanError> {
     Ok(provider
         .get_block_by_number(BlockNumberOrTag::Number(height))
         .await
         .map_err(classify)?
-        .map(|b| b.header.hash))
+        .map(|block| block.header))
 }
 
 /// `Transfer` logs to `recipients` in `from..=to`, halving the range when the node refuses it

@@ -129,10 +129,10 @@ impl ChainScanner for TronScanner {
             |height| {
                 let client = client.clone();
                 async move {
-                    let block = client.block(height).await?.ok_or_else(|| {
-                        ScanError::Transient(format!("block {height} is not served yet"))
-                    })?;
-                    Ok(block.block_header.raw_data.timestamp)
+                    Ok(client
+                        .block(height)
+                        .await?
+                        .map(|b| b.block_header.raw_data.timestamp))
                 }
             },
         )
