@@ -294,6 +294,11 @@ impl NodeRpc {
             Err(error) if error.is_eof() => Err(Attempt::retry(format!(
                 "{method}: the answer was cut short: {error}"
             ))),
+            // A server error in plain text is the server's trouble, not an answer: a stopping
+            // node answers "Unhandled request" for each request its work queue dropped.
+            Err(_) if (500..600).contains(&status) => Err(Attempt::retry(format!(
+                "{method}: HTTP {status}: {excerpt}"
+            ))),
             Err(_) => Err(Attempt::Fatal(format!(
                 "{method} answered HTTP {status} with a body that is not JSON: {excerpt}"
             ))),
@@ -363,6 +368,54 @@ mod tests {
             }
         );
         assert!(NodeRpc::new("tcp://x:1", NodeAuth::None, Duration::from_secs(1)).is_err());
+    }
+
+    /// A node on a local port that answers each request with the next of `answers` (status and
+    /// body), one connection per request.
+    async fn node_answering(answers: Vec<(u16, &'static str)>) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            for (status, body) in answers {
+                let (mut socket, _) = listener.accept().await.unwrap();
+                let mut request = Vec::new();
+                let mut chunk = [0u8; 4096];
+                // The request is small: read until its JSON body has ended.
+                while !request.ends_with(b"}") && !request.ends_with(b"]") {
+                    let n = socket.read(&mut chunk).await.unwrap();
+                    assert!(n > 0, "the client hung up mid-request");
+                    request.extend_from_slice(&chunk[..n]);
+                }
+                let reply = format!(
+                    "HTTP/1.1 {status} X\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                socket.write_all(reply.as_bytes()).await.unwrap();
+            }
+        });
+        url
+    }
+
+    #[tokio::test]
+    async fn a_stopping_nodes_unhandled_request_is_asked_again() {
+        let url = node_answering(vec![
+            (500, "Unhandled request"),
+            (200, r#"{"result":162,"error":null,"id":1}"#),
+        ])
+        .await;
+        let rpc = NodeRpc::new(&url, NodeAuth::None, Duration::from_secs(5)).unwrap();
+        assert_eq!(rpc.call::<u64>("getblockcount", Value::Null).await, Ok(162));
+    }
+
+    #[tokio::test]
+    async fn a_complete_answer_that_is_not_json_is_fatal() {
+        let url = node_answering(vec![(200, "<html>a web server</html>")]).await;
+        let rpc = NodeRpc::new(&url, NodeAuth::None, Duration::from_secs(5)).unwrap();
+        assert!(matches!(
+            rpc.call::<u64>("getblockcount", Value::Null).await,
+            Err(ScanError::Fatal(_))
+        ));
     }
 
     #[test]
