@@ -131,8 +131,10 @@ mempoolreplacement=1
 # payrecon's full-node scanner hears block and transaction announcements as a P2P peer on
 # loopback; noban lets the node announce transactions to it at once.
 listen=1
-# No Tor onion service: its listener takes 127.0.0.1 at the regtest default port (19444), which
-# is lane 0's own P2P port, whenever another lane's node starts first.
+# No Tor onion service. Its listener is bound all the same (Litecoin Core 0.21 binds the onion
+# target even with listenonion=0), at 127.0.0.1:19444 unless a bind says otherwise: that is
+# lane 0's own P2P port, so whenever another lane's node started first, lane 0's node could
+# not start. Each lane names its own onion port below.
 listenonion=0
 discover=0
 dnsseed=0
@@ -148,6 +150,7 @@ rpcport=$LTC_RPC_PORT
 rpcservertimeout=5
 port=$LTC_P2P_PORT
 bind=127.0.0.1
+bind=127.0.0.1:$((LTC_P2P_PORT + 1))=onion
 whitelist=noban@127.0.0.1
 CONF
   run_litecoind
