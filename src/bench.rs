@@ -586,7 +586,9 @@ async fn payments(engine: &Engine, plan: &PaymentsPlan) -> anyhow::Result<Vec<Be
         let line_run = format!("{run}-{callers}");
         let topup_line = timed_line(engine, count, callers, |tx, rows, now| {
             let line_run = line_run.clone();
-            Box::pin(async move { crate::store::baseline::topups(tx, &line_run, rows, now).await })
+            Box::pin(async move {
+                crate::store::baseline::topups(tx, &line_run, rows, BENCH_CUSTOMERS, now).await
+            })
         })
         .await?;
         let intent_line = timed_line(engine, count, callers, |tx, rows, now| {
@@ -711,12 +713,18 @@ async fn payments(engine: &Engine, plan: &PaymentsPlan) -> anyhow::Result<Vec<Be
     // timed), then the settlement rows in the same batches.
     let settle_run = format!("{run}-settle");
     let events_per_batch = plan.events_per_batch;
-    crate::store::baseline::prepare_settlements(engine.store(), &settle_run, total).await?;
+    crate::store::baseline::prepare_settlements(
+        engine.store(),
+        &settle_run,
+        total,
+        BENCH_CUSTOMERS,
+    )
+    .await?;
     let settle_line = timed_line(engine, total - split, events_per_batch, |tx, rows, now| {
         let settle_run = settle_run.clone();
-        Box::pin(
-            async move { crate::store::baseline::settlements(tx, &settle_run, rows, now).await },
-        )
+        Box::pin(async move {
+            crate::store::baseline::settlements(tx, &settle_run, rows, BENCH_CUSTOMERS, now).await
+        })
     })
     .await?;
     lines.push(beside(settled, &settle_line));

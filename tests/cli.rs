@@ -357,3 +357,41 @@ fn account_history_from_the_command_line() {
     );
     assert!(refused(&url, &["account", "history", "a@b.example"]).contains("e-mail"));
 }
+
+// `bench payments` runs its own checks (every intent settled once, the ledger sound, the report
+// complete) and measures each write beside its line; the line's rows are of the same shape as
+// payrecon's, down to top-ups settling onto the balances of returning customers.
+on_both_databases! {
+    async fn the_payments_benchmark_measures_each_write_beside_its_line(db) {
+        let url = db.url.clone();
+        let report = json(
+            &url,
+            &[
+                "bench", "payments", "--intents", "300", "--sweep-items", "60",
+                "--reference-events", "60", "--events-per-batch", "50",
+                "--concurrency", "1,16", "--scratch-database", &url,
+            ],
+        );
+        let results = report["results"].as_array().unwrap();
+        for workload in [
+            "top-ups created, 16 callers",
+            "intents created, 16 callers",
+            "events matched and settled, 50 per transaction",
+        ] {
+            let measured = results
+                .iter()
+                .find(|r| r["workload"] == workload)
+                .unwrap_or_else(|| panic!("{workload} is measured: {report}"));
+            assert!(measured["of_line"].as_f64().is_some_and(|r| r > 0.0), "{measured}");
+        }
+        let trial = json(&url, &["ledger", "trial-balance"]);
+        assert_eq!(trial["sound"], true, "payrecon's rows and the line's balance");
+        let line_customers = trial["trial_balance"]["accounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|a| a["account"].as_str().unwrap().starts_with("customer:line-"))
+            .count();
+        assert_eq!(line_customers, 300, "each line settlement credits its top-up's customer");
+    }
+}

@@ -8,7 +8,8 @@
 //! scattered over their key space as real ones are ([`address`], [`checkout_key`]): a derived
 //! address and a random checkout key land anywhere in their unique indexes, and sequential
 //! stand-ins, which only ever append, made the line's intent inserts 2-3 times cheaper than any
-//! real intent's could be.
+//! real intent's could be. Top-ups come from returning customers and settle onto their balances
+//! for the same reason ([`topups`], [`settlements`]).
 
 use chrono::{DateTime, Utc};
 
@@ -63,6 +64,11 @@ fn scattered(run: &str, i: usize, what: &str, len: usize) -> String {
     text
 }
 
+/// The customer of line top-up `i`, one of the shop's `customers` returning customers.
+fn customer(run: &str, i: usize, customers: usize) -> String {
+    format!("line-{run}-c{}", i % customers)
+}
+
 /// Line intent `i`'s address, as long as a P2WPKH one (42 characters) and as scattered.
 fn address(run: &str, i: usize) -> String {
     format!("bc1q{}", scattered(run, i, "address", 38))
@@ -73,21 +79,26 @@ fn checkout_key(run: &str, i: usize) -> String {
     scattered(run, i, "checkout", 32)
 }
 
-/// What a top-up writes: its customer (if new) and its order row.
+/// What a top-up writes: its customer (if new) and its order row. Top-ups come from a shop's
+/// `customers` returning customers, as the benchmark's do: each order then lands in its
+/// customer's stretch of `orders_by_account`, anywhere in the index, where orders of a new
+/// customer each would only ever append to it.
 pub(crate) async fn topups(
     tx: &mut WriteTx,
     run: &str,
     rows: std::ops::Range<usize>,
+    customers: usize,
     now: DateTime<Utc>,
 ) -> Result<(), StoreError> {
     let now_ms = now.timestamp_millis();
+    let customer = |i: usize| customer(run, i, customers);
     insert_rows(
         tx,
         "INSERT INTO customers (account_id, created_at_ms) VALUES",
         "ON CONFLICT (account_id) DO NOTHING",
         2,
         rows.clone(),
-        |q, i| q.bind(name(run, i)).bind(now_ms),
+        |q, i| q.bind(customer(i)).bind(now_ms),
     )
     .await?;
     insert_rows(
@@ -99,7 +110,7 @@ pub(crate) async fn topups(
         |q, i| {
             q.bind(name(run, i))
                 .bind("topup")
-                .bind(name(run, i))
+                .bind(customer(i))
                 .bind(50_000i64)
                 .bind("line")
                 .bind("open")
@@ -185,13 +196,14 @@ pub(crate) async fn intents(
     Ok(())
 }
 
-/// What settling intents by one confirming transfer each writes: the transfer, the intent's
-/// new state, the journal entry and its four legs, the order settled, the `status_changed`
-/// event.
+/// What settling top-up intents by one confirming transfer each writes: the transfer, the
+/// intent's new state, the journal entry and its four legs (the last on the balance of the
+/// top-up's customer, one of `customers`), the order settled, the `status_changed` event.
 pub(crate) async fn settlements(
     tx: &mut WriteTx,
     run: &str,
     rows: std::ops::Range<usize>,
+    customers: usize,
     now: DateTime<Utc>,
 ) -> Result<(), StoreError> {
     let now_ms = now.timestamp_millis();
@@ -261,22 +273,31 @@ pub(crate) async fn settlements(
         }
         seqs.extend(query.fetch_all(tx.conn()).await?);
     }
-    const LEGS: [(&str, &str, &str); 4] = [
+    // Three legs on the shop's own accounts, the fourth on the customer's balance.
+    const SHOP_LEGS: [(&str, &str, &str); 3] = [
         ("custody:bitcoin:BTC", "btc", "625000"),
         ("fx:btc", "btc", "-625000"),
         ("fx:btc", "USD", "50000"),
-        ("revenue:rentals", "USD", "-50000"),
     ];
+    const LEGS: usize = SHOP_LEGS.len() + 1;
     insert_rows(
         tx,
         "INSERT INTO postings (entry_seq, leg, account, currency, amount) VALUES",
         "",
         5,
-        0..seqs.len() * LEGS.len(),
+        0..seqs.len() * LEGS,
         |q, row| {
-            let (account, currency, amount) = LEGS[row % LEGS.len()];
-            q.bind(seqs[row / LEGS.len()])
-                .bind((row % LEGS.len()) as i64)
+            let (entry, leg) = (row / LEGS, row % LEGS);
+            let (account, currency, amount) = match SHOP_LEGS.get(leg) {
+                Some(&(account, currency, amount)) => (account.to_owned(), currency, amount),
+                None => (
+                    format!("customer:{}:balance", customer(run, all[entry], customers)),
+                    "USD",
+                    "-50000",
+                ),
+            };
+            q.bind(seqs[entry])
+                .bind(leg as i64)
                 .bind(account)
                 .bind(currency)
                 .bind(amount)
@@ -325,13 +346,14 @@ pub(crate) async fn prepare_settlements(
     store: &super::Store,
     run: &str,
     count: usize,
+    customers: usize,
 ) -> Result<(), StoreError> {
     const PER_COMMIT: usize = 10_000;
     let now = Utc::now();
     for first in (0..count).step_by(PER_COMMIT) {
         let rows = first..(first + PER_COMMIT).min(count);
         let mut tx = store.begin_write().await?;
-        topups(&mut tx, run, rows.clone(), now).await?;
+        topups(&mut tx, run, rows.clone(), customers, now).await?;
         intents(&mut tx, run, rows, now).await?;
         tx.commit().await?;
     }
