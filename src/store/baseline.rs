@@ -91,14 +91,14 @@ pub(crate) async fn topups(
     now: DateTime<Utc>,
 ) -> Result<(), StoreError> {
     let now_ms = now.timestamp_millis();
-    let customer = |i: usize| customer(run, i, customers);
+    let customer_of = |i: usize| customer(run, i, customers);
     insert_rows(
         tx,
         "INSERT INTO customers (account_id, created_at_ms) VALUES",
         "ON CONFLICT (account_id) DO NOTHING",
         2,
         rows.clone(),
-        |q, i| q.bind(customer(i)).bind(now_ms),
+        |q, i| q.bind(customer_of(i)).bind(now_ms),
     )
     .await?;
     insert_rows(
@@ -110,7 +110,7 @@ pub(crate) async fn topups(
         |q, i| {
             q.bind(name(run, i))
                 .bind("topup")
-                .bind(customer(i))
+                .bind(customer_of(i))
                 .bind(50_000i64)
                 .bind("line")
                 .bind("open")

@@ -47,7 +47,7 @@ where
         let anchor = from - 1;
         let hash = hash_at(anchor)
             .await?
-            .ok_or_else(|| ScanError::Transient(format!("block {anchor} is not served yet")))?;
+            .ok_or_else(|| not_served_yet(anchor))?;
         return Ok(Resume {
             from,
             checkpoints: vec![BlockId {
@@ -104,10 +104,7 @@ where
 {
     let mut time_at = |height| {
         let time = time_at(height);
-        async move {
-            time.await?
-                .ok_or_else(|| ScanError::Transient(format!("block {height} is not served yet")))
-        }
+        async move { time.await?.ok_or_else(|| not_served_yet(height)) }
     };
     let since_ms = match (configured, &view.cursor, view.keys_since_ms) {
         (Some(height), _, _) => return Ok(height),
@@ -128,6 +125,12 @@ where
         }
     }
     Ok(low)
+}
+
+/// A block at or below the head the node reported that it does not answer for: the scan is
+/// repeated later, never skips it.
+fn not_served_yet(height: u64) -> ScanError {
+    ScanError::Transient(format!("block {height} is not served yet"))
 }
 
 /// The confirmations of a block at `height` with the chain at `tip`.
