@@ -6,8 +6,14 @@
 //! and each route admits one role.
 
 mod checkout;
+mod live;
+mod server;
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::rejection::JsonRejection;
@@ -20,6 +26,8 @@ use axum::{Json, Router};
 use chrono::{DateTime, Utc};
 use payrecon_chain_core::Method;
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tokio::sync::watch;
 
 use crate::engine::Engine;
 use crate::error::Error;
@@ -34,28 +42,86 @@ pub const OPENAPI: &str = include_str!("api/openapi.json");
 const STUCK_PAGE: &str = include_str!("api/stuck.html");
 const RECONCILE_PAGE: &str = include_str!("api/reconcile.html");
 
+pub use live::StreamLimits;
+pub use server::{ServerLimits, serve};
+
+/// How the API is configured: limits, the webhook endpoints an operator may replay, and how
+/// `/metrics` is guarded.
+#[derive(Clone, Debug)]
+pub struct ApiOptions {
+    /// Largest request body.
+    pub max_body_bytes: usize,
+    /// Every request but a live status is answered within this (503 after it).
+    pub request_timeout: Duration,
+    /// The live statuses' caps and lifetime.
+    pub streams: StreamLimits,
+    /// "I have paid" at most once per this long per checkout key.
+    pub paid_interval: Duration,
+    /// The configured webhook endpoints and their retry windows, in hours.
+    pub webhooks: BTreeMap<String, u32>,
+    /// Serve `/metrics` on this router (not when it has a listener of its own).
+    pub metrics_here: bool,
+    /// `/metrics` asks for this bearer token.
+    pub metrics_token: Option<String>,
+}
+
+impl Default for ApiOptions {
+    fn default() -> ApiOptions {
+        ApiOptions::from_config(&crate::config::Config::default())
+    }
+}
+
+impl ApiOptions {
+    /// The options `payrecon serve` runs the API with.
+    pub fn from_config(config: &crate::config::Config) -> ApiOptions {
+        let http = &config.http;
+        ApiOptions {
+            max_body_bytes: http.max_body_bytes,
+            request_timeout: Duration::from_millis(u64::from(http.request_timeout_ms.max(1))),
+            streams: StreamLimits {
+                max_streams: http.max_streams,
+                max_per_client: http.max_streams_per_client,
+                lifetime: Duration::from_secs(u64::from(http.stream_lifetime_seconds.max(1))),
+            },
+            paid_interval: Duration::from_secs(u64::from(http.paid_interval_seconds)),
+            webhooks: config
+                .webhooks
+                .iter()
+                .map(|w| (w.name.clone(), w.retry_hours))
+                .collect(),
+            metrics_here: http.metrics_listen.is_none(),
+            metrics_token: http.metrics_token.clone(),
+        }
+    }
+}
+
 /// What every handler shares.
 #[derive(Clone)]
 struct ApiState {
     engine: Engine,
-    webhook_retry_hours: u32,
+    webhooks: Arc<BTreeMap<String, u32>>,
+    live: Arc<live::StatusHub>,
+    paid_limiter: Arc<checkout::PaidLimiter>,
+    metrics: Arc<MetricsGuard>,
 }
 
-/// The router of the whole API; `max_body_bytes` caps every request body.
-pub fn router(engine: Engine, max_body_bytes: usize, webhook_retry_hours: u32) -> Router {
+/// The router of the whole API. Live statuses end when `shutdown` turns true, so a draining
+/// server is not held open by a customer's tab.
+pub fn router(engine: Engine, options: ApiOptions, shutdown: watch::Receiver<bool>) -> Router {
     let state = ApiState {
+        live: live::StatusHub::start(engine.clone(), options.streams, shutdown),
         engine,
-        webhook_retry_hours,
+        webhooks: Arc::new(options.webhooks.clone()),
+        paid_limiter: Arc::new(checkout::PaidLimiter::new(options.paid_interval)),
+        metrics: Arc::new(MetricsGuard::new(options.metrics_token.clone())),
     };
-    Router::new()
+    let mut answered = Router::new()
         .route("/health", get(health))
         .route("/ready", get(ready))
-        .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
         .route("/ui/stuck", get(|| async { Html(STUCK_PAGE) }))
         .route("/ui/reconcile", get(|| async { Html(RECONCILE_PAGE) }))
         .route("/pay/{key}", get(checkout::checkout_page))
-        .route("/pay/{key}/events", get(checkout::checkout_events))
         .route("/pay/{key}/paid", post(checkout::checkout_paid))
         .route("/assets/checkout.css", get(checkout::stylesheet))
         .route("/assets/checkout.js", get(checkout::script))
@@ -79,12 +145,58 @@ pub fn router(engine: Engine, max_body_bytes: usize, webhook_retry_hours: u32) -
         .route("/v1/support/find", get(support_find))
         .route("/v1/exceptions/{id}/resolve", post(resolve))
         .route("/v1/audit-log", get(audit_log))
-        .route("/v1/webhooks/{endpoint}/replay", post(replay_webhooks))
+        .route("/v1/webhooks/{endpoint}/replay", post(replay_webhooks));
+    if options.metrics_here {
+        answered = answered.route("/metrics", get(metrics));
+    }
+    // Every answer but a live status has a deadline; the live status has its own lifetime.
+    let answered = answered.layer(tower_http::timeout::TimeoutLayer::with_status_code(
+        StatusCode::SERVICE_UNAVAILABLE,
+        options.request_timeout,
+    ));
+    Router::new()
+        .route("/pay/{key}/events", get(checkout::checkout_events))
+        .merge(answered)
         .fallback(|| async {
             ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
         })
-        .layer(axum::extract::DefaultBodyLimit::max(max_body_bytes))
+        .layer(axum::extract::DefaultBodyLimit::max(options.max_body_bytes))
         .with_state(state)
+}
+
+/// `/metrics` alone, for its own listener (`[http] metrics_listen`).
+pub fn metrics_router(engine: Engine, token: Option<String>) -> Router {
+    let (_, never) = watch::channel(false);
+    let options = ApiOptions {
+        metrics_token: token,
+        ..ApiOptions::default()
+    };
+    let state = ApiState {
+        live: live::StatusHub::start(engine.clone(), options.streams, never),
+        engine,
+        webhooks: Arc::new(BTreeMap::new()),
+        paid_limiter: Arc::new(checkout::PaidLimiter::new(options.paid_interval)),
+        metrics: Arc::new(MetricsGuard::new(options.metrics_token)),
+    };
+    Router::new()
+        .route("/metrics", get(metrics))
+        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
+            StatusCode::SERVICE_UNAVAILABLE,
+            options.request_timeout,
+        ))
+        .with_state(state)
+}
+
+/// The client's address as the server recorded it (`None` when served otherwise, as in
+/// tests that call the router directly).
+pub(crate) struct ClientAddress(Option<IpAddr>);
+
+impl<S: Send + Sync> FromRequestParts<S> for ClientAddress {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(ClientAddress(server::client_of(parts).map(|a| a.ip())))
+    }
 }
 
 /// A refusal or failure, as JSON.
@@ -246,15 +358,20 @@ async fn health() -> Json<serde_json::Value> {
     Json(serde_json::json!({ "status": "ok" }))
 }
 
+/// Ready when the database answers. What the driver said stays in the log: this route is
+/// public, and a driver's error can name hosts, users and paths.
 async fn ready(State(state): State<ApiState>) -> Response {
     match state.engine.store().ping().await {
         Ok(_) => Json(serde_json::json!({ "status": "ready" })).into_response(),
-        Err(error) => ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not_ready",
-            format!("the database is unreachable: {error}"),
-        )
-        .into_response(),
+        Err(error) => {
+            tracing::warn!(%error, "not ready: the database is unreachable");
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "not_ready",
+                "database unreachable",
+            )
+            .into_response()
+        }
     }
 }
 
@@ -461,8 +578,74 @@ async fn trial_balance(State(state): State<ApiState>, _: Finance) -> ApiResult {
     ok(&serde_json::json!({ "sound": trial.is_sound(), "trial_balance": trial }))
 }
 
-async fn stuck(State(state): State<ApiState>, _: Operator) -> ApiResult {
-    ok(&state.engine.stuck(&StuckOptions::default()).await?)
+/// `?limit=&after=` of the list routes.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PageQuery {
+    /// Items per page (default 100, at most 1000).
+    limit: Option<usize>,
+    /// The previous page's cursor, from its `Link: <…>; rel="next"`.
+    after: Option<String>,
+    /// Exceptions only: the open ones.
+    #[serde(default)]
+    open: bool,
+}
+
+/// Items per page of a list route when the caller names none.
+const DEFAULT_PAGE: usize = 100;
+
+impl PageQuery {
+    fn limit(&self) -> usize {
+        self.limit.unwrap_or(DEFAULT_PAGE)
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for PageQuery {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        Query::<PageQuery>::from_request_parts(parts, state)
+            .await
+            .map(|Query(query)| query)
+            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", e.body_text()))
+    }
+}
+
+/// A page as a JSON array, with the next page's address in a `Link` header (RFC 8288), so
+/// the body keeps its shape.
+fn paged<T: Serialize>(path: &str, query: &PageQuery, page: crate::stuck::Page<T>) -> ApiResult {
+    let mut response = Json(&page.items).into_response();
+    if let Some(next) = &page.next
+        && let Ok(mut url) = reqwest::Url::parse(&format!("http://host{path}"))
+    {
+        {
+            let mut pairs = url.query_pairs_mut();
+            pairs.append_pair("after", next);
+            pairs.append_pair("limit", &query.limit().to_string());
+            if query.open {
+                pairs.append_pair("open", "true");
+            }
+        }
+        let link = format!(
+            "<{}?{}>; rel=\"next\"",
+            url.path(),
+            url.query().unwrap_or_default()
+        );
+        if let Ok(value) = HeaderValue::from_str(&link) {
+            response.headers_mut().insert(header::LINK, value);
+        }
+    }
+    Ok(response)
+}
+
+async fn stuck(State(state): State<ApiState>, _: Operator, query: PageQuery) -> ApiResult {
+    let options = StuckOptions::default();
+    let after = query.after.as_deref();
+    let page = state
+        .engine
+        .stuck_page(&options, after, query.limit())
+        .await?;
+    paged("/v1/stuck", &query, page)
 }
 
 #[derive(Deserialize)]
@@ -490,25 +673,13 @@ async fn support_find(
     }
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ExceptionFilter {
-    #[serde(default)]
-    open: bool,
-}
-
-async fn exceptions(
-    State(state): State<ApiState>,
-    _: Operator,
-    filter: Result<Query<ExceptionFilter>, axum::extract::rejection::QueryRejection>,
-) -> ApiResult {
-    let Query(filter) = filter
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", e.body_text()))?;
-    let mut all = state.engine.exceptions(None).await?;
-    if filter.open {
-        all.retain(|e| e.resolved_at.is_none());
-    }
-    ok(&all)
+async fn exceptions(State(state): State<ApiState>, _: Operator, query: PageQuery) -> ApiResult {
+    let after = query.after.as_deref();
+    let page = state
+        .engine
+        .exceptions_page(query.open, after, query.limit())
+        .await?;
+    paged("/v1/exceptions", &query, page)
 }
 
 #[derive(Deserialize)]
@@ -531,8 +702,13 @@ async fn resolve(
     ok(&resolved)
 }
 
-async fn audit_log(State(state): State<ApiState>, _: Operator) -> ApiResult {
-    ok(&state.engine.operator_actions().await?)
+async fn audit_log(State(state): State<ApiState>, _: Operator, query: PageQuery) -> ApiResult {
+    let after = query.after.as_deref();
+    let page = state
+        .engine
+        .operator_actions_page(after, query.limit())
+        .await?;
+    paged("/v1/audit-log", &query, page)
 }
 
 #[derive(Deserialize)]
@@ -547,20 +723,88 @@ async fn replay_webhooks(
     Path(endpoint): Path<String>,
     ApiJson(request): ApiJson<ReplayRequest>,
 ) -> ApiResult {
+    let Some(retry_hours) = state.webhooks.get(&endpoint).copied() else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!(
+                "no webhook named {:?} is configured",
+                endpoint.chars().take(64).collect::<String>()
+            ),
+        ));
+    };
     let queued = state
         .engine
-        .replay_webhooks(&endpoint, request.from_seq, state.webhook_retry_hours)
+        .replay_webhooks(&endpoint, request.from_seq, retry_hours)
         .await?;
     ok(&serde_json::json!({ "endpoint": endpoint, "queued": queued }))
 }
 
-/// Prometheus text format: per network tip, cursor, lag and RPC errors; intents by state;
-/// open exceptions; webhook deliveries.
-async fn metrics(State(state): State<ApiState>) -> Response {
-    match state.engine.metrics_text().await {
-        Ok(text) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response(),
-        Err(error) => ApiError::from(error).into_response(),
+/// How `/metrics` is guarded, and its last answer: the figures are computed at most once per
+/// [`METRICS_TTL`] however often (or by how many) they are scraped.
+struct MetricsGuard {
+    /// SHA-256 of the token: compared as digests, so the comparison's time says nothing of
+    /// the token.
+    token_digest: Option<[u8; 32]>,
+    last: tokio::sync::Mutex<Option<(std::time::Instant, String)>>,
+}
+
+/// How long one computation of the metrics serves.
+const METRICS_TTL: Duration = Duration::from_secs(5);
+
+impl MetricsGuard {
+    fn new(token: Option<String>) -> MetricsGuard {
+        MetricsGuard {
+            token_digest: token.map(|token| Sha256::digest(token.as_bytes()).into()),
+            last: tokio::sync::Mutex::new(None),
+        }
     }
+
+    fn admits(&self, headers: &HeaderMap) -> bool {
+        let Some(expected) = &self.token_digest else {
+            return true;
+        };
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.strip_prefix("Bearer "))
+            .unwrap_or_default()
+            .trim();
+        let given: [u8; 32] = Sha256::digest(given.as_bytes()).into();
+        given == *expected
+    }
+}
+
+/// Prometheus text format: per network tip, cursor, lag and RPC errors; intents by state;
+/// open exceptions; failing webhook endpoints; open live statuses.
+async fn metrics(State(state): State<ApiState>, headers: HeaderMap) -> Response {
+    if !state.metrics.admits(&headers) {
+        return ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "the metrics token is required",
+        )
+        .into_response();
+    }
+    let mut last = state.metrics.last.lock().await;
+    let text = match &*last {
+        Some((at, text)) if at.elapsed() < METRICS_TTL => text.clone(),
+        _ => match state.engine.metrics_text().await {
+            Ok(mut text) => {
+                family(
+                    &mut text,
+                    "payrecon_live_statuses_open",
+                    "Open live-status streams of checkout pages in this process.",
+                    "gauge",
+                    vec![(String::new(), state.live.open_streams() as u64)],
+                );
+                *last = Some((std::time::Instant::now(), text.clone()));
+                text
+            }
+            Err(error) => return ApiError::from(error).into_response(),
+        },
+    };
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
 impl Engine {
@@ -634,19 +878,39 @@ impl Engine {
                 .map(|(kind, n)| (format!("kind=\"{kind}\""), n as u64))
                 .collect(),
         );
-        let deliveries = self.webhook_counts().await?;
+        let failing = self.failing_webhooks().await?;
+        let now_ms = self.clock().now().timestamp_millis();
         family(
             &mut text,
-            "payrecon_webhook_deliveries",
-            "Webhook deliveries by endpoint and state.",
+            "payrecon_webhook_deliveries_failing",
+            "Webhook deliveries that failed and wait to be retried, or were given up, by endpoint.",
             "gauge",
-            deliveries
-                .into_iter()
-                .map(|(endpoint, state, n)| {
-                    (
-                        format!("endpoint=\"{endpoint}\",state=\"{state}\""),
-                        n as u64,
-                    )
+            failing
+                .iter()
+                .flat_map(|f| {
+                    [
+                        (
+                            format!("endpoint=\"{}\",state=\"retrying\"", f.endpoint),
+                            f.retrying as u64,
+                        ),
+                        (
+                            format!("endpoint=\"{}\",state=\"abandoned\"", f.endpoint),
+                            f.abandoned as u64,
+                        ),
+                    ]
+                })
+                .collect(),
+        );
+        family(
+            &mut text,
+            "payrecon_webhook_oldest_undelivered_seconds",
+            "Age of the oldest event a failing webhook endpoint has not received.",
+            "gauge",
+            failing
+                .iter()
+                .map(|f| {
+                    let age = (now_ms - f.oldest_event_at_ms).max(0) / 1000;
+                    (format!("endpoint=\"{}\"", f.endpoint), age as u64)
                 })
                 .collect(),
         );
@@ -658,6 +922,10 @@ impl Engine {
 fn family(text: &mut String, name: &str, help: &str, kind: &str, samples: Vec<(String, u64)>) {
     let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} {kind}");
     for (labels, value) in samples {
-        let _ = writeln!(text, "{name}{{{labels}}} {value}");
+        if labels.is_empty() {
+            let _ = writeln!(text, "{name} {value}");
+        } else {
+            let _ = writeln!(text, "{name}{{{labels}}} {value}");
+        }
     }
 }

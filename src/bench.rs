@@ -233,7 +233,10 @@ pub async fn run(command: BenchCommand, _config: &Config, json: bool) -> anyhow:
             report(
                 json,
                 Some(&backend),
-                format!("payments on {backend} ({})", crate::cli::redact(&url)),
+                format!(
+                    "payments on {backend} ({})",
+                    payrecon_chain_core::SecretUrl::from(url.as_str())
+                ),
                 &lines,
                 ITEMS,
             )
@@ -306,7 +309,7 @@ pub async fn run(command: BenchCommand, _config: &Config, json: bool) -> anyhow:
                 Some(&backend),
                 format!(
                     "electrum watcher on {backend} ({}), server {electrum_url}",
-                    crate::cli::redact(&url)
+                    payrecon_chain_core::SecretUrl::from(url.as_str())
                 ),
                 &lines,
                 ITEMS,
@@ -379,7 +382,7 @@ pub async fn run(command: BenchCommand, _config: &Config, json: bool) -> anyhow:
                 Some(&backend),
                 format!(
                     "reconciliation report on {backend} ({})",
-                    crate::cli::redact(&url)
+                    payrecon_chain_core::SecretUrl::from(url.as_str())
                 ),
                 &lines,
                 ITEMS,
@@ -403,7 +406,10 @@ pub async fn run(command: BenchCommand, _config: &Config, json: bool) -> anyhow:
             report(
                 json,
                 Some(&backend),
-                format!("ledger posting on {backend} ({})", crate::cli::redact(&url)),
+                format!(
+                    "ledger posting on {backend} ({})",
+                    payrecon_chain_core::SecretUrl::from(url.as_str())
+                ),
                 &lines,
                 ("entries", "entries/s"),
             )
@@ -537,7 +543,7 @@ async fn payments_engine(url: &str, scratch: &std::path::Path) -> anyhow::Result
         r#"{"quotes":{"BTC":"80000","ETH":"3000","USDT":"1","USDC":"1","TRX":"0.25","SOL":"150","LTC":"85"}}"#,
     )?;
     let mut config = Config {
-        database_url: url.to_owned(),
+        database_url: url.into(),
         ..Config::default()
     };
     config.payments.enabled_methods = vec![Method::Btc];
@@ -923,7 +929,7 @@ fn litecoin_config(
     let quotes = scratch.join("quotes.json");
     std::fs::write(&quotes, r#"{"quotes":{"LTC":"100"}}"#)?;
     let mut config = Config {
-        database_url: url.to_owned(),
+        database_url: url.into(),
         ..Config::default()
     };
     config.payments.enabled_methods = vec![Method::Ltc];
@@ -942,7 +948,7 @@ fn electrum_config(
     network: &str,
 ) -> anyhow::Result<Config> {
     let utxo = crate::config::UtxoConfig {
-        electrum_url: Some(electrum_url.to_owned()),
+        electrum_url: Some(electrum_url.into()),
         ..crate::config::UtxoConfig::new(fresh_litecoin_xpub()?, network, 2)
     };
     litecoin_config(url, scratch, utxo)

@@ -5,6 +5,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
@@ -396,6 +397,10 @@ fn usage_error(error: clap::Error) -> ExitCode {
     ExitCode::from(2)
 }
 
+/// Past the shutdown deadline, what the process gives its draining server to close its own
+/// connections before it exits regardless.
+const SHUTDOWN_MARGIN: Duration = Duration::from_secs(1);
+
 /// Ctrl-C, or SIGTERM where there is one.
 async fn wait_for_signal() {
     #[cfg(unix)]
@@ -431,7 +436,7 @@ fn one_line(error: &anyhow::Error) -> String {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let mut config = Config::load(cli.config.as_deref())?;
     if let Some(url) = cli.database_url {
-        config.database_url = url;
+        config.database_url = url.into();
     }
     let json = cli.json;
     if let Command::Bench(command) = cli.command {
@@ -439,19 +444,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
     let engine = Engine::from_config(&config)
         .await
-        .with_context(|| format!("opening {}", redact(&config.database_url)))?;
+        .with_context(|| format!("opening {}", config.database_url))?;
     match cli.command {
         Command::Init => {
             let backend = format!("{:?}", engine.store().backend()).to_lowercase();
             emit(
                 json,
-                &serde_json::json!({ "database": redact(&config.database_url), "backend": backend, "migrated": true }),
-                || {
-                    format!(
-                        "database ready: {} ({backend})",
-                        redact(&config.database_url)
-                    )
-                },
+                &serde_json::json!({ "database": config.database_url.to_string(), "backend": backend, "migrated": true }),
+                || format!("database ready: {} ({backend})", config.database_url),
             )
         }
         Command::Order(OrderCommand::Create(args)) => {
@@ -950,12 +950,26 @@ transfer {} {} base units, {} confirmations{}{}",
         }
         Command::Serve => {
             let (stop, shutdown) = tokio::sync::watch::channel(false);
+            let deadline = Duration::from_secs(u64::from(config.serve.shutdown_seconds));
             tokio::spawn(async move {
                 wait_for_signal().await;
-                tracing::warn!("shutting down");
+                tracing::warn!(
+                    ?deadline,
+                    "shutting down: finishing requests, live statuses and the watchers' rounds (a second signal exits at once)"
+                );
                 let _ = stop.send(true);
+                // Whatever is still running then is cut off: every commit is atomic, so what
+                // was not committed is done again by the next start.
+                tokio::select! {
+                    () = wait_for_signal() => tracing::warn!("second signal: exiting now"),
+                    () = tokio::time::sleep(deadline + SHUTDOWN_MARGIN) => {
+                        tracing::error!(?deadline, "shutdown deadline passed: exiting now");
+                    }
+                }
+                std::process::exit(1);
             });
             crate::serve::serve(engine, &config, shutdown).await?;
+            tracing::info!("stopped");
             Ok(())
         }
         Command::Bench(_) => unreachable!("handled before opening the engine"),
@@ -1086,30 +1100,4 @@ pub(crate) fn emit<T: Serialize>(
         describe()
     };
     print_out(&format!("{text}\n"))
-}
-
-/// A database URL without its password, for messages.
-pub(crate) fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme_end), Some(at)) if at > scheme_end => {
-            let credentials = &url[scheme_end + 3..at];
-            match credentials.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme_end + 3], &url[at..]),
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn passwords_never_reach_messages() {
-        assert_eq!(redact("postgres://u:secret@h/db"), "postgres://u:***@h/db");
-        assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
-        assert_eq!(redact("sqlite://x.db"), "sqlite://x.db");
-    }
 }

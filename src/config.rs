@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
-use payrecon_chain_core::Method;
+use payrecon_chain_core::{Method, SecretUrl};
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 
@@ -27,7 +27,7 @@ const ENV_KEYS: [&str; 2] = ["database_url", "database_durability"];
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// `sqlite://path` (embedded, the default) or `postgres://user@host/db` (production).
-    pub database_url: String,
+    pub database_url: SecretUrl,
     /// `full` (the default): every commit is on disk before payrecon answers. `relaxed` is an
     /// explicit opt-in that is faster and unsafe on power loss (see `store::Durability`).
     #[serde(default)]
@@ -63,6 +63,11 @@ pub struct ServeConfig {
     /// gives the lease up. Longer than the slowest scan (a first Electrum scan of many
     /// addresses takes minutes).
     pub stall_seconds: u32,
+    /// After SIGTERM (or Ctrl-C), open requests, live statuses and the watchers' current round
+    /// get this long to finish; then the process exits regardless.
+    pub shutdown_seconds: u32,
+    /// A watcher's scan that takes longer fails and is retried.
+    pub scan_deadline_seconds: u32,
 }
 
 impl Default for ServeConfig {
@@ -70,6 +75,8 @@ impl Default for ServeConfig {
         ServeConfig {
             lease_seconds: 15,
             stall_seconds: 600,
+            shutdown_seconds: 10,
+            scan_deadline_seconds: 300,
         }
     }
 }
@@ -82,6 +89,26 @@ pub struct HttpConfig {
     pub listen: Option<String>,
     /// Largest request body accepted, in bytes.
     pub max_body_bytes: usize,
+    /// A client must send a request's headers within this long, and an idle connection is
+    /// closed after it: a slow or silent client holds no connection longer.
+    pub header_read_timeout_ms: u32,
+    /// Every request but a live status must be answered within this long (503 after it).
+    pub request_timeout_ms: u32,
+    /// Open connections at most; more wait to be accepted.
+    pub max_connections: usize,
+    /// Open live-status streams at most, in all (503 past it: the page falls back to its
+    /// countdown and a reload hint).
+    pub max_streams: usize,
+    /// Open live-status streams at most per client address (429 past it).
+    pub max_streams_per_client: usize,
+    /// A live-status stream ends after this long; the page connects again when it needs to.
+    pub stream_lifetime_seconds: u32,
+    /// "I have paid" at most once per this long per checkout key (429 sooner).
+    pub paid_interval_seconds: u32,
+    /// `/metrics` on an address of its own (e.g. `127.0.0.1:9464`) instead of the API's.
+    pub metrics_listen: Option<String>,
+    /// With it, `/metrics` asks for `Authorization: Bearer <metrics_token>`.
+    pub metrics_token: Option<String>,
 }
 
 impl Default for HttpConfig {
@@ -89,6 +116,15 @@ impl Default for HttpConfig {
         HttpConfig {
             listen: None,
             max_body_bytes: 64 * 1024,
+            header_read_timeout_ms: 10_000,
+            request_timeout_ms: 30_000,
+            max_connections: 16_384,
+            max_streams: 10_000,
+            max_streams_per_client: 16,
+            stream_lifetime_seconds: 900,
+            paid_interval_seconds: 10,
+            metrics_listen: None,
+            metrics_token: None,
         }
     }
 }
@@ -100,7 +136,7 @@ pub struct WebhookConfig {
     /// A stable name: deliveries are tracked per name.
     pub name: String,
     /// Where events are POSTed.
-    pub url: String,
+    pub url: SecretUrl,
     /// The HMAC-SHA256 key the receiver checks signatures with.
     pub secret: String,
     /// Hours a delivery is retried before it is abandoned (an operator can replay it).
@@ -134,7 +170,7 @@ fn webhook_timeout_ms() -> u32 {
 impl Default for Config {
     fn default() -> Config {
         Config {
-            database_url: DEFAULT_DATABASE_URL.to_owned(),
+            database_url: DEFAULT_DATABASE_URL.into(),
             database_durability: crate::store::Durability::Full,
             payments: PaymentsConfig::default(),
             rates: RatesConfig::default(),
@@ -166,6 +202,10 @@ pub struct PaymentsConfig {
     pub late_payment_policy: CreditPolicy,
     /// Label wallets show in payment URIs.
     pub label: String,
+    /// Per method, in the asset's units (`sol = "0.00001"`): money to no payment instructions
+    /// below it is dust, counted in one exception per network and day. Overrides the defaults
+    /// method by method; `"0"` turns it off.
+    pub dust: BTreeMap<Method, String>,
 }
 
 impl Default for PaymentsConfig {
@@ -179,6 +219,7 @@ impl Default for PaymentsConfig {
             overpayment_policy: CreditPolicy::Hold,
             late_payment_policy: CreditPolicy::Hold,
             label: "payrecon".to_owned(),
+            dust: BTreeMap::new(),
         }
     }
 }
@@ -196,11 +237,11 @@ pub struct RatesConfig {
     /// A source is asked again only after this long.
     pub cache_seconds: u32,
     /// CoinGecko's API base URL.
-    pub coingecko_url: String,
+    pub coingecko_url: SecretUrl,
     /// CoinGecko demo API key, if any.
     pub coingecko_api_key: Option<String>,
     /// Kraken's API base URL.
-    pub kraken_url: String,
+    pub kraken_url: SecretUrl,
     /// Recorded quotes for offline runs (source `recorded`); relative to the config file.
     pub recorded_quotes_file: Option<PathBuf>,
 }
@@ -253,11 +294,11 @@ pub struct UtxoConfig {
     /// The Electrum server `payrecon serve` watches this network through:
     /// `tcp://host:port` or `ssl://host:port`. Set this or `rpc_url`, not both.
     #[serde(default)]
-    pub electrum_url: Option<String>,
+    pub electrum_url: Option<SecretUrl>,
     /// The full node's JSON-RPC, `http://host:port` (user and password may be in it). Set
     /// this or `electrum_url`, not both.
     #[serde(default)]
-    pub rpc_url: Option<String>,
+    pub rpc_url: Option<SecretUrl>,
     /// The RPC user (`rpcuser` or an `rpcauth` line on the node), with `rpc_password`.
     #[serde(default)]
     pub rpc_user: Option<String>,
@@ -340,7 +381,7 @@ pub struct EthereumConfig {
     /// The JSON-RPC node `payrecon serve` watches through; without it no watcher runs.
     /// `http(s)://` polls; `ws(s)://` also subscribes to new heads and scans as each arrives.
     #[serde(default)]
-    pub rpc_url: Option<String>,
+    pub rpc_url: Option<SecretUrl>,
     /// `depth` (count `confirmations` blocks) or `finalized` (wait for the node's finalized
     /// block).
     #[serde(default)]
@@ -382,7 +423,7 @@ pub struct TronConfig {
     /// The full node's HTTP API (`https://api.trongrid.io` or your own java-tron) that
     /// `payrecon serve` watches through; without it no watcher runs.
     #[serde(default)]
-    pub api_url: Option<String>,
+    pub api_url: Option<SecretUrl>,
     /// TronGrid's API key, sent as `TRON-PRO-API-KEY`.
     #[serde(default)]
     pub api_key: Option<String>,
@@ -424,7 +465,7 @@ pub struct SolanaConfig {
     pub confirmation_tiers: Vec<ConfirmationTier>,
     /// The JSON-RPC endpoint `payrecon serve` watches through; without it no watcher runs.
     #[serde(default)]
-    pub rpc_url: Option<String>,
+    pub rpc_url: Option<SecretUrl>,
     /// Open references swept per scan for payments that carry one but pay someone else.
     #[serde(default = "references_per_scan")]
     pub references_per_scan: usize,

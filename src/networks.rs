@@ -48,21 +48,11 @@ pub enum UtxoSource {
 }
 
 impl UtxoSource {
-    /// Where it is, without credentials: for logs.
+    /// Where it is, with its credentials hidden: for logs.
     pub fn describe(&self) -> String {
         match self {
             UtxoSource::Electrum(settings) => format!("Electrum server {}", settings.url),
-            UtxoSource::Node(settings) => {
-                let url = reqwest::Url::parse(&settings.rpc_url).map_or_else(
-                    |_| "(unparsable URL)".to_owned(),
-                    |mut url| {
-                        let _ = url.set_username("");
-                        let _ = url.set_password(None);
-                        url.to_string()
-                    },
-                );
-                format!("full node {url}")
-            }
+            UtxoSource::Node(settings) => format!("full node {}", settings.rpc_url),
         }
     }
 }
@@ -112,7 +102,8 @@ pub fn utxo_source(network: Network, config: &UtxoConfig) -> Result<Option<UtxoS
                 )));
             }
             Ok(Some(UtxoSource::Electrum(ElectrumSettings::new(
-                url, target,
+                url.clone(),
+                target,
             ))))
         }
         (None, Some(url)) => {
@@ -153,7 +144,7 @@ pub fn utxo_source(network: Network, config: &UtxoConfig) -> Result<Option<UtxoS
                     key("push_peer")
                 )));
             }
-            let mut settings = NodeSettings::new(url, auth, target);
+            let mut settings = NodeSettings::new(url.clone(), auth, target);
             settings.push_peer = config.push_peer.clone();
             settings.start_height = config.start_height;
             // The URL must parse; the client is made on the first scan.

@@ -298,6 +298,24 @@ impl Engine {
         let mut conn = self.store().pool().acquire().await?;
         Ok(operations::actions(&mut conn, None).await?)
     }
+
+    /// Up to `limit` entries of the audit log after `after`, a previous page's `next`.
+    pub async fn operator_actions_page(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<crate::stuck::Page<OperatorAction>, Error> {
+        let limit = limit.clamp(1, crate::stuck::MAX_STUCK_PAGE);
+        let after_seq = match after {
+            None => 0,
+            Some(text) => text
+                .parse()
+                .map_err(|_| Error::InvalidInput("after: not a cursor of the audit log".into()))?,
+        };
+        let mut conn = self.store().pool().acquire().await?;
+        let rows = operations::actions_page(&mut conn, None, after_seq, limit as i64 + 1).await?;
+        Ok(crate::stuck::Page::of(rows, limit, |a| a.seq.to_string()))
+    }
 }
 
 /// Settles an intent and its order by an operator's acceptance.
@@ -377,16 +395,26 @@ async fn held_money(
 }
 
 /// The matcher's entry that put an exception's money in suspense (see `matcher`'s keys).
+/// A transfer booked again after a reorg has an exception of that booking's own, its id ending
+/// in `#<n>`: it names the `n`th booking's key.
 fn hold_key(exception: &ExceptionRecord, intent: Option<&PaymentIntent>) -> Option<String> {
     let transfer = exception.transfer.as_deref();
-    match (exception.kind.as_str(), transfer) {
-        ("overpaid", _) => intent.map(|i| format!("overpaid:{}:{}", i.id, i.settlement_count)),
-        ("paid_late", Some(t)) => Some(format!("late:{t}")),
-        ("paid_after_settlement", Some(t)) => Some(format!("after-settlement:{t}")),
-        ("wrong_asset", Some(t)) => Some(format!("wrong-asset:{t}")),
-        ("unmatched", Some(t)) => Some(format!("unmatched:{t}")),
-        _ => None,
-    }
+    let base = match (exception.kind.as_str(), transfer) {
+        ("overpaid", _) => {
+            return intent.map(|i| format!("overpaid:{}:{}", i.id, i.settlement_count));
+        }
+        ("paid_late", Some(t)) => format!("late:{t}"),
+        ("paid_after_settlement", Some(t)) => format!("after-settlement:{t}"),
+        ("wrong_asset", Some(t)) => format!("wrong-asset:{t}"),
+        ("unmatched", Some(t)) => format!("unmatched:{t}"),
+        _ => return None,
+    };
+    let generation = exception
+        .id
+        .rsplit_once('#')
+        .and_then(|(_, n)| n.parse().ok())
+        .unwrap_or(1);
+    Some(crate::matcher::booking_key(&base, generation))
 }
 
 /// The crypto leaves `source` (or enters custody, for an underpayment), is converted in

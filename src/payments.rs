@@ -95,6 +95,14 @@ impl PaymentSettings {
         settings.policy.underpayment_tolerance_bps = payments.underpayment_tolerance_bps;
         settings.policy.overpayment = payments.overpayment_policy;
         settings.policy.late_payment = payments.late_payment_policy;
+        for (method, limit) in &payments.dust {
+            let limit = method.parse_amount(limit).map_err(|e| {
+                Error::Config(format!(
+                    "payments.dust.{method}: {limit:?} is not an amount: {e}"
+                ))
+            })?;
+            settings.policy.dust.insert(*method, limit);
+        }
         add_networks(&mut settings, &config.networks)?;
         Ok(settings)
     }
@@ -110,10 +118,10 @@ fn rate_book(config: &RatesConfig) -> Result<RateBook, Error> {
         sources.push(match name.as_str() {
             "coingecko" => Arc::new(CoinGecko::new(
                 client.clone(),
-                &config.coingecko_url,
+                config.coingecko_url.expose(),
                 config.coingecko_api_key.clone(),
             )),
-            "kraken" => Arc::new(Kraken::new(client.clone(), &config.kraken_url)),
+            "kraken" => Arc::new(Kraken::new(client.clone(), config.kraken_url.expose())),
             "recorded" => {
                 let path = config.recorded_quotes_file.clone().ok_or_else(|| {
                     Error::Config("rates source `recorded` needs rates.recorded_quotes_file".into())
@@ -443,11 +451,12 @@ async fn record_marked_paid(
     tx: &mut WriteTx,
     intent_id: &str,
     now: DateTime<Utc>,
-) -> Result<(), Error> {
+) -> Result<bool, Error> {
     let intent = payments::get_intent(tx.conn(), intent_id)
         .await?
         .ok_or_else(|| Error::IntentNotFound(intent_id.to_owned()))?;
-    if payments::mark_paid(tx.conn(), intent_id, now).await? {
+    let recorded = payments::mark_paid(tx.conn(), intent_id, now).await?;
+    if recorded {
         payments::append_event(
             tx.conn(),
             Some(intent_id),
@@ -458,7 +467,7 @@ async fn record_marked_paid(
         )
         .await?;
     }
-    Ok(())
+    Ok(recorded)
 }
 
 /// What the shop shows the customer: the intent, its payment URI and a QR code of it.
@@ -487,7 +496,7 @@ impl Engine {
         crate::networks::check(config)?;
         let settings = PaymentSettings::from_config(config)?;
         Ok(
-            Engine::open_with(&config.database_url, config.database_durability)
+            Engine::open_with(config.database_url.expose(), config.database_durability)
                 .await?
                 .with_payment_settings(settings),
         )
@@ -592,13 +601,17 @@ impl Engine {
     pub async fn mark_paid(&self, intent_id: &str) -> Result<PaymentInstructions, Error> {
         let now = self.now();
         let id: Arc<str> = Arc::from(intent_id);
-        self.store()
+        let recorded = self
+            .store()
             .write(move |tx| {
                 let id = id.clone();
                 Box::pin(async move { record_marked_paid(tx, &id, now).await })
             })
             .await?;
-        self.notify_events();
+        // Only a new "I have paid" is news: one said again wakes no watcher and no page.
+        if recorded {
+            self.notify_events();
+        }
         self.payment(intent_id).await
     }
 
@@ -717,6 +730,31 @@ impl Engine {
     ) -> Result<Vec<payments::StoredTransfer>, Error> {
         let mut conn = self.store().pool().acquire().await?;
         Ok(payments::transfers_of_order(&mut conn, order_ref.as_str()).await?)
+    }
+
+    /// Up to `limit` exceptions (only open ones with `open_only`) after `after`, a previous
+    /// page's `next`, oldest first.
+    pub async fn exceptions_page(
+        &self,
+        open_only: bool,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<crate::stuck::Page<ExceptionRecord>, Error> {
+        let limit = limit.clamp(1, crate::stuck::MAX_STUCK_PAGE);
+        let (opened_ms, id) = match after {
+            None => (i64::MIN, ""),
+            Some(text) => text
+                .split_once('.')
+                .and_then(|(ms, id)| Some((ms.parse().ok()?, id)))
+                .ok_or_else(|| Error::InvalidInput("after: not a cursor of exceptions".into()))?,
+        };
+        let mut conn = self.store().pool().acquire().await?;
+        let rows =
+            payments::exceptions_page(&mut conn, open_only, (opened_ms, id), limit as i64 + 1)
+                .await?;
+        Ok(crate::stuck::Page::of(rows, limit, |e| {
+            format!("{}.{}", e.opened_at.timestamp_millis(), e.id)
+        }))
     }
 
     /// Exceptions of one order, or all.

@@ -11,6 +11,7 @@ use payrecon_chain_tron::TronScanner;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use crate::api::{ApiOptions, ServerLimits};
 use crate::config::Config;
 use crate::engine::Engine;
 use crate::error::Error;
@@ -23,9 +24,10 @@ use crate::webhooks::WebhookSender;
 const TICK_INTERVAL: Duration = Duration::from_secs(5);
 
 /// The watcher options of a network polled every `poll_interval_ms`.
-fn options(poll_interval_ms: u32) -> WatcherOptions {
+fn options(poll_interval_ms: u32, config: &Config) -> WatcherOptions {
     WatcherOptions {
         poll_interval: Duration::from_millis(u64::from(poll_interval_ms.max(50))),
+        scan_deadline: Duration::from_secs(u64::from(config.serve.scan_deadline_seconds.max(1))),
         ..WatcherOptions::default()
     }
 }
@@ -65,11 +67,21 @@ pub async fn serve(
         match source {
             UtxoSource::Electrum(settings) => {
                 let scanner = ElectrumScanner::new(settings);
-                watchers.spawn(&mut tasks, scanner, utxo.poll_interval_ms, &shutdown);
+                watchers.spawn(
+                    &mut tasks,
+                    scanner,
+                    options(utxo.poll_interval_ms, config),
+                    &shutdown,
+                );
             }
             UtxoSource::Node(settings) => {
                 let scanner = NodeScanner::new(settings);
-                watchers.spawn(&mut tasks, scanner, utxo.poll_interval_ms, &shutdown);
+                watchers.spawn(
+                    &mut tasks,
+                    scanner,
+                    options(utxo.poll_interval_ms, config),
+                    &shutdown,
+                );
             }
         }
     }
@@ -78,7 +90,12 @@ pub async fn serve(
             Some(settings) => {
                 tracing::info!(url = %settings.url, "starting the ethereum watcher");
                 let scanner = EthereumScanner::new(settings);
-                watchers.spawn(&mut tasks, scanner, ethereum.poll_interval_ms, &shutdown);
+                watchers.spawn(
+                    &mut tasks,
+                    scanner,
+                    options(ethereum.poll_interval_ms, config),
+                    &shutdown,
+                );
             }
             None => tracing::info!("no networks.ethereum.rpc_url: not watching ethereum"),
         }
@@ -88,7 +105,12 @@ pub async fn serve(
             Some(settings) => {
                 tracing::info!(url = %settings.url, "starting the tron watcher");
                 let scanner = TronScanner::new(settings);
-                watchers.spawn(&mut tasks, scanner, tron.poll_interval_ms, &shutdown);
+                watchers.spawn(
+                    &mut tasks,
+                    scanner,
+                    options(tron.poll_interval_ms, config),
+                    &shutdown,
+                );
             }
             None => tracing::info!("no networks.tron.api_url: not watching tron"),
         }
@@ -98,32 +120,35 @@ pub async fn serve(
             Some(settings) => {
                 tracing::info!(url = %settings.url, "starting the solana watcher");
                 let scanner = SolanaScanner::new(settings);
-                watchers.spawn(&mut tasks, scanner, solana.poll_interval_ms, &shutdown);
+                watchers.spawn(
+                    &mut tasks,
+                    scanner,
+                    options(solana.poll_interval_ms, config),
+                    &shutdown,
+                );
             }
             None => tracing::info!("no networks.solana.rpc_url: not watching solana"),
         }
     }
+    let limits = ServerLimits {
+        header_read_timeout: Duration::from_millis(u64::from(
+            config.http.header_read_timeout_ms.max(1),
+        )),
+        max_connections: config.http.max_connections,
+        drain: Duration::from_secs(u64::from(config.serve.shutdown_seconds)),
+    };
     if let Some(listen) = &config.http.listen {
-        let listener = tokio::net::TcpListener::bind(listen)
-            .await
-            .map_err(|e| Error::Config(format!("cannot listen on {listen}: {e}")))?;
+        let listener = bind(listen).await?;
         tracing::info!(address = %listen, "serving the HTTP API");
-        let retry_hours = config
-            .webhooks
-            .iter()
-            .map(|w| w.retry_hours)
-            .max()
-            .unwrap_or(72);
-        let app = crate::api::router(engine.clone(), config.http.max_body_bytes, retry_hours);
-        let mut stop = shutdown.clone();
-        tasks.spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move {
-                    let _ = stop.wait_for(|stop| *stop).await;
-                })
-                .await
-                .map_err(|e| Error::Config(format!("the HTTP server stopped: {e}")))
-        });
+        let options = ApiOptions::from_config(config);
+        let app = crate::api::router(engine.clone(), options, shutdown.clone());
+        tasks.spawn(serve_http(listener, app, limits, shutdown.clone()));
+    }
+    if let Some(listen) = &config.http.metrics_listen {
+        let listener = bind(listen).await?;
+        tracing::info!(address = %listen, "serving /metrics");
+        let app = crate::api::metrics_router(engine.clone(), config.http.metrics_token.clone());
+        tasks.spawn(serve_http(listener, app, limits, shutdown.clone()));
     }
     if !config.webhooks.is_empty() {
         let sender = WebhookSender::new(engine.clone(), config.webhooks.clone())?;
@@ -138,6 +163,23 @@ pub async fn serve(
         }
     }
     Ok(())
+}
+
+async fn bind(listen: &str) -> Result<tokio::net::TcpListener, Error> {
+    tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| Error::Config(format!("cannot listen on {listen}: {e}")))
+}
+
+async fn serve_http(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    limits: ServerLimits,
+    shutdown: watch::Receiver<bool>,
+) -> Result<(), Error> {
+    crate::api::serve(listener, app, limits, shutdown)
+        .await
+        .map_err(|e| Error::Config(format!("the HTTP server stopped: {e}")))
 }
 
 /// How this process runs its watchers: on PostgreSQL each under a lease (several processes
@@ -161,7 +203,7 @@ impl Watchers {
                 tracing::info!(holder = %lease.holder, "watchers run under leases");
                 (Some(lease), None)
             }
-            Backend::Sqlite => (None, sqlite_guard(&config.database_url)?),
+            Backend::Sqlite => (None, sqlite_guard(config.database_url.expose())?),
         };
         Ok(Watchers {
             engine: engine.clone(),
@@ -175,10 +217,10 @@ impl Watchers {
         &self,
         tasks: &mut JoinSet<Result<(), Error>>,
         scanner: S,
-        poll_interval_ms: u32,
+        options: WatcherOptions,
         shutdown: &watch::Receiver<bool>,
     ) {
-        let mut watcher = Watcher::new(self.engine.clone(), scanner, options(poll_interval_ms));
+        let mut watcher = Watcher::new(self.engine.clone(), scanner, options);
         if let Some(lease) = &self.lease {
             watcher = watcher.with_lease(lease.clone());
         }

@@ -9,14 +9,19 @@ use std::sync::{Arc, Mutex};
 
 use chrono::Duration;
 use common::seed::{Seeded, seed};
+use payrecon::api::{ApiOptions, ServerLimits};
 use payrecon::config::WebhookConfig;
 use payrecon::tokens::Role;
-use payrecon::webhooks::{EVENT_ID_HEADER, SIGNATURE_HEADER, WebhookSender, signature};
+use payrecon::webhooks::{
+    EVENT_ID_HEADER, SIGNATURE_HEADER, SIGNATURE_TOLERANCE, WebhookSender, verify_signature,
+};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 /// The API served on a free local port, with a token per role.
 struct Api {
+    /// Held for the server's life: dropping it would end every live status.
+    _stop: tokio::sync::watch::Sender<bool>,
     base: String,
     shop: String,
     finance: String,
@@ -26,12 +31,29 @@ struct Api {
 
 impl Api {
     async fn start(seeded: &Seeded) -> Api {
+        common::regtest::init_logs();
         let engine = seeded.engine.clone();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
-        let app = payrecon::api::router(engine.clone(), 4096, 72);
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let (stop, shutdown) = tokio::sync::watch::channel(false);
+        let options = ApiOptions {
+            max_body_bytes: 4096,
+            webhooks: [("shop".to_owned(), 72)].into(),
+            ..ApiOptions::default()
+        };
+        let app = payrecon::api::router(engine.clone(), options, shutdown.clone());
+        let limits = ServerLimits {
+            header_read_timeout: std::time::Duration::from_secs(5),
+            max_connections: 64,
+            drain: std::time::Duration::from_secs(1),
+        };
+        tokio::spawn(async move {
+            payrecon::api::serve(listener, app, limits, shutdown)
+                .await
+                .unwrap()
+        });
         Api {
+            _stop: stop,
             base,
             shop: engine
                 .create_api_token("shop-backend", Role::Shop)
@@ -408,7 +430,8 @@ on_both_databases! {
                 let (state, count) = (state.clone(), count.clone());
                 async move {
                     let n = { let mut c = count.lock().unwrap(); *c += 1; *c };
-                    assert_eq!(headers[SIGNATURE_HEADER].to_str().unwrap(), signature(secret, &body), "signed over the body");
+                    let signed = headers[SIGNATURE_HEADER].to_str().unwrap();
+                    assert_eq!(verify_signature(secret, signed, &body, chrono::Utc::now().timestamp(), SIGNATURE_TOLERANCE), Ok(()), "signed over the timestamp and the body");
                     let event: Value = serde_json::from_slice(&body).unwrap();
                     assert_eq!(headers[EVENT_ID_HEADER].to_str().unwrap(), event["id"].as_str().unwrap());
                     // Fails, times out and answers 500 before it answers 200.
@@ -425,7 +448,7 @@ on_both_databases! {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let address = listener.local_addr().unwrap();
         drop(listener);
-        let endpoint = WebhookConfig { name: "shop".into(), url: format!("http://{address}/hook"), secret: secret.into(), retry_hours: 72, timeout_ms: 500 };
+        let endpoint = WebhookConfig { name: "shop".into(), url: format!("http://{address}/hook").into(), secret: secret.into(), retry_hours: 72, timeout_ms: 500 };
         let sender = WebhookSender::new(engine.clone(), vec![endpoint.clone()]).unwrap();
         sender.pass().await.unwrap();
         assert!(received.lock().unwrap().is_empty());

@@ -264,7 +264,7 @@ async fn a_broken_configuration_names_the_key() {
     for (key, breaks) in cases {
         let db = TestDb::new(Db::Sqlite).await;
         let config = config(|c| {
-            c.database_url = db.url.clone();
+            c.database_url = db.url.clone().into();
             breaks(c);
         });
         let error = match payrecon::Engine::from_config(&config).await {

@@ -17,6 +17,7 @@ use common::regtest::{eventually, fast};
 use common::{TestDb, topup};
 use payrecon::clock::Clock;
 use payrecon::intent::IntentStatus;
+use payrecon::ledger::{Account, Currency, SuspenseReason};
 use payrecon::watcher::{WatcherOptions, WatcherState};
 use payrecon_chain_core::{Method, Network};
 use payrecon_chain_ethereum::Finality;
@@ -61,6 +62,59 @@ on_both_databases! {
         wait_status(&engine, &pays[3].intent.id, IntentStatus::PaidLate).await;
         assert_eq!(kinds(&engine, "LATE").await, ["paid_late"]);
         assert_eq!(cents(&engine, "43").await, 0, "late money is held");
+        watcher.stop().await.unwrap();
+        sound(&engine).await;
+    }
+
+    async fn held_money_a_reorg_removed_and_the_chain_mined_again_is_held_again_once(db) {
+        let anvil = Anvil::lock().await;
+        let tokens = anvil.tokens().await;
+        let (engine, clock) = eth_engine(&db, &anvil, &tokens, &fresh_ethereum_xpub(), 2).await;
+        engine.create_topup(&topup("REMINED", "47", "100")).await.unwrap();
+        let pay = engine.create_payment(&order("REMINED"), Method::Eth).await.unwrap();
+        let watcher = watch_ethereum(&engine, &anvil, &tokens, anvil.head().await);
+        clock.advance(Duration::minutes(61));
+        engine.tick().await.unwrap();
+        assert_eq!(status(&engine, &pay.intent.id).await, IntentStatus::Expired);
+        watcher.next_round().await;
+
+        let late = Account::Suspense(SuspenseReason::Late);
+        let eth = Currency::Crypto(Method::Eth);
+        let held = || async { -engine.account_balance(&late, eth).await.unwrap() };
+        let before = held().await;
+        let tx = anvil.send_eth(&pay.intent.pay_to, TOPUP_WEI).await;
+        let raw = anvil.call("eth_getRawTransactionByHash", serde_json::json!([tx])).await;
+        anvil.next_block_at_least(clock.now().timestamp()).await;
+        anvil.mine(2).await;
+        wait_status(&engine, &pay.intent.id, IntentStatus::PaidLate).await;
+        anvil.wait_synced(&engine).await;
+        assert_eq!(held().await - before, TOPUP_WEI as i128, "the late money is held");
+
+        // The block goes, and with it the payment: the hold is reversed.
+        anvil.reorg(2).await;
+        anvil.mine(1).await;
+        anvil.wait_synced(&engine).await;
+        eventually("the hold reversed", || async { held().await == before }).await;
+
+        // The customer's wallet broadcasts the very same transaction again, and it is mined.
+        anvil.call("eth_sendRawTransaction", serde_json::json!([raw])).await;
+        anvil.mine(2).await;
+        anvil.wait_synced(&engine).await;
+        eventually("the late money held again", || async { held().await - before == TOPUP_WEI as i128 }).await;
+        let transfers = engine.transfers_for(&order("REMINED")).await.unwrap();
+        assert_eq!(transfers.len(), 1);
+        let late_key = format!("late:{}", transfers[0].id);
+        assert_eq!(transfers[0].credited_entry.as_deref(), Some(format!("{late_key}#2").as_str()));
+        let exceptions = engine.exceptions(Some(&order("REMINED"))).await.unwrap();
+        assert!(
+            exceptions.iter().any(|e| e.id.ends_with("#2") && e.resolved_at.is_none()),
+            "operators get an open exception for the money held again: {exceptions:?}"
+        );
+        // More rounds change nothing: it is booked exactly once more.
+        anvil.mine(1).await;
+        anvil.wait_synced(&engine).await;
+        assert_eq!(held().await - before, TOPUP_WEI as i128);
+        assert_eq!(watcher.status.borrow().state, WatcherState::Running, "the watcher goes on");
         watcher.stop().await.unwrap();
         sound(&engine).await;
     }

@@ -142,7 +142,7 @@ on_both_databases! {
         let xpub = fresh_tron_xpub();
         let clean_config = tron_config(&node, &xpub, 2, TronFinality::Depth);
         let proxy = FaultProxy::in_front_of(&node.url).await;
-        let hostile_config = payrecon::config::TronConfig { api_url: Some(proxy.url_for(&node.url)), ..clean_config.clone() };
+        let hostile_config = payrecon::config::TronConfig { api_url: Some(proxy.url_for(&node.url).into()), ..clean_config.clone() };
         let steady_db = TestDb::new(db.db).await;
         let (steady, _) = tron_engine(&steady_db, &clean_config).await;
         let (faulty, _) = tron_engine(&db, &hostile_config).await;
@@ -178,7 +178,7 @@ on_both_databases! {
         // and is paid separately, the same amounts in the same order.
         let clean_config = solana_config(&node);
         let proxy = FaultProxy::in_front_of(&node.url).await;
-        let hostile_config = payrecon::config::SolanaConfig { rpc_url: Some(proxy.url_for(&node.url)), ..solana_config(&node) };
+        let hostile_config = payrecon::config::SolanaConfig { rpc_url: Some(proxy.url_for(&node.url).into()), ..solana_config(&node) };
         let steady_db = TestDb::new(db.db).await;
         let (steady, _) = solana_engine(&steady_db, &clean_config).await;
         let (faulty, _) = solana_engine(&db, &hostile_config).await;

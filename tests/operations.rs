@@ -256,18 +256,31 @@ on_both_databases! {
 
         // A watcher that failed, and one that went silent.
         let now = engine.clock().now();
-        for (network, state, updated) in [("bitcoin", "retrying", now), ("tron", "running", now - Duration::hours(1))] {
+        // One refused its node's answer and tries again later, one found the wrong chain.
+        let next_try = now + Duration::minutes(4);
+        for (network, state, error, next_try_at, updated) in [
+            ("bitcoin", "retrying", "connection refused", None, now),
+            ("tron", "running", "connection refused", None, now - Duration::hours(1)),
+            ("ethereum", "stopped", "a body that is not JSON", Some(next_try), now),
+            ("litecoin", "stopped", "wrong chain: genesis 0f91…", None, now),
+        ] {
             engine.record_watcher_health(&payrecon::store::operations::WatcherHealth {
                 network: network.into(), state: state.into(), cursor_height: Some(10), head_height: Some(12),
-                failures: 3, rpc_errors: 7, last_error: Some("connection refused".into()),
-                last_scan_at: Some(now - Duration::minutes(10)), updated_at: updated,
+                failures: 3, rpc_errors: 7, last_error: Some(error.into()),
+                last_scan_at: Some(now - Duration::minutes(10)), next_try_at, updated_at: updated,
             }).await.unwrap();
         }
+        let health = engine.watcher_health().await.unwrap();
+        assert_eq!(health.iter().find(|h| h.network == "ethereum").unwrap().next_try_at.map(|at| at.timestamp_millis()), Some(next_try.timestamp_millis()));
         let items = engine.stuck(&StuckOptions::default()).await.unwrap();
         let bitcoin = items.iter().find(|i| i.category == "watcher" && i.subject == "bitcoin").unwrap();
         assert!(bitcoin.what.contains("connection refused"), "{}", bitcoin.what);
         let tron = items.iter().find(|i| i.category == "watcher" && i.subject == "tron").unwrap();
         assert_eq!(tron.kind, "silent");
+        let ethereum = items.iter().find(|i| i.category == "watcher" && i.subject == "ethereum").unwrap();
+        assert!(ethereum.what.contains(&format!("next try at {}", next_try.to_rfc3339())), "{}", ethereum.what);
+        let litecoin = items.iter().find(|i| i.category == "watcher" && i.subject == "litecoin").unwrap();
+        assert_eq!(litecoin.kind, "wrong_chain");
         let metrics = engine.metrics_text().await.unwrap();
         assert!(metrics.contains("payrecon_watcher_lag_blocks{network=\"bitcoin\"} 2"), "{metrics}");
         assert!(metrics.contains("payrecon_watcher_rpc_errors_total{network=\"bitcoin\"} 7"));

@@ -157,7 +157,7 @@ on_both_databases! {
         let other = FakeSolana::start().await;
         let config = common::payments::config(|c| {
             let mut elsewhere = solana.clone();
-            elsewhere.rpc_url = Some(other.url.clone());
+            elsewhere.rpc_url = Some(other.url.clone().into());
             c.networks.solana = Some(elsewhere);
         });
         let audit = engine.audit_credited(&config, &query).await.unwrap();

@@ -31,6 +31,7 @@ expired-heading = Diese Zahlungsanforderung ist abgelaufen
 expired-body = Bitten Sie den Shop um neue Zahlungsanweisungen. Senden Sie nie wieder Geld an diese Adresse.
 expired-paid = Falls Sie bezahlt haben, zahlen Sie nicht erneut: Wenden Sie sich mit Ihrer Bestellnummer { $reference } an den Support.
 no-script = Diese Seite aktualisiert sich mit JavaScript; ohne JavaScript laden Sie die Seite neu, um den Status zu sehen.
+live-paused = Die Live-Anzeige ist pausiert. Laden Sie die Seite neu, um den Stand Ihrer Zahlung zu sehen.
 method-btc = Bitcoin (BTC) im Bitcoin-Netzwerk
 method-ltc = Litecoin (LTC) im Litecoin-Netzwerk
 method-eth = Ether (ETH) auf Ethereum

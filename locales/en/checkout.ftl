@@ -32,6 +32,7 @@ expired-heading = This payment request has expired
 expired-body = Ask the shop for new payment instructions. Never send money to this address again.
 expired-paid = If you did pay, do not pay again: contact support with your order reference { $reference }.
 no-script = This page updates itself with JavaScript; without it, reload the page to see the status.
+live-paused = The live status is paused. Reload the page to see where your payment stands.
 method-btc = Bitcoin (BTC) on the Bitcoin network
 method-ltc = Litecoin (LTC) on the Litecoin network
 method-eth = Ether (ETH) on Ethereum

@@ -31,6 +31,7 @@ expired-heading = Permintaan pembayaran ini sudah kedaluwarsa
 expired-body = Mintalah instruksi pembayaran baru kepada toko. Jangan pernah mengirim uang ke alamat ini lagi.
 expired-paid = Jika Anda sudah membayar, jangan membayar lagi: hubungi dukungan dengan nomor pesanan Anda { $reference }.
 no-script = Halaman ini memperbarui dirinya dengan JavaScript; tanpa JavaScript, muat ulang halaman untuk melihat status.
+live-paused = Status langsung dijeda. Muat ulang halaman untuk melihat status pembayaran Anda.
 method-btc = Bitcoin (BTC) di jaringan Bitcoin
 method-ltc = Litecoin (LTC) di jaringan Litecoin
 method-eth = Ether (ETH) di Ethereum

@@ -2,8 +2,10 @@
 //! without a token: the page's key is the only credential, so every answer is marked never
 //! to be cached, framed or leaked in a `Referer`.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
@@ -13,15 +15,12 @@ use axum::response::{IntoResponse, Redirect, Response};
 use fluent_templates::LanguageIdentifier;
 use serde::Deserialize;
 
-use super::{ApiError, ApiState};
+use super::live::{Refused, Subscription};
+use super::{ApiError, ApiState, ClientAddress};
 use crate::checkout::page::{self, CONTENT_SECURITY_POLICY};
 use crate::checkout::{Checkout, CheckoutStatus};
 use crate::engine::Engine;
 use crate::error::Error;
-
-/// How often an open live status looks again without a wake-up: the deadline passing, or a
-/// change written by another payrecon process, wakes nobody here.
-const STATUS_RECHECK: Duration = Duration::from_secs(2);
 
 /// `?lang=`; anything else in the query is ignored, and a query that does not parse counts as
 /// none.
@@ -119,11 +118,26 @@ pub(super) async fn checkout_page(
 }
 
 /// `POST /pay/{key}/paid`: "I have paid", then back to the page (a plain form post, so it
-/// works without JavaScript).
+/// works without JavaScript). Said again within `paid_interval` for the same key, it is
+/// refused with 429 before the database is asked.
 pub(super) async fn checkout_paid(
     State(state): State<ApiState>,
     PageRequest { key, language }: PageRequest,
 ) -> Response {
+    if !state.paid_limiter.admit(&key) {
+        let mut response = ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too_many_requests",
+            "\"I have paid\" was just sent for this page",
+        )
+        .into_response();
+        let wait = state.paid_limiter.interval.as_secs().max(1);
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(wait));
+        protect(response.headers_mut());
+        return response;
+    }
     match state.engine.checkout_mark_paid(&key).await {
         Ok(()) => {
             let mut response = Redirect::to(&format!("/pay/{key}?lang={language}")).into_response();
@@ -135,22 +149,57 @@ pub(super) async fn checkout_paid(
 }
 
 /// `GET /pay/{key}/events`: the live status as server-sent events, one `status` event at
-/// once and one more each time what the customer reads changes.
+/// once and one more each time what the customer reads changes. It ends after the final
+/// status, after the stream's lifetime, and at shutdown; past the stream caps it is refused
+/// at once (503 in all, 429 for one client), and the page keeps its countdown and says to
+/// reload.
 pub(super) async fn checkout_events(
     State(state): State<ApiState>,
+    ClientAddress(client): ClientAddress,
     PageRequest { key, language }: PageRequest,
 ) -> Response {
     let first = match state.engine.checkout(&key).await {
         Ok(checkout) => checkout,
         Err(error) => return unknown_or_failed(error, &language),
     };
+    let hub = &state.live;
+    let subscription = match hub.open(&first.instructions.intent.id, client) {
+        Ok(subscription) => subscription,
+        Err(refused) => {
+            let (status, message) = match refused {
+                Refused::Full => (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "too many live statuses are open",
+                ),
+                Refused::ClientFull => (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "too many live statuses are open from this address",
+                ),
+            };
+            let mut response = ApiError::new(status, "streams_exhausted", message).into_response();
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("30"));
+            protect(response.headers_mut());
+            return response;
+        }
+    };
+    let now = tokio::time::Instant::now();
+    let deadline = (first.instructions.intent.deadline - state.engine.clock().now())
+        .to_std()
+        .ok()
+        .map(|left| now + left);
     let live = LiveStatus {
-        wakeups: state.engine.subscribe(),
+        subscription,
+        shutdown: hub.shutdown(),
+        ends_at: now + hub.limits().lifetime,
+        deadline,
         engine: state.engine,
         key,
         language,
         pending: Some(first),
         shown: None,
+        finished: false,
     };
     let stream = futures_util::stream::unfold(live, |mut live| async move {
         let event = live.next_change().await?;
@@ -166,23 +215,37 @@ pub(super) async fn checkout_events(
 /// One page's live status.
 struct LiveStatus {
     engine: Engine,
-    wakeups: tokio::sync::broadcast::Receiver<()>,
+    subscription: Subscription,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+    /// The stream's lifetime ends here.
+    ends_at: tokio::time::Instant,
+    /// The intent's deadline, while still ahead: the status turns to expired then, and no
+    /// write announces it.
+    deadline: Option<tokio::time::Instant>,
     key: String,
     language: LanguageIdentifier,
     /// Read but not yet compared with what was shown.
     pending: Option<Checkout>,
     shown: Option<CheckoutStatus>,
+    /// The final status was sent: the stream ends.
+    finished: bool,
 }
 
 impl LiveStatus {
-    /// The next status that differs from the one shown; `None` ends the stream (the intent
-    /// is gone or the database failed: the browser's `EventSource` connects again).
+    /// The next status that differs from the one shown; `None` ends the stream (final status
+    /// sent, lifetime over, shutdown, the intent gone or the database failing: the browser's
+    /// `EventSource` connects again unless the page saw the final status).
     async fn next_change(&mut self) -> Option<Event> {
         loop {
+            if self.finished {
+                return None;
+            }
             let checkout = match self.pending.take() {
                 Some(checkout) => checkout,
                 None => {
-                    self.wait().await;
+                    if !self.wait().await {
+                        return None;
+                    }
                     self.engine.checkout(&self.key).await.ok()?
                 }
             };
@@ -192,22 +255,62 @@ impl LiveStatus {
                     checkout.instructions.intent.order_ref.as_str(),
                     &self.language,
                 );
+                self.finished = checkout.status.is_final();
                 self.shown = Some(checkout.status);
                 return Event::default().event("status").json_data(&update).ok();
             }
         }
     }
 
-    /// Until new events were committed in this process, or [`STATUS_RECHECK`].
-    async fn wait(&mut self) {
+    /// Until the intent may have changed (`true`), or the stream must end (`false`).
+    async fn wait(&mut self) -> bool {
+        let deadline = self.deadline;
         tokio::select! {
-            woken = self.wakeups.recv() => {
-                if let Err(tokio::sync::broadcast::error::RecvError::Closed) = woken {
-                    tokio::time::sleep(STATUS_RECHECK).await;
-                }
+            changed = self.subscription.changes.changed() => changed.is_ok(),
+            () = tokio::time::sleep_until(deadline.unwrap_or(self.ends_at)), if deadline.is_some() => {
+                self.deadline = None;
+                true
             }
-            () = tokio::time::sleep(STATUS_RECHECK) => {}
+            () = tokio::time::sleep_until(self.ends_at) => false,
+            () = super::server::stopped(&mut self.shutdown) => false,
         }
+    }
+}
+
+/// "I have paid" per checkout key at most once per `interval`: a page posted in a loop costs a
+/// lookup in memory, not a write and a disk sync each time.
+pub(super) struct PaidLimiter {
+    interval: Duration,
+    last: Mutex<HashMap<String, Instant>>,
+}
+
+/// Keys remembered at most; past it, the ones whose interval passed are forgotten.
+const MAX_REMEMBERED_KEYS: usize = 100_000;
+
+impl PaidLimiter {
+    pub(super) fn new(interval: Duration) -> PaidLimiter {
+        PaidLimiter {
+            interval,
+            last: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Whether `key` may post now (and if so, from now on it may not for `interval`).
+    fn admit(&self, key: &str) -> bool {
+        let now = Instant::now();
+        let mut last = self.last.lock().expect("never poisoned");
+        if let Some(at) = last.get(key)
+            && now.duration_since(*at) < self.interval
+        {
+            return false;
+        }
+        if last.len() >= MAX_REMEMBERED_KEYS {
+            last.retain(|_, at| now.duration_since(*at) < self.interval);
+        }
+        if last.len() < MAX_REMEMBERED_KEYS {
+            last.insert(key.to_owned(), now);
+        }
+        true
     }
 }
 

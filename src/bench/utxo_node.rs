@@ -163,7 +163,7 @@ pub async fn latency(
     let mut sources: Vec<(&'static str, crate::config::UtxoConfig)> = vec![(
         "full node",
         crate::config::UtxoConfig {
-            rpc_url: Some(node.url.to_string()),
+            rpc_url: Some(node.url.to_string().into()),
             push_peer: push_peer.clone(),
             ..crate::config::UtxoConfig::new(xpub.clone(), "regtest", 1)
         },
@@ -172,7 +172,7 @@ pub async fn latency(
         sources.push((
             "electrum",
             crate::config::UtxoConfig {
-                electrum_url: Some(url.clone()),
+                electrum_url: Some(url.clone().into()),
                 ..crate::config::UtxoConfig::new(xpub.clone(), "regtest", 1)
             },
         ));

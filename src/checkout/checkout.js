@@ -37,8 +37,15 @@
   var status = document.getElementById("status");
   var open = main.dataset.open === "true";
   var events = new EventSource("/pay/" + main.dataset.key + "/events?lang=" + main.dataset.lang);
+  var paused = document.getElementById("live-paused");
+  events.addEventListener("error", function () {
+    // Refused (the server is at its cap) or gone for good: the browser will not connect
+    // again by itself, so the countdown stays and the page says to reload.
+    if (events.readyState === EventSource.CLOSED && paused) { paused.hidden = false; }
+  });
   events.addEventListener("status", function (message) {
     var update = JSON.parse(message.data);
+    if (paused) { paused.hidden = true; }
     status.textContent = update.text;
     status.dataset.status = update.status;
     var paidForm = document.getElementById("paid-form");
@@ -47,6 +54,9 @@
       // Paid, expired or late: the page has another layout; the server renders it.
       events.close();
       window.location.reload();
+    } else if (update["final"]) {
+      // Nothing changes any more: the server ends the stream, and the page stays as it is.
+      events.close();
     }
   });
 })();

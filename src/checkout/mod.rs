@@ -14,6 +14,7 @@ use crate::engine::Engine;
 use crate::error::Error;
 use crate::intent::{IntentStatus, PaymentIntent};
 use crate::payments::PaymentInstructions;
+use crate::store::feed::{self, ChangedIntents, LivePosition};
 use crate::store::payments::{self, StoredTransfer};
 
 /// A checkout key is 32 lowercase hexadecimal digits (a v4 UUID without dashes).
@@ -48,6 +49,12 @@ pub struct CheckoutStatus {
 }
 
 impl CheckoutStatus {
+    /// Nothing will change what the page shows: the payment settled. (An expired page can
+    /// still learn of late money, so it is not final.)
+    pub fn is_final(&self) -> bool {
+        self.status == IntentStatus::Settled
+    }
+
     /// Whether "I have paid" is worth offering: nothing seen yet and not said before.
     pub fn offers_paid_button(&self) -> bool {
         !self.marked_paid
@@ -127,13 +134,24 @@ impl Engine {
     }
 
     /// The customer's "I have paid" from the checkout page: [`Engine::mark_paid`] by the
-    /// page's key. It confirms nothing and credits nothing.
+    /// page's key. It confirms nothing and credits nothing; said again, it writes nothing.
     pub async fn checkout_mark_paid(&self, key: &str) -> Result<(), Error> {
         let mut conn = self.store().pool().acquire().await?;
         let intent = intent_by_key(&mut conn, key).await?;
         drop(conn);
-        self.mark_paid(&intent.id).await?;
+        if intent.marked_paid_at.is_none() {
+            self.mark_paid(&intent.id).await?;
+        }
         Ok(())
+    }
+
+    /// The intents whose page may show something new since `from` (see `api::live`).
+    pub(crate) async fn live_changes(
+        &self,
+        from: Option<LivePosition>,
+    ) -> Result<ChangedIntents, Error> {
+        let store = self.store();
+        Ok(feed::changed_intents(store.pool(), store.backend(), from).await?)
     }
 }
 

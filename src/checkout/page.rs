@@ -106,6 +106,10 @@ pub struct StatusUpdate {
     pub open: bool,
     /// Whether "I have paid" is still offered ([`CheckoutStatus::offers_paid_button`]).
     pub offers_paid_button: bool,
+    /// Nothing will change any more ([`CheckoutStatus::is_final`]): the stream ends, and the
+    /// page must not connect again.
+    #[serde(rename = "final")]
+    pub is_final: bool,
 }
 
 /// `status` said in `language`.
@@ -120,6 +124,7 @@ pub fn status_update(
         text: status_sentence(&text, status, reference),
         open: status.open,
         offers_paid_button: status.offers_paid_button(),
+        is_final: status.is_final(),
     }
 }
 
@@ -200,8 +205,10 @@ pub fn render(
     let _ = write!(
         html,
         "<section class=\"status\" aria-live=\"polite\">\n<h2>{label}</h2>\n\
-         <p id=\"status\" data-status=\"{code}\">{sentence}</p>\n</section>\n",
+         <p id=\"status\" data-status=\"{code}\">{sentence}</p>\n\
+         <p id=\"live-paused\" class=\"hint\" hidden>{paused}</p>\n</section>\n",
         label = text.get("status-label"),
+        paused = text.get("live-paused"),
         code = status.status.as_str(),
         sentence = escape(&status_sentence(&text, status, reference)),
     );

@@ -5,7 +5,10 @@
 //! Every ledger effect has a deterministic idempotency key, so replaying events, or evaluating
 //! an intent twice, posts nothing twice:
 //! `settle:<intent>:<n>`, `overpaid:<intent>:<n>`, `late:<transfer>`, `after-settlement:<transfer>`,
-//! `wrong-asset:<transfer>`, `unmatched:<transfer>`, and `reverse:<key>` for each of them.
+//! `wrong-asset:<transfer>`, `unmatched:<transfer>`, and `reverse:<key>` for each of them. A
+//! transfer a reorg removed and the chain then mined again is booked again under the next key,
+//! `late:<transfer>#2` and so on (a settlement's `<n>` counts the same way), with an exception
+//! of that booking's own: a spent key is never posted to twice.
 //!
 //! The rules (`rules`) are written once, against [`MatchStore`]: what they read and write.
 //! Two stores carry them out:
@@ -27,7 +30,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 
 use chrono::{DateTime, Utc};
-use payrecon_chain_core::{ChainEvent, Network, TransferId};
+use payrecon_chain_core::{Amount, ChainEvent, Method, Network, TransferId};
 use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
@@ -40,6 +43,7 @@ use crate::store::payments::{ExceptionRecord, NewEvent, StoredTransfer};
 
 pub(crate) use batch::BatchStore;
 pub(crate) use direct::DirectStore;
+pub(crate) use rules::booking_key;
 
 /// What happens to money beyond what an intent asked, or that arrived after its deadline.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -101,6 +105,10 @@ pub struct MatchPolicy {
     pub late_payment: CreditPolicy,
     /// Per network.
     pub confirmations: BTreeMap<Network, ConfirmationRule>,
+    /// Per method, the amount below which money to no payment instructions is dust: it is
+    /// booked like any unmatched receipt, but counted in one exception per network and day
+    /// instead of one each (address-poisoning and spam transfers come by the thousand).
+    pub dust: BTreeMap<Method, Amount>,
 }
 
 impl MatchPolicy {
@@ -122,7 +130,13 @@ impl MatchPolicy {
                 (Network::Tron, rule(19)),
                 (Network::Solana, rule(1)),
             ]),
+            dust: default_dust(),
         }
+    }
+
+    /// Whether `amount` of `method` to no payment instructions is dust.
+    fn is_dust(&self, method: Method, amount: Amount) -> bool {
+        self.dust.get(&method).is_some_and(|limit| amount < *limit)
     }
 
     fn required(&self, network: Network, usd: Usd) -> u32 {
@@ -130,6 +144,29 @@ impl MatchPolicy {
             .get(&network)
             .map_or(1, |rule| rule.required(usd))
     }
+}
+
+/// Dust by default: a few hundredths of a cent to a cent, far below any payment the shop asks
+/// for, and what address-poisoning and spam transfers send.
+fn default_dust() -> BTreeMap<Method, Amount> {
+    [
+        (Method::Btc, "0.00001"),
+        (Method::Ltc, "0.0001"),
+        (Method::Eth, "0.000001"),
+        (Method::UsdtErc20, "0.01"),
+        (Method::UsdcErc20, "0.01"),
+        (Method::Trx, "0.1"),
+        (Method::UsdtTrc20, "0.01"),
+        (Method::Sol, "0.00001"),
+    ]
+    .into_iter()
+    .map(|(method, limit)| {
+        let limit = method
+            .parse_amount(limit)
+            .expect("the default dust limits parse");
+        (method, limit)
+    })
+    .collect()
 }
 
 /// What the rules read and write. Every method is one step of today's matcher; a store decides

@@ -171,25 +171,38 @@ async fn account_unmatched<S: MatchStore>(
     if transfer.removed {
         return Ok(());
     }
-    open_exception(
-        store,
-        "unmatched",
-        None,
-        None,
-        Some(&transfer),
-        format!(
-            "{} to {} matched no payment instructions",
-            describe(&transfer),
-            transfer.to_address
-        ),
-        now,
-    )
-    .await?;
+    let dust = match &transfer.asset {
+        ReceivedAsset::Method { method } => policy.is_dust(*method, transfer.amount),
+        ReceivedAsset::OtherToken { .. } => false,
+    };
+    if dust {
+        open_dust_exception(store, &transfer, now).await?;
+    } else {
+        open_exception(
+            store,
+            "unmatched",
+            None,
+            None,
+            Some(&transfer),
+            format!(
+                "{} to {} matched no payment instructions",
+                describe(&transfer),
+                transfer.to_address
+            ),
+            now,
+        )
+        .await?;
+    }
     let required = policy.required(transfer.id.network, Usd::ZERO);
     if let (ReceivedAsset::Method { method }, None) = (&transfer.asset, &transfer.credited_entry)
         && transfer.confirmations >= required
     {
-        let key = format!("unmatched:{}", transfer.id);
+        let key = next_booking_key(store, &format!("unmatched:{}", transfer.id)).await?;
+        let concerns = Concerns {
+            transfer: Some(&transfer),
+            ..Concerns::default()
+        };
+        open_rebooking_exception(store, "unmatched", concerns, &key, now).await?;
         let entry = hold_entry(
             &key,
             *method,
@@ -257,7 +270,13 @@ pub(crate) async fn evaluate_intent<S: MatchStore>(
             if let (ReceivedAsset::Method { method }, true, true) =
                 (&transfer.asset, confirmed, uncredited)
             {
-                let key = format!("wrong-asset:{}", transfer.id);
+                let key = next_booking_key(store, &format!("wrong-asset:{}", transfer.id)).await?;
+                let concerns = Concerns {
+                    intent: Some(&intent),
+                    order: Some(&order),
+                    transfer: Some(transfer),
+                };
+                open_rebooking_exception(store, "wrong_asset", concerns, &key, now).await?;
                 entries.push(hold_entry(
                     &key,
                     *method,
@@ -283,7 +302,9 @@ pub(crate) async fn evaluate_intent<S: MatchStore>(
                 )
                 .await?;
                 if confirmed {
-                    let entry = after_settlement_entry(transfer, &intent, &order, policy);
+                    let entry =
+                        book_after_settlement(store, transfer, &intent, &order, policy, now)
+                            .await?;
                     credited.push((index, entry.idempotency_key.clone()));
                     entries.push(entry);
                 }
@@ -304,7 +325,13 @@ pub(crate) async fn evaluate_intent<S: MatchStore>(
             )
             .await?;
             if confirmed {
-                let key = format!("late:{}", transfer.id);
+                let key = next_booking_key(store, &format!("late:{}", transfer.id)).await?;
+                let concerns = Concerns {
+                    intent: Some(&intent),
+                    order: Some(&order),
+                    transfer: Some(transfer),
+                };
+                open_rebooking_exception(store, "paid_late", concerns, &key, now).await?;
                 entries.push(extra_money_entry(
                     &key,
                     &intent,
@@ -399,7 +426,9 @@ pub(crate) async fn evaluate_intent<S: MatchStore>(
                         now,
                     )
                     .await?;
-                    let entry = after_settlement_entry(transfer, &intent, &order, policy);
+                    let entry =
+                        book_after_settlement(store, transfer, &intent, &order, policy, now)
+                            .await?;
                     credited.push((index, entry.idempotency_key.clone()));
                     entries.push(entry);
                 }
@@ -683,13 +712,14 @@ fn extra_money_entry(
 /// Money to an intent whose order is already paid: never absorbed into the order, treated as
 /// an overpayment under the overpayment policy.
 fn after_settlement_entry(
+    key: &str,
     transfer: &StoredTransfer,
     intent: &PaymentIntent,
     order: &Order,
     policy: &MatchPolicy,
 ) -> NewEntry {
     extra_money_entry(
-        &format!("after-settlement:{}", transfer.id),
+        key,
         intent,
         order,
         transfer.amount,
@@ -697,6 +727,60 @@ fn after_settlement_entry(
         SuspenseReason::Overpaid,
     )
 }
+
+/// Money to an intent whose order is already paid, booked under its next key (with its own
+/// exception when a reorg spent the earlier one).
+async fn book_after_settlement<S: MatchStore>(
+    store: &mut S,
+    transfer: &StoredTransfer,
+    intent: &PaymentIntent,
+    order: &Order,
+    policy: &MatchPolicy,
+    now: DateTime<Utc>,
+) -> Result<NewEntry, Error> {
+    let key = next_booking_key(store, &format!("after-settlement:{}", transfer.id)).await?;
+    let concerns = Concerns {
+        intent: Some(intent),
+        order: Some(order),
+        transfer: Some(transfer),
+    };
+    open_rebooking_exception(store, "paid_after_settlement", concerns, &key, now).await?;
+    Ok(after_settlement_entry(
+        &key, transfer, intent, order, policy,
+    ))
+}
+
+/// The key of a transfer's `n`th booking under `base` (1-based): `base`, then `base#2`, …
+///
+/// A transfer that a reorg took out and the chain then put back is booked again: its first
+/// key is spent (the entry stands beside its `reverse:` entry), so posting under it again
+/// would be taken as a replay and the money would be in no account.
+pub(crate) fn booking_key(base: &str, n: u32) -> String {
+    if n <= 1 {
+        base.to_owned()
+    } else {
+        format!("{base}#{n}")
+    }
+}
+
+/// The first booking key under `base` that no entry holds yet. Only called for a transfer
+/// without a credit, so every earlier key under `base` is one a reorg reversed.
+async fn next_booking_key<S: MatchStore>(store: &mut S, base: &str) -> Result<String, Error> {
+    for n in 1..=MAX_BOOKINGS {
+        let key = booking_key(base, n);
+        if store.entry(&key).await?.is_none() {
+            return Ok(key);
+        }
+    }
+    Err(StoreError::Corrupt(format!(
+        "{base} was booked {MAX_BOOKINGS} times: no chain reorganises one transfer that often"
+    ))
+    .into())
+}
+
+/// Bookings of one transfer a store accepts; each one past the first needs a reorg that
+/// removed the transfer and a chain that mined it again.
+const MAX_BOOKINGS: u32 = 1_000;
 
 /// Crypto into custody, held in suspense for an operator.
 fn hold_entry(
@@ -739,18 +823,89 @@ async fn open_exception<S: MatchStore>(
         (None, Some(i)) => i.id.clone(),
         (None, None) => "unknown".into(),
     };
-    store
-        .open_exception(ExceptionRecord {
-            id: format!("{kind}:{subject}"),
+    let concerns = Concerns {
+        intent,
+        order,
+        transfer,
+    };
+    let record = concerns.exception(format!("{kind}:{subject}"), kind, detail, now);
+    store.open_exception(record).await
+}
+
+/// What an exception is about.
+#[derive(Clone, Copy, Default)]
+struct Concerns<'a> {
+    intent: Option<&'a PaymentIntent>,
+    order: Option<&'a Order>,
+    transfer: Option<&'a StoredTransfer>,
+}
+
+impl Concerns<'_> {
+    /// An open exception `id` of `kind` about these.
+    fn exception(
+        self,
+        id: String,
+        kind: &str,
+        detail: String,
+        now: DateTime<Utc>,
+    ) -> ExceptionRecord {
+        ExceptionRecord {
+            id,
             kind: kind.to_owned(),
-            intent_id: intent.map(|i| i.id.clone()),
-            order_ref: order.map(|o| o.reference.to_string()),
-            transfer: transfer.map(|t| t.id.to_string()),
+            intent_id: self.intent.map(|i| i.id.clone()),
+            order_ref: self.order.map(|o| o.reference.to_string()),
+            transfer: self.transfer.map(|t| t.id.to_string()),
             detail,
             opened_at: now,
             resolved_at: None,
             resolution: None,
-        })
+        }
+    }
+}
+
+/// The one exception for a network's dust on one day (UTC, by when it was first seen): opened
+/// by its first receipt, and standing for every later one.
+async fn open_dust_exception<S: MatchStore>(
+    store: &mut S,
+    transfer: &StoredTransfer,
+    now: DateTime<Utc>,
+) -> Result<(), Error> {
+    let network = transfer.id.network;
+    let day = DateTime::from_timestamp_millis(transfer.seen_at_ms)
+        .unwrap_or(now)
+        .format("%Y-%m-%d");
+    let detail = format!(
+        "receipts below the dust limit matched no payment instructions on {network} on {day} \
+         (the first: {} to {}); each is held in suspense:unmatched and listed in the \
+         reconciliation report as unmatched",
+        describe(transfer),
+        transfer.to_address
+    );
+    let id = format!("unmatched_dust:{network}:{day}");
+    let record = Concerns::default().exception(id, "unmatched_dust", detail, now);
+    store.open_exception(record).await
+}
+
+/// A transfer booked again after a reorg (`key` of generation 2 or later) holds its money anew:
+/// its first exception may be resolved already, so operators get one of this booking's own,
+/// `<kind>:<transfer>#<n>`, whose money is the entry under `key`.
+async fn open_rebooking_exception<S: MatchStore>(
+    store: &mut S,
+    kind: &str,
+    concerns: Concerns<'_>,
+    key: &str,
+    now: DateTime<Utc>,
+) -> Result<(), Error> {
+    let (Some((_, generation)), Some(transfer)) = (key.rsplit_once('#'), concerns.transfer) else {
+        return Ok(());
+    };
+    let id = format!("{kind}:{}#{generation}", transfer.id);
+    let detail = format!(
+        "{} is on the chain again after a reorg removed it, and is held again ({key})",
+        describe(transfer)
+    );
+    store
+        .open_exception(concerns.exception(id, kind, detail, now))
         .await
 }
 

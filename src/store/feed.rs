@@ -123,6 +123,96 @@ pub(crate) async fn read_changes(
     })
 }
 
+/// Where the live statuses' reads of what changed stand: the newest intent event read, and the
+/// transfers' feed position.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct LivePosition {
+    pub event_seq: i64,
+    pub feed: i64,
+}
+
+/// Events re-read behind the newest one on PostgreSQL, where sequence numbers are handed out
+/// in start order and a transaction that began earlier can commit later: reading a change
+/// twice only wakes a page that finds nothing new.
+const LATE_EVENTS: i64 = 256;
+
+/// Changes read at most at once; past it, every open page looks again.
+const MAX_CHANGES: i64 = 10_000;
+
+/// What the live statuses must look at again.
+#[derive(Debug, Default)]
+pub(crate) struct ChangedIntents {
+    /// The intents whose events or transfers changed.
+    pub intents: Vec<String>,
+    /// More changed than was read: every open page looks again.
+    pub everything: bool,
+    pub next: LivePosition,
+}
+
+/// The intents with events or transfers written since `from`; with `None`, only where the
+/// next read starts. Two indexed range reads, however many pages are open.
+pub(crate) async fn changed_intents(
+    pool: &AnyPool,
+    backend: Backend,
+    from: Option<LivePosition>,
+) -> Result<ChangedIntents, StoreError> {
+    let mut tx = snapshot(pool, backend).await?;
+    let feed = next_from(&mut tx, backend).await?;
+    let newest: Option<i64> = sqlx::query_scalar("SELECT MAX(seq) FROM intent_events")
+        .fetch_one(&mut *tx)
+        .await?;
+    let newest = newest.unwrap_or(0);
+    let next = LivePosition {
+        event_seq: newest,
+        feed,
+    };
+    let Some(from) = from else {
+        tx.commit().await?;
+        return Ok(ChangedIntents {
+            next,
+            ..ChangedIntents::default()
+        });
+    };
+    let after = match backend {
+        Backend::Sqlite => from.event_seq,
+        Backend::Postgres => from.event_seq - LATE_EVENTS,
+    };
+    let mut intents: Vec<String> = sqlx::query_scalar(
+        "SELECT intent_id FROM intent_events WHERE seq > $1 AND intent_id IS NOT NULL ORDER BY seq LIMIT $2",
+    )
+    .bind(after)
+    .bind(MAX_CHANGES)
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut everything = intents.len() as i64 == MAX_CHANGES;
+    let networks: Vec<&str> = payrecon_chain_core::Network::ALL
+        .iter()
+        .map(|n| n.as_str())
+        .collect();
+    let placeholders: Vec<String> = (0..networks.len()).map(|i| format!("${}", i + 3)).collect();
+    let mut query = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT intent_id FROM transfers WHERE network IN ({}) AND feed_pos >= $1 \
+         AND intent_id IS NOT NULL LIMIT $2",
+        placeholders.join(", ")
+    )))
+    .bind(from.feed)
+    .bind(MAX_CHANGES);
+    for network in &networks {
+        query = query.bind(*network);
+    }
+    let transfers: Vec<String> = query.fetch_all(&mut *tx).await?;
+    everything |= transfers.len() as i64 == MAX_CHANGES;
+    tx.commit().await?;
+    intents.extend(transfers);
+    intents.sort_unstable();
+    intents.dedup();
+    Ok(ChangedIntents {
+        intents,
+        everything,
+        next,
+    })
+}
+
 /// A read-only transaction whose statements all see one snapshot.
 async fn snapshot(
     pool: &AnyPool,

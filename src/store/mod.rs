@@ -41,7 +41,7 @@ const POSTGRES_MAX_CONNECTIONS: u32 = 16;
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The schema, in order. Each version has one script per database.
-const MIGRATIONS: [(i64, &str, &str, &str); 10] = [
+const MIGRATIONS: [(i64, &str, &str, &str); 11] = [
     (
         1,
         "foundation",
@@ -101,6 +101,12 @@ const MIGRATIONS: [(i64, &str, &str, &str); 10] = [
         "report order",
         include_str!("../../migrations/sqlite/0010_report_order.sql"),
         include_str!("../../migrations/postgres/0010_report_order.sql"),
+    ),
+    (
+        11,
+        "edge",
+        include_str!("../../migrations/sqlite/0011_edge.sql"),
+        include_str!("../../migrations/postgres/0011_edge.sql"),
     ),
 ];
 

@@ -26,16 +26,10 @@ pub(crate) async fn get_exception(
 /// Exceptions nobody resolved yet, oldest first.
 pub(crate) async fn open_exceptions(
     conn: &mut AnyConnection,
+    after: (i64, &str),
+    limit: i64,
 ) -> Result<Vec<ExceptionRecord>, StoreError> {
-    sqlx::query(
-        "SELECT id, kind, intent_id, order_ref, transfer, detail, opened_at_ms, resolved_at_ms, resolution \
-         FROM exceptions WHERE resolved_at_ms IS NULL ORDER BY opened_at_ms, id",
-    )
-    .fetch_all(conn)
-    .await?
-    .iter()
-    .map(decode_exception)
-    .collect()
+    super::payments::exceptions_page(conn, true, after, limit).await
 }
 
 /// Open exceptions per kind, for metrics.
@@ -125,22 +119,35 @@ pub(crate) async fn record_resolution(
     Ok(())
 }
 
-/// The audit log, oldest first; of one exception when given.
+/// The audit log, oldest first; of one exception when given, else up to `limit` entries
+/// after `after_seq`.
 pub(crate) async fn actions(
     conn: &mut AnyConnection,
     exception_id: Option<&str>,
 ) -> Result<Vec<OperatorAction>, StoreError> {
+    actions_page(conn, exception_id, 0, i64::MAX).await
+}
+
+/// One page of the audit log: up to `limit` entries after `after_seq`.
+pub(crate) async fn actions_page(
+    conn: &mut AnyConnection,
+    exception_id: Option<&str>,
+    after_seq: i64,
+    limit: i64,
+) -> Result<Vec<OperatorAction>, StoreError> {
     let query = match exception_id {
         Some(id) => sqlx::query(
             "SELECT seq, exception_id, action, actor, reason, refund_txid, entry_key, at_ms \
-             FROM operator_actions WHERE exception_id = $1 ORDER BY seq",
+             FROM operator_actions WHERE exception_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
         )
         .bind(id),
         None => sqlx::query(
             "SELECT seq, exception_id, action, actor, reason, refund_txid, entry_key, at_ms \
-             FROM operator_actions ORDER BY seq",
+             FROM operator_actions WHERE seq > $1 ORDER BY seq LIMIT $2",
         ),
-    };
+    }
+    .bind(after_seq)
+    .bind(limit);
     query
         .fetch_all(conn)
         .await?
@@ -270,6 +277,9 @@ pub struct WatcherHealth {
     pub last_error: Option<String>,
     /// The last successful scan.
     pub last_scan_at: Option<DateTime<Utc>>,
+    /// A stopped watcher's next attempt; `None` while it runs, or when it stays stopped (it
+    /// serves the wrong chain, or was shut down).
+    pub next_try_at: Option<DateTime<Utc>>,
     /// When this row was written.
     pub updated_at: DateTime<Utc>,
 }
@@ -281,11 +291,12 @@ pub(crate) async fn put_watcher_health(
 ) -> Result<(), StoreError> {
     let height = |h: Option<u64>| h.map(|h| i64::try_from(h).unwrap_or(i64::MAX));
     sqlx::query(
-        "INSERT INTO watcher_health (network, state, cursor_height, head_height, failures, rpc_errors, last_error, last_scan_at_ms, updated_at_ms) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (network) DO UPDATE SET \
+        "INSERT INTO watcher_health (network, state, cursor_height, head_height, failures, rpc_errors, last_error, last_scan_at_ms, updated_at_ms, next_try_at_ms) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (network) DO UPDATE SET \
          state = excluded.state, cursor_height = excluded.cursor_height, head_height = excluded.head_height, \
          failures = excluded.failures, rpc_errors = excluded.rpc_errors, last_error = excluded.last_error, \
-         last_scan_at_ms = excluded.last_scan_at_ms, updated_at_ms = excluded.updated_at_ms",
+         last_scan_at_ms = excluded.last_scan_at_ms, updated_at_ms = excluded.updated_at_ms, \
+         next_try_at_ms = excluded.next_try_at_ms",
     )
     .bind(health.network.as_str())
     .bind(health.state.as_str())
@@ -296,6 +307,7 @@ pub(crate) async fn put_watcher_health(
     .bind(health.last_error.as_deref())
     .bind(health.last_scan_at.map(|at| at.timestamp_millis()))
     .bind(health.updated_at.timestamp_millis())
+    .bind(health.next_try_at.map(|at| at.timestamp_millis()))
     .execute(conn)
     .await?;
     Ok(())
@@ -306,8 +318,8 @@ pub(crate) async fn watcher_health(
     conn: &mut AnyConnection,
 ) -> Result<Vec<WatcherHealth>, StoreError> {
     let rows = sqlx::query(
-        "SELECT network, state, cursor_height, head_height, failures, rpc_errors, last_error, last_scan_at_ms, updated_at_ms \
-         FROM watcher_health ORDER BY network",
+        "SELECT network, state, cursor_height, head_height, failures, rpc_errors, last_error, last_scan_at_ms, updated_at_ms, \
+         next_try_at_ms FROM watcher_health ORDER BY network",
     )
     .fetch_all(conn)
     .await?;
@@ -326,6 +338,10 @@ pub(crate) async fn watcher_health(
                 last_error: row.try_get("last_error")?,
                 last_scan_at: row
                     .try_get::<Option<i64>, _>("last_scan_at_ms")?
+                    .map(millis)
+                    .transpose()?,
+                next_try_at: row
+                    .try_get::<Option<i64>, _>("next_try_at_ms")?
                     .map(millis)
                     .transpose()?,
                 updated_at: millis(row.try_get("updated_at_ms")?)?,
@@ -348,14 +364,21 @@ pub(crate) struct WaitingIntent {
 pub(crate) async fn marked_paid_unseen(
     conn: &mut AnyConnection,
     before_ms: i64,
+    after: (i64, &str),
+    limit: i64,
 ) -> Result<Vec<WaitingIntent>, StoreError> {
     waiting(
         sqlx::query(
             "SELECT id, order_ref, method, status, marked_paid_at_ms AS since_ms FROM payment_intents \
              WHERE marked_paid_at_ms IS NOT NULL AND marked_paid_at_ms < $1 AND first_seen_at_ms IS NULL \
-             AND status IN ('awaiting_payment', 'expired') ORDER BY marked_paid_at_ms, id",
+             AND status IN ('awaiting_payment', 'expired') \
+             AND (marked_paid_at_ms > $2 OR (marked_paid_at_ms = $2 AND id > $3)) \
+             ORDER BY marked_paid_at_ms, id LIMIT $4",
         )
         .bind(before_ms)
+        .bind(after.0)
+        .bind(after.1)
+        .bind(limit)
         .fetch_all(conn)
         .await?,
     )
@@ -365,13 +388,20 @@ pub(crate) async fn marked_paid_unseen(
 pub(crate) async fn seen_unconfirmed(
     conn: &mut AnyConnection,
     before_ms: i64,
+    after: (i64, &str),
+    limit: i64,
 ) -> Result<Vec<WaitingIntent>, StoreError> {
     waiting(
         sqlx::query(
             "SELECT id, order_ref, method, status, first_seen_at_ms AS since_ms FROM payment_intents \
-             WHERE status = 'seen' AND first_seen_at_ms < $1 ORDER BY first_seen_at_ms, id",
+             WHERE status = 'seen' AND first_seen_at_ms < $1 \
+             AND (first_seen_at_ms > $2 OR (first_seen_at_ms = $2 AND id > $3)) \
+             ORDER BY first_seen_at_ms, id LIMIT $4",
         )
         .bind(before_ms)
+        .bind(after.0)
+        .bind(after.1)
+        .bind(limit)
         .fetch_all(conn)
         .await?,
     )
@@ -402,10 +432,9 @@ pub(crate) struct OutboxEvent {
 /// in one transaction (the caller's). Returns how many events were dispatched.
 pub(crate) async fn dispatch_events(
     conn: &mut AnyConnection,
-    endpoints: &[String],
+    endpoints: &[(String, chrono::Duration)],
     limit: i64,
     now: DateTime<Utc>,
-    give_up_after: chrono::Duration,
 ) -> Result<usize, StoreError> {
     let rows = sqlx::query(
         "SELECT seq, COALESCE(intent_id, order_ref, 'shop') AS stream FROM intent_events \
@@ -424,7 +453,7 @@ pub(crate) async fn dispatch_events(
         })
         .collect::<Result<_, StoreError>>()?;
     for event in &events {
-        for endpoint in endpoints {
+        for (endpoint, give_up_after) in endpoints {
             sqlx::query(
                 "INSERT INTO webhook_deliveries (endpoint, event_seq, stream, state, attempts, next_attempt_at_ms, give_up_at_ms) \
                  VALUES ($1, $2, $3, 'pending', 0, $4, $5) ON CONFLICT (endpoint, event_seq) DO NOTHING",
@@ -433,7 +462,7 @@ pub(crate) async fn dispatch_events(
             .bind(event.seq)
             .bind(event.stream.as_str())
             .bind(now.timestamp_millis())
-            .bind((now + give_up_after).timestamp_millis())
+            .bind((now + *give_up_after).timestamp_millis())
             .execute(&mut *conn)
             .await?;
         }
@@ -542,6 +571,61 @@ pub(crate) async fn replay_deliveries(
     .execute(conn)
     .await?;
     Ok(result.rows_affected())
+}
+
+/// An endpoint whose deliveries fail: what the stuck view and the metrics show.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct FailingEndpoint {
+    /// The endpoint's configured name.
+    pub endpoint: String,
+    /// Deliveries that failed at least once and wait for their next attempt.
+    pub retrying: i64,
+    /// Deliveries given up after the endpoint's retry window (an operator can replay them).
+    pub abandoned: i64,
+    /// The oldest event not delivered, and when it happened (Unix milliseconds).
+    pub oldest_event_seq: i64,
+    pub oldest_event_at_ms: i64,
+    /// What the newest failed attempt of that oldest delivery met.
+    pub last_error: Option<String>,
+}
+
+/// Endpoints with deliveries retrying or abandoned, by name.
+pub(crate) async fn failing_endpoints(
+    conn: &mut AnyConnection,
+) -> Result<Vec<FailingEndpoint>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT d.endpoint, \
+           SUM(CASE WHEN d.state = 'pending' THEN 1 ELSE 0 END) AS retrying, \
+           SUM(CASE WHEN d.state = 'abandoned' THEN 1 ELSE 0 END) AS abandoned, \
+           MIN(d.event_seq) AS oldest_seq \
+         FROM webhook_deliveries d \
+         WHERE d.state <> 'delivered' AND (d.state = 'abandoned' OR d.attempts > 0) \
+         GROUP BY d.endpoint ORDER BY d.endpoint",
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut failing = Vec::with_capacity(rows.len());
+    for row in rows {
+        let endpoint: String = row.try_get("endpoint")?;
+        let oldest_event_seq: i64 = row.try_get("oldest_seq")?;
+        let oldest = sqlx::query(
+            "SELECT e.at_ms, d.last_error FROM webhook_deliveries d \
+             JOIN intent_events e ON e.seq = d.event_seq WHERE d.endpoint = $1 AND d.event_seq = $2",
+        )
+        .bind(endpoint.as_str())
+        .bind(oldest_event_seq)
+        .fetch_one(&mut *conn)
+        .await?;
+        failing.push(FailingEndpoint {
+            endpoint,
+            retrying: row.try_get("retrying")?,
+            abandoned: row.try_get("abandoned")?,
+            oldest_event_seq,
+            oldest_event_at_ms: oldest.try_get("at_ms")?,
+            last_error: oldest.try_get("last_error")?,
+        });
+    }
+    Ok(failing)
 }
 
 /// Deliveries per endpoint and state, for metrics and the operators.

@@ -893,6 +893,34 @@ pub(crate) async fn exceptions(
     rows.iter().map(decode_exception).collect()
 }
 
+/// Up to `limit` exceptions after `after` (opened time, id), oldest first; only open ones
+/// when `open_only`.
+pub(crate) async fn exceptions_page(
+    conn: &mut AnyConnection,
+    open_only: bool,
+    after: (i64, &str),
+    limit: i64,
+) -> Result<Vec<ExceptionRecord>, StoreError> {
+    let open = if open_only {
+        "AND resolved_at_ms IS NULL"
+    } else {
+        ""
+    };
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT id, kind, intent_id, order_ref, transfer, detail, opened_at_ms, resolved_at_ms, resolution \
+         FROM exceptions WHERE (opened_at_ms > $1 OR (opened_at_ms = $1 AND id > $2)) {open} \
+         ORDER BY opened_at_ms, id LIMIT $3"
+    )))
+    .bind(after.0)
+    .bind(after.1)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?
+    .iter()
+    .map(decode_exception)
+    .collect()
+}
+
 /// The exceptions about one transfer (`network:txid:position`).
 pub(crate) async fn exceptions_of_transfer(
     conn: &mut AnyConnection,

@@ -1,7 +1,11 @@
 //! The watcher loop: one per network. It keeps the engine's view of the network in memory
 //! (`view`), lets the chain's scanner find what changed, and commits the events with the
 //! scanner's cursor in one transaction. Failures of the node are retried with backoff and never
-//! skip data; an answer that cannot be trusted stops this network's watcher and says why.
+//! skip data. An answer that cannot be trusted stops this network's watcher and says why; it
+//! tries again after a long, capped pause (a node mended, a proxy fixed), except when the node
+//! serves the wrong chain: that stays stopped until the configuration changes. Every scan has a
+//! deadline, and every error text is scrubbed of the source's credentials before it is logged
+//! or stored.
 
 mod view;
 
@@ -9,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use payrecon_chain_core::{BlockId, ChainScanner, Network, ScanError};
+use payrecon_chain_core::{BlockId, ChainScanner, Network, ScanError, SecretUrl};
 use serde::Serialize;
 use tokio::sync::watch;
 
@@ -29,6 +33,14 @@ pub struct WatcherOptions {
     pub min_backoff: Duration,
     /// Longest pause after failures.
     pub max_backoff: Duration,
+    /// First pause after the source was refused (an answer that cannot be trusted); doubled
+    /// per refusal in a row.
+    pub min_restart: Duration,
+    /// Longest pause after refusals.
+    pub max_restart: Duration,
+    /// Longest a scan may take before it counts as failed: a node that accepts and never
+    /// answers, or answers slower than its timeouts can see, holds no watcher longer.
+    pub scan_deadline: Duration,
 }
 
 impl Default for WatcherOptions {
@@ -37,6 +49,9 @@ impl Default for WatcherOptions {
             poll_interval: Duration::from_secs(2),
             min_backoff: Duration::from_millis(500),
             max_backoff: Duration::from_secs(60),
+            min_restart: Duration::from_secs(60),
+            max_restart: Duration::from_secs(30 * 60),
+            scan_deadline: Duration::from_secs(300),
         }
     }
 }
@@ -58,10 +73,13 @@ pub enum WatcherState {
     },
     /// Another process holds this network's lease; this one waits to take over.
     Standby,
-    /// Stopped for good: the data source cannot be trusted, or shutdown was asked.
+    /// Stopped: the data source could not be trusted (until `next_try_at`), serves the wrong
+    /// chain (for good), or shutdown was asked.
     Stopped {
         /// Why, or `None` after a requested shutdown.
         error: Option<String>,
+        /// When the watcher tries again; `None` when it does not.
+        next_try_at: Option<DateTime<Utc>>,
     },
 }
 
@@ -168,7 +186,7 @@ impl<S: ChainScanner> Watcher<S> {
         let network = self.scanner.network();
         let round = self.round_once(network).await;
         *self.last_round.lock().expect("never poisoned") = Instant::now();
-        round
+        round.map_err(|error| scrubbed(error, self.scanner.source()))
     }
 
     async fn round_once(&mut self, network: Network) -> Result<Round, ScanError> {
@@ -187,7 +205,14 @@ impl<S: ChainScanner> Watcher<S> {
             ),
         };
         let view = live.view();
-        let batch = self.scanner.scan(view).await?;
+        let deadline = self.options.scan_deadline;
+        let batch = tokio::time::timeout(deadline, self.scanner.scan(view))
+            .await
+            .map_err(|_| {
+                ScanError::Transient(format!(
+                    "the scan did not finish within its deadline of {deadline:?}"
+                ))
+            })??;
         if !batch.events.is_empty() {
             crate::crash::crash_point("watcher.after_scan");
         }
@@ -300,10 +325,15 @@ impl<S: ChainScanner> Watcher<S> {
         let network = self.scanner.network();
         let mut wake = self.engine.subscribe();
         let mut failures: u32 = 0;
+        let mut refusals: u32 = 0;
         loop {
             if *shutdown.borrow() {
-                self.status
-                    .send_modify(|s| s.state = WatcherState::Stopped { error: None });
+                self.status.send_modify(|s| {
+                    s.state = WatcherState::Stopped {
+                        error: None,
+                        next_try_at: None,
+                    }
+                });
                 publish(&self.engine, &self.status).await;
                 return Ok(RunEnd::Shutdown);
             }
@@ -314,6 +344,7 @@ impl<S: ChainScanner> Watcher<S> {
             let pause = match round {
                 Ok(round) => {
                     failures = 0;
+                    refusals = 0;
                     // Our own commit notified every subscriber, us included.
                     while wake.try_recv().is_ok() {}
                     if round.more {
@@ -321,16 +352,40 @@ impl<S: ChainScanner> Watcher<S> {
                     }
                     self.options.poll_interval
                 }
-                Err(ScanError::Fatal(reason)) => {
-                    tracing::error!(%network, %reason, "watcher stopped");
+                Err(ScanError::WrongChain(reason)) => {
+                    tracing::error!(%network, %reason, "WATCHER STOPPED FOR GOOD: the node serves the wrong chain; fix its configuration and restart payrecon");
                     self.status.send_modify(|s| {
                         s.state = WatcherState::Stopped {
-                            error: Some(reason.clone()),
+                            error: Some(format!("wrong chain: {reason}")),
+                            next_try_at: None,
                         };
                         s.rpc_errors += 1;
                     });
                     publish(&self.engine, &self.status).await;
                     return Err(Error::WatcherStopped { network, reason });
+                }
+                Err(ScanError::Fatal(reason)) => {
+                    refusals = refusals.saturating_add(1);
+                    self.scanner.reset();
+                    // What was read may be what could not be trusted: read it all again.
+                    self.live = None;
+                    let pause = restart_pause(&self.options, refusals);
+                    let next_try_at = Utc::now()
+                        + chrono::Duration::from_std(pause).unwrap_or(chrono::Duration::MAX);
+                    tracing::error!(%network, %reason, next_try_at = %next_try_at.to_rfc3339(), "watcher stopped: it tries again later");
+                    self.status.send_modify(|s| {
+                        s.state = WatcherState::Stopped {
+                            error: Some(reason.clone()),
+                            next_try_at: Some(next_try_at),
+                        };
+                        s.rpc_errors += 1;
+                    });
+                    publish(&self.engine, &self.status).await;
+                    tokio::select! {
+                        _ = tokio::time::sleep(pause) => {}
+                        _ = shutdown.changed() => {}
+                    }
+                    continue;
                 }
                 Err(ScanError::Transient(reason)) => {
                     failures = failures.saturating_add(1);
@@ -404,11 +459,13 @@ const LEASE_LOST: &str = "the watcher lease was lost to another process";
 /// `/metrics`). Failing to write it is logged: health must never stop a watcher.
 async fn publish(engine: &Engine, status: &watch::Sender<WatcherStatus>) {
     let status = status.borrow().clone();
-    let (state, failures, last_error) = match &status.state {
-        WatcherState::Starting => ("starting", 0, None),
-        WatcherState::Running => ("running", 0, None),
-        WatcherState::Retrying { failures, error } => ("retrying", *failures, Some(error.clone())),
-        WatcherState::Stopped { error } => ("stopped", 0, error.clone()),
+    let (state, failures, last_error, next_try_at) = match &status.state {
+        WatcherState::Starting => ("starting", 0, None, None),
+        WatcherState::Running => ("running", 0, None, None),
+        WatcherState::Retrying { failures, error } => {
+            ("retrying", *failures, Some(error.clone()), None)
+        }
+        WatcherState::Stopped { error, next_try_at } => ("stopped", 0, error.clone(), *next_try_at),
         // The lease holder reports for the network; a process in standby has nothing to say.
         WatcherState::Standby => return,
     };
@@ -421,6 +478,7 @@ async fn publish(engine: &Engine, status: &watch::Sender<WatcherStatus>) {
         rpc_errors: status.rpc_errors,
         last_error,
         last_scan_at: status.last_scan_at,
+        next_try_at,
         updated_at: Utc::now(),
     };
     if let Err(error) = engine.record_watcher_health(&health).await {
@@ -430,11 +488,28 @@ async fn publish(engine: &Engine, status: &watch::Sender<WatcherStatus>) {
 
 /// The pause after `failures` failures in a row: doubling from the minimum, capped.
 fn backoff(options: &WatcherOptions, failures: u32) -> Duration {
-    let factor = 1u32 << failures.saturating_sub(1).min(16);
-    options
-        .min_backoff
-        .saturating_mul(factor)
-        .min(options.max_backoff)
+    doubling(options.min_backoff, options.max_backoff, failures)
+}
+
+/// The pause after `refusals` refused sources in a row: doubling from the minimum, capped.
+fn restart_pause(options: &WatcherOptions, refusals: u32) -> Duration {
+    doubling(options.min_restart, options.max_restart, refusals)
+}
+
+/// `first`, doubled per occurrence after the first, at most `most`.
+fn doubling(first: Duration, most: Duration, occurrences: u32) -> Duration {
+    let factor = 1u32 << occurrences.saturating_sub(1).min(16);
+    first.saturating_mul(factor).min(most)
+}
+
+/// `error` with the source's credentials taken out of its text (an HTTP client's error names
+/// the URL it failed to reach, key and all).
+fn scrubbed(error: ScanError, source: &SecretUrl) -> ScanError {
+    match error {
+        ScanError::Transient(reason) => ScanError::Transient(source.scrub(&reason)),
+        ScanError::Fatal(reason) => ScanError::Fatal(source.scrub(&reason)),
+        ScanError::WrongChain(reason) => ScanError::WrongChain(source.scrub(&reason)),
+    }
 }
 
 /// A batch the engine refuses is a scanner bug: stop. Anything else (the database) is retried.
@@ -457,6 +532,7 @@ mod tests {
             poll_interval: Duration::from_secs(1),
             min_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(1),
+            ..WatcherOptions::default()
         };
         let pauses: Vec<u128> = (1..=6).map(|n| backoff(&options, n).as_millis()).collect();
         assert_eq!(pauses, [100, 200, 400, 800, 1000, 1000]);

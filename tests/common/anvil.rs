@@ -197,7 +197,7 @@ pub fn ethereum(anvil: &Anvil, tokens: &Tokens, xpub: &str, confirmations: u32) 
         confirmation_tiers: Vec::new(),
         usdt_contract: tokens.usdt.clone(),
         usdc_contract: tokens.usdc.clone(),
-        rpc_url: Some(anvil.url.clone()),
+        rpc_url: Some(anvil.url.clone().into()),
         finality: EthereumFinality::Depth,
         start_block: None,
         poll_interval_ms: 50,

@@ -397,7 +397,7 @@ pub fn fresh_account_xpub() -> String {
 /// The Litecoin regtest network section, with a fresh key and `confirmations`.
 pub fn litecoin(xpub: &str, electrum_url: &str, confirmations: u32) -> UtxoConfig {
     UtxoConfig {
-        electrum_url: Some(electrum_url.to_owned()),
+        electrum_url: Some(electrum_url.into()),
         poll_interval_ms: 50,
         ..UtxoConfig::new(xpub, "regtest", confirmations)
     }
@@ -429,6 +429,9 @@ pub fn fast() -> WatcherOptions {
         poll_interval: Duration::from_millis(50),
         min_backoff: Duration::from_millis(100),
         max_backoff: Duration::from_millis(500),
+        min_restart: Duration::from_millis(500),
+        max_restart: Duration::from_secs(2),
+        scan_deadline: Duration::from_secs(120),
     }
 }
 
@@ -521,7 +524,7 @@ impl Source {
         match self {
             Source::Electrum => litecoin(xpub, &chain.electrum_url, confirmations),
             Source::Node => UtxoConfig {
-                rpc_url: Some(chain.rpc_url.clone()),
+                rpc_url: Some(chain.rpc_url.clone().into()),
                 push_peer: Some(chain.p2p_peer.clone()),
                 poll_interval_ms: 50,
                 ..UtxoConfig::new(xpub, "regtest", confirmations)

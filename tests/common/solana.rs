@@ -22,7 +22,7 @@ pub fn solana_config(node: &FakeSolana) -> SolanaConfig {
         recipient: random_pubkey(),
         confirmations: 1,
         confirmation_tiers: Vec::new(),
-        rpc_url: Some(node.url.clone()),
+        rpc_url: Some(node.url.clone().into()),
         references_per_scan: 100,
         poll_interval_ms: 50,
     }

@@ -43,7 +43,7 @@ pub fn tron_config(
         confirmations,
         confirmation_tiers: Vec::new(),
         usdt_contract: USDT.to_owned(),
-        api_url: Some(node.url.clone()),
+        api_url: Some(node.url.clone().into()),
         api_key: Some("test-key".into()),
         finality,
         start_block: None,

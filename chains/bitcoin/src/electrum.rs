@@ -14,14 +14,15 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
-use electrum_client::{Client, ConfigBuilder, ElectrumApi, Error as ElectrumError};
+use electrum_client::{ElectrumApi, Error as ElectrumError};
 use payrecon_chain_core::bitcoin::block::Header;
 use payrecon_chain_core::bitcoin::{self, BlockHash, ScriptBuf, Transaction, Txid};
 use payrecon_chain_core::{
     BlockId, ChainCursor, ChainEvent, ChainScanner, KeyIndex, KnownTransfer, Network,
-    ReceivedAsset, ScanBatch, ScanError, Transfer, TransferId, WatchKeys, WatchView,
+    ReceivedAsset, ScanBatch, ScanError, SecretUrl, Transfer, TransferId, WatchKeys, WatchView,
 };
 
+use crate::electrum_stream::{self, ElectrumClient};
 use crate::{UtxoTarget, script_pubkey};
 
 /// Recent block hashes kept for the cursor, below the tip.
@@ -38,11 +39,14 @@ const KEPT_BLOCK_TIMES: usize = 4096;
 #[derive(Clone, Debug)]
 pub struct ElectrumSettings {
     /// `tcp://host:port` or `ssl://host:port`.
-    pub url: String,
+    pub url: SecretUrl,
     /// The chain the server must serve.
     pub target: UtxoTarget,
-    /// Socket timeout of one request.
+    /// Connecting, and each read and write of a request.
     pub timeout: Duration,
+    /// The longest answer line read: one batched answer for [`Self::batch_size`] scripts fits
+    /// well within the default; an endless one is refused at it.
+    pub max_line_bytes: usize,
     /// Scripts per batched subscribe or history request. Servers answer a session's later
     /// requests more slowly (ElectrumX: about a second each), so fewer, larger batches resync
     /// faster.
@@ -51,11 +55,12 @@ pub struct ElectrumSettings {
 
 impl ElectrumSettings {
     /// Settings with a 30 s timeout and batches of 1000 scripts.
-    pub fn new(url: impl Into<String>, target: UtxoTarget) -> ElectrumSettings {
+    pub fn new(url: impl Into<SecretUrl>, target: UtxoTarget) -> ElectrumSettings {
         ElectrumSettings {
             url: url.into(),
             target,
             timeout: Duration::from_secs(30),
+            max_line_bytes: 32 << 20,
             batch_size: 1000,
         }
     }
@@ -84,6 +89,10 @@ impl ElectrumScanner {
 impl ChainScanner for ElectrumScanner {
     fn network(&self) -> Network {
         self.settings.network_id()
+    }
+
+    fn source(&self) -> &SecretUrl {
+        &self.settings.url
     }
 
     async fn scan(&mut self, view: &WatchView) -> Result<ScanBatch, ScanError> {
@@ -156,7 +165,7 @@ struct Watched {
 
 /// One connection's state: dropped on any failure, rebuilt by a full read.
 struct Session {
-    client: Client,
+    client: ElectrumClient,
     tip_height: u64,
     tip_hash: BlockHash,
     /// Recent blocks up to the tip: hash and time by height.
@@ -177,15 +186,14 @@ impl Session {
         settings: &ElectrumSettings,
         cursor: Option<&ChainCursor>,
     ) -> Result<Session, ScanError> {
-        let config = ConfigBuilder::new()
-            .timeout(Some(settings.timeout))
-            .retry(0)
-            .build();
-        let client = Client::from_config(&settings.url, config).map_err(classify)?;
+        let client =
+            electrum_stream::connect(&settings.url, settings.timeout, settings.max_line_bytes)?;
+        // `server.version` first: protocol 1.6 requires it, and it fixes how later answers read.
+        client.protocol_version().map_err(classify)?;
         let expected = settings.target.expected_genesis()?;
         let genesis = client.block_header(0).map_err(classify)?.block_hash();
         if genesis != expected {
-            return Err(ScanError::Fatal(format!(
+            return Err(ScanError::WrongChain(format!(
                 "{} serves the chain with genesis block {genesis}, not {:?} {:?} ({expected})",
                 settings.url, settings.target.chain, settings.target.network
             )));

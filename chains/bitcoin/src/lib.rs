@@ -5,6 +5,7 @@
 mod chain;
 mod derive;
 mod electrum;
+mod electrum_stream;
 mod node;
 mod p2p;
 mod rpc;

@@ -26,7 +26,7 @@ use payrecon_chain_core::bitcoin::hex::FromHex;
 use payrecon_chain_core::blocks::{self, BlockRange};
 use payrecon_chain_core::{
     Amount, ChainEvent, ChainScanner, KeyIndex, KnownTransfer, Network, ReceivedAsset, ScanBatch,
-    ScanError, Transfer, TransferId, WatchView,
+    ScanError, SecretUrl, Transfer, TransferId, WatchView,
 };
 use serde::Deserialize;
 use serde_json::json;
@@ -53,11 +53,14 @@ const COIN_DECIMALS: u8 = 8;
 /// two hours before a key's birth for the same reason.
 const BLOCK_TIME_SLACK_MS: i64 = 2 * 60 * 60 * 1000;
 
+/// The default largest answer of a full node: 256 MiB.
+pub const DEFAULT_MAX_ANSWER_BYTES: usize = 256 << 20;
+
 /// Where and how to reach one network's full node.
 #[derive(Clone, Debug)]
 pub struct NodeSettings {
     /// The node's JSON-RPC, `http://host:port` (`rpcport`: 8332 Bitcoin, 9332 Litecoin).
-    pub rpc_url: String,
+    pub rpc_url: SecretUrl,
     /// Credentials, or the cookie file.
     pub auth: NodeAuth,
     /// The chain the node must serve.
@@ -69,6 +72,9 @@ pub struct NodeSettings {
     pub start_height: Option<u64>,
     /// Timeout of one request.
     pub timeout: Duration,
+    /// The largest answer read: ten blocks in full JSON (`getblock <hash> 2`) of a busy
+    /// Bitcoin chain stay well below the default.
+    pub max_answer_bytes: usize,
     /// Blocks read in one scan at most, so a long catch-up commits as it goes.
     pub blocks_per_scan: u64,
     /// Blocks asked for in one batched request.
@@ -77,7 +83,7 @@ pub struct NodeSettings {
 
 impl NodeSettings {
     /// Settings with a 30 s timeout, scans of at most 100 blocks asked 10 at a time.
-    pub fn new(rpc_url: impl Into<String>, auth: NodeAuth, target: UtxoTarget) -> NodeSettings {
+    pub fn new(rpc_url: impl Into<SecretUrl>, auth: NodeAuth, target: UtxoTarget) -> NodeSettings {
         NodeSettings {
             rpc_url: rpc_url.into(),
             auth,
@@ -85,6 +91,7 @@ impl NodeSettings {
             push_peer: None,
             start_height: None,
             timeout: Duration::from_secs(30),
+            max_answer_bytes: DEFAULT_MAX_ANSWER_BYTES,
             blocks_per_scan: 100,
             blocks_per_request: 10,
         }
@@ -183,8 +190,8 @@ impl NodeScanner {
     }
 
     /// Whether `url` can be a node's RPC URL: what configuration checks at start.
-    pub fn check_url(url: &str) -> Result<(), ScanError> {
-        NodeRpc::new(url, NodeAuth::None, Duration::from_secs(1)).map(drop)
+    pub fn check_url(url: &SecretUrl) -> Result<(), ScanError> {
+        NodeRpc::new(url, NodeAuth::None, Duration::from_secs(1), 0).map(drop)
     }
 
     fn network_id(&self) -> Network {
@@ -197,6 +204,7 @@ impl NodeScanner {
                 &self.settings.rpc_url,
                 self.settings.auth.clone(),
                 self.settings.timeout,
+                self.settings.max_answer_bytes,
             )?);
         }
         if self.push.is_none()
@@ -229,7 +237,7 @@ async fn check_chain(rpc: &NodeRpc, target: &UtxoTarget) -> Result<(), ScanError
     let expected = target.expected_genesis()?;
     let genesis: String = rpc.call("getblockhash", json!([0])).await?;
     if genesis != expected.to_string() {
-        return Err(ScanError::Fatal(format!(
+        return Err(ScanError::WrongChain(format!(
             "the node at {} serves the {:?} chain with genesis block {genesis}, not {:?} {:?} ({expected})",
             rpc.url(),
             info.chain,
@@ -299,6 +307,10 @@ async fn read_blocks(rpc: &NodeRpc, heights: &[u64]) -> Result<Vec<NodeBlock>, S
 impl ChainScanner for NodeScanner {
     fn network(&self) -> Network {
         self.network_id()
+    }
+
+    fn source(&self) -> &SecretUrl {
+        &self.settings.rpc_url
     }
 
     async fn scan(&mut self, view: &WatchView) -> Result<ScanBatch, ScanError> {

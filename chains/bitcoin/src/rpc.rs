@@ -10,7 +10,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use payrecon_chain_core::{Attempt, RetryPolicy, ScanError};
+use payrecon_chain_core::http::read_text;
+use payrecon_chain_core::{Attempt, RetryPolicy, ScanError, SecretUrl};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -81,7 +82,9 @@ struct Reply {
 /// A JSON-RPC client for one node.
 pub(crate) struct NodeRpc {
     http: reqwest::Client,
-    url: String,
+    url: SecretUrl,
+    /// The largest answer read; a larger one is refused (and retried).
+    max_answer_bytes: usize,
     auth: NodeAuth,
     /// The cookie as last read.
     cookie: Mutex<Option<(String, String)>>,
@@ -92,20 +95,24 @@ pub(crate) struct NodeRpc {
 impl NodeRpc {
     /// A client for the node at `url` (`http://host:port`; user and password may be given in
     /// it instead of in `auth`).
-    pub(crate) fn new(url: &str, auth: NodeAuth, timeout: Duration) -> Result<NodeRpc, ScanError> {
-        let mut parsed = reqwest::Url::parse(url)
-            .map_err(|e| ScanError::Fatal(format!("node RPC URL {url:?}: {e}")))?;
+    pub(crate) fn new(
+        url: &SecretUrl,
+        auth: NodeAuth,
+        timeout: Duration,
+        max_answer_bytes: usize,
+    ) -> Result<NodeRpc, ScanError> {
+        let mut parsed = reqwest::Url::parse(url.expose())
+            .map_err(|e| ScanError::Fatal(format!("node RPC URL {url}: {e}")))?;
         if !matches!(parsed.scheme(), "http" | "https") {
             return Err(ScanError::Fatal(format!(
-                "node RPC URL {url:?}: expected http:// or https://"
+                "node RPC URL {url}: expected http:// or https://"
             )));
         }
         let auth = match auth {
             NodeAuth::None if !parsed.username().is_empty() => {
                 let decode = |text: &str| {
-                    percent_decode(text).ok_or_else(|| {
-                        ScanError::Fatal(format!("node RPC URL {url:?}: bad escape"))
-                    })
+                    percent_decode(text)
+                        .ok_or_else(|| ScanError::Fatal(format!("node RPC URL {url}: bad escape")))
                 };
                 NodeAuth::UserPassword {
                     user: decode(parsed.username())?,
@@ -117,6 +124,7 @@ impl NodeRpc {
         let _ = parsed.set_username("");
         let _ = parsed.set_password(None);
         let http = reqwest::Client::builder()
+            .connect_timeout(timeout)
             .timeout(timeout)
             .pool_idle_timeout(IDLE_CONNECTION_TIMEOUT)
             .user_agent(concat!("payrecon/", env!("CARGO_PKG_VERSION")))
@@ -124,7 +132,8 @@ impl NodeRpc {
             .map_err(|e| ScanError::Fatal(format!("HTTP client: {e}")))?;
         Ok(NodeRpc {
             http,
-            url: parsed.to_string(),
+            url: SecretUrl::new(parsed.to_string()),
+            max_answer_bytes,
             auth,
             cookie: Mutex::new(None),
             next_id: AtomicU64::new(1),
@@ -133,7 +142,7 @@ impl NodeRpc {
     }
 
     /// Where the node is, without credentials: for logs and errors.
-    pub(crate) fn url(&self) -> &str {
+    pub(crate) fn url(&self) -> &SecretUrl {
         &self.url
     }
 
@@ -244,21 +253,21 @@ impl NodeRpc {
     async fn attempt(&self, method: &str, body: &str) -> Result<String, Attempt> {
         let mut request = self
             .http
-            .post(&self.url)
+            .post(self.url.expose())
             .header("content-type", "application/json")
             .body(body.to_owned());
         if let Some((user, password)) = self.credentials()? {
             request = request.basic_auth(user, Some(password));
         }
-        let response = request
-            .send()
-            .await
-            .map_err(|e| Attempt::retry(format!("{method} at {}: {e}", self.url)))?;
+        let response = request.send().await.map_err(|e| {
+            Attempt::retry(format!("{method} at {}: {}", self.url, e.without_url()))
+        })?;
         let status = response.status().as_u16();
-        let text = response
-            .text()
+        // Too large is retried like a cut answer: a node does not answer gigabytes, something
+        // between us and it does, and the watcher says so while it waits.
+        let text = read_text(response, self.max_answer_bytes)
             .await
-            .map_err(|e| Attempt::retry(format!("{method}: the answer was cut short: {e}")))?;
+            .map_err(|e| Attempt::retry(format!("{method}: {e}")))?;
         let excerpt: String = text.chars().take(200).collect();
         match status {
             401 => {
@@ -354,12 +363,13 @@ mod tests {
     #[test]
     fn credentials_in_the_url_are_taken_out_of_it() {
         let rpc = NodeRpc::new(
-            "http://us%40er:p%3Ass@127.0.0.1:19443",
+            &SecretUrl::new("http://us%40er:p%3Ass@127.0.0.1:19443"),
             NodeAuth::None,
             Duration::from_secs(1),
+            1 << 20,
         )
         .unwrap();
-        assert_eq!(rpc.url(), "http://127.0.0.1:19443/");
+        assert_eq!(rpc.url().expose(), "http://127.0.0.1:19443/");
         assert_eq!(
             rpc.auth,
             NodeAuth::UserPassword {
@@ -367,7 +377,8 @@ mod tests {
                 password: "p:ss".into()
             }
         );
-        assert!(NodeRpc::new("tcp://x:1", NodeAuth::None, Duration::from_secs(1)).is_err());
+        let tcp = SecretUrl::new("tcp://x:1");
+        assert!(NodeRpc::new(&tcp, NodeAuth::None, Duration::from_secs(1), 1 << 20).is_err());
     }
 
     /// A node on a local port that answers each request with the next of `answers` (status and
@@ -397,6 +408,10 @@ mod tests {
         url
     }
 
+    fn client(url: &str) -> NodeRpc {
+        NodeRpc::new(&url.into(), NodeAuth::None, Duration::from_secs(5), 1 << 20).unwrap()
+    }
+
     #[tokio::test]
     async fn a_stopping_nodes_unhandled_request_is_asked_again() {
         let url = node_answering(vec![
@@ -404,14 +419,14 @@ mod tests {
             (200, r#"{"result":162,"error":null,"id":1}"#),
         ])
         .await;
-        let rpc = NodeRpc::new(&url, NodeAuth::None, Duration::from_secs(5)).unwrap();
+        let rpc = client(&url);
         assert_eq!(rpc.call::<u64>("getblockcount", Value::Null).await, Ok(162));
     }
 
     #[tokio::test]
     async fn a_complete_answer_that_is_not_json_is_fatal() {
         let url = node_answering(vec![(200, "<html>a web server</html>")]).await;
-        let rpc = NodeRpc::new(&url, NodeAuth::None, Duration::from_secs(5)).unwrap();
+        let rpc = client(&url);
         assert!(matches!(
             rpc.call::<u64>("getblockcount", Value::Null).await,
             Err(ScanError::Fatal(_))

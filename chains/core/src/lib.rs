@@ -9,10 +9,13 @@ mod derive;
 mod event;
 #[cfg(feature = "fuzz")]
 pub mod fuzz;
+#[cfg(feature = "http")]
+pub mod http;
 mod keys;
 mod method;
 mod retry;
 mod scan;
+mod secret_url;
 
 pub use amount::{Amount, ParseAmountError, ParseAmountErrorKind};
 pub use derive::{
@@ -29,6 +32,7 @@ pub use keys::{
 pub use method::{Asset, Method, Network, ParseMethodError, ParseNetworkError};
 pub use retry::{Attempt, RetryPolicy};
 pub use scan::{ChainScanner, KnownTransfer, ScanBatch, ScanError, WatchView};
+pub use secret_url::SecretUrl;
 
 /// Re-exported so chain crates share one secp256k1 and one base58check.
 pub use bitcoin;

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 
-use crate::{ChainCursor, ChainEvent, Network, Transfer, TransferId, WatchKeys};
+use crate::{ChainCursor, ChainEvent, Network, SecretUrl, Transfer, TransferId, WatchKeys};
 
 /// A transfer the engine has recorded and not seen removed, with its newest state.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -69,16 +69,26 @@ pub enum ScanError {
     /// backoff. Nothing was skipped.
     #[error("temporary failure: {0}")]
     Transient(String),
-    /// The node or server answered something that cannot be trusted (garbage, the wrong
-    /// chain, a transaction that does not hash to its id): stop this network's watcher.
+    /// The node or server answered something that cannot be trusted (garbage, a transaction
+    /// that does not hash to its id): this network's watcher stops, and tries again after a
+    /// long pause, for a node that answers garbage today may be mended tomorrow.
     #[error("refusing the chain data source: {0}")]
     Fatal(String),
+    /// The node or server serves another chain than the configured one (its genesis block or
+    /// chain id): watching it is worse than not watching, so this watcher stays stopped until
+    /// an operator changes the configuration.
+    #[error("refusing the chain data source: it serves the wrong chain: {0}")]
+    WrongChain(String),
 }
 
 /// A chain's scanner, driven by the engine's watcher loop.
 pub trait ChainScanner: Send {
     /// The network it scans.
     fn network(&self) -> Network;
+
+    /// Where it reads the chain: the watcher takes its credentials out of every error text
+    /// before that text is logged or stored.
+    fn source(&self) -> &SecretUrl;
 
     /// One scan: find what changed since the view's known state.
     fn scan(

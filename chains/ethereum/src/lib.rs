@@ -2,6 +2,7 @@
 //! block scanner that finds payments to them.
 
 mod derive;
+mod transport;
 mod watch;
 
 pub use derive::EthereumDeriver;

@@ -11,6 +11,7 @@
 //! from diffing a rescanned range against what the engine recorded there.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use alloy::consensus::Transaction as _;
 use alloy::eips::BlockNumberOrTag;
@@ -26,9 +27,11 @@ use futures_util::{StreamExt as _, TryStreamExt as _};
 use payrecon_chain_core::blocks::{self, BlockRange};
 use payrecon_chain_core::{
     Amount, ChainScanner, KeyIndex, KnownTransfer, Method, Network, ReceivedAsset, ScanBatch,
-    ScanError, Transfer, TransferId, WatchView,
+    ScanError, SecretUrl, Transfer, TransferId, WatchView,
 };
 use tokio::sync::broadcast::error::RecvError;
+
+use crate::transport::{CappedHttp, MAX_RETRY_AFTER};
 
 /// `keccak256("Transfer(address,address,uint256)")`, topic 0 of every ERC-20 transfer.
 pub const TRANSFER_TOPIC: B256 =
@@ -57,7 +60,7 @@ pub enum Finality {
 #[derive(Clone, Debug)]
 pub struct EthereumSettings {
     /// JSON-RPC over `http(s)://`, or `ws(s)://` to also follow new heads by subscription.
-    pub url: String,
+    pub url: SecretUrl,
     /// The node must serve this chain id.
     pub chain_id: u64,
     /// USDT's contract.
@@ -73,13 +76,17 @@ pub struct EthereumSettings {
     pub max_blocks_per_scan: u64,
     /// Watched addresses per `eth_getLogs` call.
     pub addresses_per_log_query: usize,
+    /// Connecting and each request over HTTP, and connecting over a WebSocket.
+    pub timeout: Duration,
+    /// The largest answer read over HTTP; a larger one fails the request.
+    pub max_answer_bytes: usize,
 }
 
 impl EthereumSettings {
     /// Settings for `url` on `chain_id` with the given token contracts: depth finality, 50
     /// blocks per scan, 1000 addresses per log query.
     pub fn new(
-        url: impl Into<String>,
+        url: impl Into<SecretUrl>,
         chain_id: u64,
         usdt_contract: Address,
         usdc_contract: Address,
@@ -93,6 +100,8 @@ impl EthereumSettings {
             start_block: None,
             max_blocks_per_scan: 50,
             addresses_per_log_query: 1000,
+            timeout: Duration::from_secs(30),
+            max_answer_bytes: 64 << 20,
         }
     }
 
@@ -185,11 +194,12 @@ impl EthereumScanner {
         if let Some(provider) = &self.provider {
             return Ok(provider.clone());
         }
-        let url: url::Url = self
-            .settings
+        let settings = &self.settings;
+        let url: url::Url = settings
             .url
+            .expose()
             .parse()
-            .map_err(|e| ScanError::Fatal(format!("RPC URL {:?}: {e}", self.settings.url)))?;
+            .map_err(|e| ScanError::Fatal(format!("RPC URL {}: {e}", settings.url)))?;
         let client = ClientBuilder::default().layer(RetryBackoffLayer::new_with_policy(
             REQUEST_RETRIES,
             REQUEST_BACKOFF_MS,
@@ -198,15 +208,31 @@ impl EthereumScanner {
         ));
         let subscribe = matches!(url.scheme(), "ws" | "wss");
         let client = match url.scheme() {
-            "http" | "https" => client.http(url),
-            "ws" | "wss" => client
-                .ws(WsConnect::new(url.as_str()))
-                .await
-                .map_err(classify)?,
+            "http" | "https" => {
+                let transport = CappedHttp::new(
+                    settings.url.clone(),
+                    settings.timeout,
+                    settings.max_answer_bytes,
+                )?;
+                let is_local = alloy::transports::utils::guess_local_url(url.as_str());
+                client.transport(transport, is_local)
+            }
+            "ws" | "wss" => {
+                let connect = client.ws(WsConnect::new(url.as_str()));
+                tokio::time::timeout(settings.timeout, connect)
+                    .await
+                    .map_err(|_| {
+                        ScanError::Transient(format!(
+                            "{} accepted no WebSocket within {:?}",
+                            settings.url, settings.timeout
+                        ))
+                    })?
+                    .map_err(classify)?
+            }
             other => {
                 return Err(ScanError::Fatal(format!(
-                    "RPC URL {:?}: scheme {other:?} is neither http(s) nor ws(s)",
-                    self.settings.url
+                    "RPC URL {}: scheme {other:?} is neither http(s) nor ws(s)",
+                    settings.url
                 )));
             }
         };
@@ -215,7 +241,7 @@ impl EthereumScanner {
             .connect_client(client);
         let chain_id = provider.get_chain_id().await.map_err(classify)?;
         if chain_id != self.settings.chain_id {
-            return Err(ScanError::Fatal(format!(
+            return Err(ScanError::WrongChain(format!(
                 "{} serves chain id {chain_id}, not the configured {}",
                 self.settings.url, self.settings.chain_id
             )));
@@ -238,6 +264,10 @@ impl EthereumScanner {
 impl ChainScanner for EthereumScanner {
     fn network(&self) -> Network {
         Network::Ethereum
+    }
+
+    fn source(&self) -> &SecretUrl {
+        &self.settings.url
     }
 
     async fn scan(&mut self, view: &WatchView) -> Result<ScanBatch, ScanError> {
@@ -537,8 +567,11 @@ impl RetryPolicy for RetryRateLimitsNotRanges {
         RateLimitRetryPolicy::default().should_retry(error) && !too_large(error)
     }
 
+    /// The node's own hint, capped: a `Retry-After` of a day must not stall the watcher.
     fn backoff_hint(&self, error: &TransportError) -> Option<std::time::Duration> {
-        RateLimitRetryPolicy::default().backoff_hint(error)
+        RateLimitRetryPolicy::default()
+            .backoff_hint(error)
+            .map(|hint| hint.min(MAX_RETRY_AFTER))
     }
 }
 

@@ -19,7 +19,8 @@ use std::time::Duration;
 use futures_util::{StreamExt as _, TryStreamExt as _};
 use payrecon_chain_core::{
     Amount, BlockId, ChainCursor, ChainEvent, ChainScanner, KeyIndex, KnownTransfer, Method,
-    Network, ReceivedAsset, ScanBatch, ScanError, Transfer, TransferId, WatchView, WatchedLookup,
+    Network, ReceivedAsset, ScanBatch, ScanError, SecretUrl, Transfer, TransferId, WatchView,
+    WatchedLookup,
 };
 use solana_commitment_config::CommitmentConfig;
 use solana_pubkey::Pubkey;
@@ -53,7 +54,7 @@ const RESUME_MARGIN_SLOTS: u64 = 150;
 #[derive(Clone, Debug)]
 pub struct SolanaSettings {
     /// The JSON-RPC endpoint.
-    pub url: String,
+    pub url: SecretUrl,
     /// The merchant's recipient account every payment goes to.
     pub recipient: Pubkey,
     /// References swept per scan for payments to another recipient.
@@ -64,7 +65,7 @@ pub struct SolanaSettings {
 
 impl SolanaSettings {
     /// Settings for `url` paying `recipient`: 100 references swept per scan, 30 s per request.
-    pub fn new(url: impl Into<String>, recipient: Pubkey) -> SolanaSettings {
+    pub fn new(url: impl Into<SecretUrl>, recipient: Pubkey) -> SolanaSettings {
         SolanaSettings {
             url: url.into(),
             recipient,
@@ -107,7 +108,7 @@ impl SolanaScanner {
         self.client
             .get_or_insert_with(|| {
                 Arc::new(RpcClient::new_with_timeout_and_commitment(
-                    self.settings.url.clone(),
+                    self.settings.url.expose().to_owned(),
                     self.settings.timeout,
                     CommitmentConfig::confirmed(),
                 ))
@@ -158,6 +159,10 @@ impl SolanaScanner {
 impl ChainScanner for SolanaScanner {
     fn network(&self) -> Network {
         Network::Solana
+    }
+
+    fn source(&self) -> &SecretUrl {
+        &self.settings.url
     }
 
     async fn scan(&mut self, view: &WatchView) -> Result<ScanBatch, ScanError> {

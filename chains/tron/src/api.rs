@@ -6,7 +6,8 @@
 
 use std::time::Duration;
 
-use payrecon_chain_core::{Attempt, RetryPolicy, ScanError};
+use payrecon_chain_core::http::read_text;
+use payrecon_chain_core::{Attempt, RetryPolicy, ScanError, SecretUrl};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
@@ -164,30 +165,43 @@ pub struct EventLog {
 }
 
 /// A full node (or TronGrid) over HTTP, with retries.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct TronClient {
     http: reqwest::Client,
-    base: String,
+    base: SecretUrl,
     api_key: Option<String>,
+    max_answer_bytes: usize,
+}
+
+impl std::fmt::Debug for TronClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TronClient")
+            .field("base", &self.base)
+            .field("api_key", &self.api_key.as_ref().map(|_| "***"))
+            .finish()
+    }
 }
 
 impl TronClient {
     /// A client for the node at `base` (`https://api.trongrid.io` or your own node), sending
     /// `TRON-PRO-API-KEY` when given.
     pub fn new(
-        base: &str,
+        base: &SecretUrl,
         api_key: Option<String>,
         timeout: Duration,
+        max_answer_bytes: usize,
     ) -> Result<TronClient, ScanError> {
         let http = reqwest::Client::builder()
+            .connect_timeout(timeout)
             .timeout(timeout)
             .user_agent(concat!("payrecon/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| ScanError::Fatal(format!("HTTP client: {e}")))?;
         Ok(TronClient {
             http,
-            base: base.trim_end_matches('/').to_owned(),
+            base: SecretUrl::new(base.expose().trim_end_matches('/')),
             api_key,
+            max_answer_bytes,
         })
     }
 
@@ -259,14 +273,14 @@ impl TronClient {
     async fn attempt(&self, path: &str, body: &serde_json::Value) -> Result<String, Attempt> {
         let mut request = self
             .http
-            .post(format!("{}{path}", self.base))
+            .post(format!("{}{path}", self.base.expose()))
             .header("content-type", "application/json")
             .body(body.to_string());
         if let Some(key) = &self.api_key {
             request = request.header("TRON-PRO-API-KEY", key);
         }
         let response = request.send().await.map_err(|e| Attempt::Retry {
-            reason: format!("{path}: {e}"),
+            reason: self.base.scrub(&format!("{path}: {}", e.without_url())),
             after: None,
         })?;
         let status = response.status();
@@ -276,10 +290,14 @@ impl TronClient {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<u64>().ok())
             .map(Duration::from_secs);
-        let text = response.text().await.map_err(|e| Attempt::Retry {
-            reason: format!("{path}: the answer was cut short: {e}"),
-            after: None,
-        })?;
+        // Too large is retried like a cut answer: a node does not answer gigabytes, something
+        // between us and it does, and the watcher says so while it waits.
+        let text = read_text(response, self.max_answer_bytes)
+            .await
+            .map_err(|e| Attempt::Retry {
+                reason: format!("{path}: {e}"),
+                after: None,
+            })?;
         let excerpt: String = text.chars().take(200).collect();
         if status.as_u16() == 429 || status.as_u16() == 403 || status.is_server_error() {
             // TronGrid says "rate limited" with 429, 403 (no key) or 503 (over quota).

@@ -16,7 +16,7 @@ use futures_util::{StreamExt as _, TryStreamExt as _};
 use payrecon_chain_core::blocks::{self, BlockRange};
 use payrecon_chain_core::{
     Amount, ChainScanner, KeyIndex, KnownTransfer, Method, Network, ReceivedAsset, ScanBatch,
-    ScanError, Transfer, TransferId, WatchView, WatchedLookup,
+    ScanError, SecretUrl, Transfer, TransferId, WatchView, WatchedLookup,
 };
 use serde::Deserialize as _;
 
@@ -39,10 +39,10 @@ pub enum TronFinality {
 }
 
 /// Where and how to watch Tron.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct TronSettings {
     /// The full node's HTTP API (`https://api.trongrid.io` or your own node).
-    pub url: String,
+    pub url: SecretUrl,
     /// TronGrid's `TRON-PRO-API-KEY`.
     pub api_key: Option<String>,
     /// USDT's TRC-20 contract.
@@ -54,14 +54,31 @@ pub struct TronSettings {
     pub start_block: Option<u64>,
     /// Blocks per scan at most.
     pub max_blocks_per_scan: u64,
-    /// Per-request timeout.
+    /// Per-request timeout, connecting included.
     pub timeout: Duration,
+    /// The largest answer read; a larger one is refused (and retried).
+    pub max_answer_bytes: usize,
+}
+
+impl std::fmt::Debug for TronSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TronSettings")
+            .field("url", &self.url)
+            .field("api_key", &self.api_key.as_ref().map(|_| "***"))
+            .field("usdt_contract", &self.usdt_contract)
+            .field("finality", &self.finality)
+            .field("start_block", &self.start_block)
+            .field("max_blocks_per_scan", &self.max_blocks_per_scan)
+            .field("timeout", &self.timeout)
+            .field("max_answer_bytes", &self.max_answer_bytes)
+            .finish()
+    }
 }
 
 impl TronSettings {
     /// Settings for the node at `url` with USDT at `usdt_contract`: depth finality, 50 blocks
     /// per scan, 30 s per request.
-    pub fn new(url: impl Into<String>, usdt_contract: TronAddress) -> TronSettings {
+    pub fn new(url: impl Into<SecretUrl>, usdt_contract: TronAddress) -> TronSettings {
         TronSettings {
             url: url.into(),
             api_key: None,
@@ -70,6 +87,7 @@ impl TronSettings {
             start_block: None,
             max_blocks_per_scan: 50,
             timeout: Duration::from_secs(30),
+            max_answer_bytes: 32 << 20,
         }
     }
 }
@@ -100,6 +118,7 @@ impl TronScanner {
             &self.settings.url,
             self.settings.api_key.clone(),
             self.settings.timeout,
+            self.settings.max_answer_bytes,
         )?;
         self.client = Some(client.clone());
         Ok(client)
@@ -109,6 +128,10 @@ impl TronScanner {
 impl ChainScanner for TronScanner {
     fn network(&self) -> Network {
         Network::Tron
+    }
+
+    fn source(&self) -> &SecretUrl {
+        &self.settings.url
     }
 
     async fn scan(&mut self, view: &WatchView) -> Result<ScanBatch, ScanError> {
