@@ -43,6 +43,7 @@ const STUCK_PAGE: &str = include_str!("api/stuck.html");
 const RECONCILE_PAGE: &str = include_str!("api/reconcile.html");
 
 pub use live::StreamLimits;
+pub(crate) use server::stopped;
 pub use server::{ServerLimits, serve};
 
 /// How the API is configured: limits, the webhook endpoints an operator may replay, and how

@@ -329,6 +329,14 @@ pub struct UtxoConfig {
     /// at the next scan).
     #[serde(default = "poll_interval_ms")]
     pub poll_interval_ms: u32,
+    /// Connecting and each request to the node, in milliseconds.
+    #[serde(default = "timeout_ms")]
+    pub timeout_ms: u32,
+    /// The largest answer (an Electrum line) read from the node; more is refused and retried.
+    /// By default: 256 MiB from a full node, 64 MiB from Ethereum, 32 MiB from Electrum, Tron
+    /// and Solana.
+    #[serde(default)]
+    pub max_answer_bytes: Option<usize>,
 }
 
 impl UtxoConfig {
@@ -354,6 +362,8 @@ impl UtxoConfig {
             watch: true,
             genesis_hash: None,
             poll_interval_ms: poll_interval_ms(),
+            timeout_ms: timeout_ms(),
+            max_answer_bytes: None,
         }
     }
 }
@@ -393,6 +403,14 @@ pub struct EthereumConfig {
     /// Pause between scans when caught up, in milliseconds.
     #[serde(default = "poll_interval_ms")]
     pub poll_interval_ms: u32,
+    /// Connecting and each request to the node, in milliseconds.
+    #[serde(default = "timeout_ms")]
+    pub timeout_ms: u32,
+    /// The largest answer (an Electrum line) read from the node; more is refused and retried.
+    /// By default: 256 MiB from a full node, 64 MiB from Ethereum, 32 MiB from Electrum, Tron
+    /// and Solana.
+    #[serde(default)]
+    pub max_answer_bytes: Option<usize>,
 }
 
 /// When an Ethereum payment counts as final.
@@ -438,6 +456,14 @@ pub struct TronConfig {
     /// Pause between scans when caught up, in milliseconds.
     #[serde(default = "poll_interval_ms")]
     pub poll_interval_ms: u32,
+    /// Connecting and each request to the node, in milliseconds.
+    #[serde(default = "timeout_ms")]
+    pub timeout_ms: u32,
+    /// The largest answer (an Electrum line) read from the node; more is refused and retried.
+    /// By default: 256 MiB from a full node, 64 MiB from Ethereum, 32 MiB from Electrum, Tron
+    /// and Solana.
+    #[serde(default)]
+    pub max_answer_bytes: Option<usize>,
 }
 
 /// When a Tron payment counts as final.
@@ -472,6 +498,14 @@ pub struct SolanaConfig {
     /// Pause between scans, in milliseconds.
     #[serde(default = "poll_interval_ms")]
     pub poll_interval_ms: u32,
+    /// Connecting and each request to the node, in milliseconds.
+    #[serde(default = "timeout_ms")]
+    pub timeout_ms: u32,
+    /// The largest answer (an Electrum line) read from the node; more is refused and retried.
+    /// By default: 256 MiB from a full node, 64 MiB from Ethereum, 32 MiB from Electrum, Tron
+    /// and Solana.
+    #[serde(default)]
+    pub max_answer_bytes: Option<usize>,
 }
 
 fn references_per_scan() -> usize {
@@ -489,6 +523,9 @@ fn yes() -> bool {
 }
 fn poll_interval_ms() -> u32 {
     2000
+}
+fn timeout_ms() -> u32 {
+    30_000
 }
 fn one() -> u32 {
     1

@@ -101,10 +101,12 @@ pub fn utxo_source(network: Network, config: &UtxoConfig) -> Result<Option<UtxoS
                     key("electrum_url")
                 )));
             }
-            Ok(Some(UtxoSource::Electrum(ElectrumSettings::new(
-                url.clone(),
-                target,
-            ))))
+            let mut settings = ElectrumSettings::new(url.clone(), target);
+            settings.timeout = timeout(config.timeout_ms);
+            if let Some(cap) = config.max_answer_bytes {
+                settings.max_line_bytes = cap;
+            }
+            Ok(Some(UtxoSource::Electrum(settings)))
         }
         (None, Some(url)) => {
             let auth = match (
@@ -145,6 +147,10 @@ pub fn utxo_source(network: Network, config: &UtxoConfig) -> Result<Option<UtxoS
                 )));
             }
             let mut settings = NodeSettings::new(url.clone(), auth, target);
+            settings.timeout = timeout(config.timeout_ms);
+            if let Some(cap) = config.max_answer_bytes {
+                settings.max_answer_bytes = cap;
+            }
             settings.push_peer = config.push_peer.clone();
             settings.start_height = config.start_height;
             // The URL must parse; the client is made on the first scan.
@@ -182,6 +188,10 @@ pub fn ethereum_settings(config: &EthereumConfig) -> Result<Option<EthereumSetti
         EthereumFinality::Finalized => Finality::Finalized,
     };
     settings.start_block = config.start_block;
+    settings.timeout = timeout(config.timeout_ms);
+    if let Some(cap) = config.max_answer_bytes {
+        settings.max_answer_bytes = cap;
+    }
     Ok(config.rpc_url.is_some().then_some(settings))
 }
 
@@ -198,6 +208,10 @@ pub fn tron_settings(config: &TronConfig) -> Result<Option<TronSettings>, Error>
         TronFinality::Solidified => payrecon_chain_tron::TronFinality::Solidified,
     };
     settings.start_block = config.start_block;
+    settings.timeout = timeout(config.timeout_ms);
+    if let Some(cap) = config.max_answer_bytes {
+        settings.max_answer_bytes = cap;
+    }
     Ok(config.api_url.is_some().then_some(settings))
 }
 
@@ -209,5 +223,16 @@ pub fn solana_settings(config: &SolanaConfig) -> Result<Option<SolanaSettings>, 
         .map_err(|e| Error::Config(format!("networks.solana.recipient: {e}")))?;
     let mut settings = SolanaSettings::new(config.rpc_url.clone().unwrap_or_default(), recipient);
     settings.references_per_scan = config.references_per_scan;
+    settings.timeout = timeout(config.timeout_ms);
+    if config.max_answer_bytes.is_some() {
+        return Err(Error::Config(
+            "networks.solana.max_answer_bytes: the Solana RPC client reads its answers itself; the cap is not available for Solana yet".into(),
+        ));
+    }
     Ok(config.rpc_url.is_some().then_some(settings))
+}
+
+/// A network's `timeout_ms`, at least a millisecond.
+fn timeout(ms: u32) -> std::time::Duration {
+    std::time::Duration::from_millis(u64::from(ms.max(1)))
 }

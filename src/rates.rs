@@ -251,6 +251,9 @@ where
         .await
 }
 
+/// The largest answer of a price source read: a quote is a few hundred bytes.
+const MAX_QUOTE_BYTES: usize = 1 << 20;
+
 /// GETs `url` and returns the body of a 2xx answer; other statuses and transport errors are
 /// `Unavailable` (retried), a body that is not text is `Malformed`.
 async fn get_text(
@@ -267,15 +270,15 @@ async fn get_text(
     for (name, value) in headers {
         request = request.header(*name, *value);
     }
+    // The error never names the URL: a provider's key can sit in its path or query.
     let response = request
         .send()
         .await
-        .map_err(|e| unavailable(e.to_string()))?;
+        .map_err(|e| unavailable(e.without_url().to_string()))?;
     let status = response.status();
-    let body = response
-        .text()
+    let body = payrecon_chain_core::http::read_text(response, MAX_QUOTE_BYTES)
         .await
-        .map_err(|e| unavailable(format!("reading the body: {e}")))?;
+        .map_err(|e| unavailable(e.to_string()))?;
     if !status.is_success() {
         return Err(unavailable(format!("HTTP {status}")));
     }

@@ -28,6 +28,8 @@ fn options(poll_interval_ms: u32, config: &Config) -> WatcherOptions {
     WatcherOptions {
         poll_interval: Duration::from_millis(u64::from(poll_interval_ms.max(50))),
         scan_deadline: Duration::from_secs(u64::from(config.serve.scan_deadline_seconds.max(1))),
+        // Half the process's deadline: the rest is for the HTTP drain and the last commits.
+        shutdown_grace: Duration::from_secs(u64::from(config.serve.shutdown_seconds)) / 2,
         ..WatcherOptions::default()
     }
 }

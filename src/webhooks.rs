@@ -16,6 +16,7 @@ use sha2::Sha256;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 
+use crate::api::stopped;
 use crate::config::WebhookConfig;
 use crate::engine::Engine;
 use crate::error::Error;
@@ -221,7 +222,6 @@ impl WebhookSender {
                 _ = shutdown.changed() => {}
             }
         }
-        // Each lane ends after the delivery it is sending (bounded by its timeout).
         while tasks.join_next().await.is_some() {}
         Ok(())
     }
@@ -233,7 +233,7 @@ impl WebhookSender {
         let mut sends = JoinSet::new();
         for lane in &self.lanes {
             let lane = lane.clone();
-            sends.spawn(async move { lane.drain(None).await });
+            sends.spawn(async move { lane.drain().await });
         }
         let mut outcome = Ok(());
         while let Some(joined) = sends.join_next().await {
@@ -280,7 +280,14 @@ impl Lane {
             }
             // Registered before the pass, so a dispatch during it is not missed.
             let notified = dispatched.notified();
-            if let Err(error) = self.drain(Some(&shutdown)).await {
+            // At shutdown a delivery in flight is dropped: it stays pending and goes out again
+            // at the next start (receivers deduplicate), rather than hold the process for its
+            // endpoint's timeout.
+            let drained = tokio::select! {
+                drained = self.drain() => drained,
+                () = stopped(&mut shutdown) => return Ok(()),
+            };
+            if let Err(error) = drained {
                 tracing::warn!(endpoint = %self.endpoint.name, %error, "webhook lane failed; retrying");
             }
             tokio::select! {
@@ -291,18 +298,14 @@ impl Lane {
         }
     }
 
-    /// Sends what is due now, oldest first, until nothing is (or `shutdown` turns true).
-    async fn drain(&self, shutdown: Option<&watch::Receiver<bool>>) -> Result<(), Error> {
-        let stopping = || shutdown.is_some_and(|s| *s.borrow());
+    /// Sends what is due now, oldest first, until nothing is.
+    async fn drain(&self) -> Result<(), Error> {
         loop {
             let due = self.engine.due_deliveries(&self.endpoint.name).await?;
             if due.is_empty() {
                 return Ok(());
             }
             for delivery in due {
-                if stopping() {
-                    return Ok(());
-                }
                 self.send(delivery).await?;
             }
         }

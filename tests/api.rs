@@ -247,6 +247,33 @@ on_both_databases! {
         let (status, body) = api.call("GET", "/v1/exceptions?open=true", operator, None).await;
         assert_eq!(status, StatusCode::OK);
         assert_eq!(body.as_array().unwrap().len(), 6);
+        // The same, page by page: each page names the next in a Link header, and together
+        // they are the whole list, in order, each once.
+        let mut paged = Vec::new();
+        let mut next = Some("/v1/exceptions?open=true&limit=4".to_owned());
+        while let Some(path) = next.take() {
+            let response = api.http.get(format!("{}{path}", api.base)).bearer_auth(&api.operator).send().await.unwrap();
+            assert_eq!(response.status(), StatusCode::OK);
+            next = response.headers().get("link").map(|link| {
+                let link = link.to_str().unwrap();
+                assert!(link.ends_with("; rel=\"next\""), "{link}");
+                link.trim_start_matches('<').split('>').next().unwrap().to_owned()
+            });
+            paged.extend(response.json::<Vec<Value>>().await.unwrap());
+        }
+        assert_eq!(&Value::Array(paged), &body);
+        for path in ["/v1/stuck?limit=2", "/v1/audit-log?limit=1", "/v1/exceptions?limit=0"] {
+            assert_eq!(api.call("GET", path, operator, None).await.0, StatusCode::OK, "{path}");
+        }
+        for path in ["/v1/stuck?after=nonsense", "/v1/exceptions?after=x.y", "/v1/audit-log?after=-", "/v1/stuck?limit=x"] {
+            let status = api.call("GET", path, operator, None).await.0;
+            assert!(status == StatusCode::BAD_REQUEST || status == StatusCode::UNPROCESSABLE_ENTITY, "{path}: {status}");
+        }
+        // Replay names a configured endpoint, or nothing happens.
+        let (status, body) = api.call("POST", "/v1/webhooks/nobody/replay", operator, Some(&json!({"from_seq": 1}))).await;
+        assert_eq!((status, error_code(&body)), (StatusCode::NOT_FOUND, "not_found"), "{body}");
+        let (status, body) = api.call("POST", "/v1/webhooks/shop/replay", operator, Some(&json!({"from_seq": 1}))).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
         let late = "paid_late:bitcoin:t4:0";
         let (status, body) = api.call("POST", &format!("/v1/exceptions/{late}/resolve"), operator, Some(&json!({"action": "dismiss", "reason": "x"}))).await;
         assert_eq!((status, error_code(&body)), (StatusCode::CONFLICT, "conflict"), "money cannot be dismissed");
@@ -415,7 +442,9 @@ on_both_databases! {
         let page = api.http.get(format!("{}/ui/stuck", api.base)).send().await.unwrap().text().await.unwrap();
         assert!(page.contains("Stuck payments"));
         seeded.engine.store().close().await;
-        assert_eq!(api.call("GET", "/ready", None, None).await.0, StatusCode::SERVICE_UNAVAILABLE);
+        let (status, body) = api.call("GET", "/ready", None, None).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(body["error"]["message"], "database unreachable", "the driver's words stay in the log");
     }
 
     async fn webhooks_arrive_in_order_exactly_once_through_failures(db) {

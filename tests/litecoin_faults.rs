@@ -260,7 +260,8 @@ async fn fake_server(answer: fn(&str) -> String) -> String {
     url
 }
 
-async fn stopped_watcher_error(url: &str) -> String {
+/// An engine with one Litecoin payment, watched through the server at `url`.
+async fn watched_through(url: &str) -> (TestDb, payrecon::Engine, common::regtest::Running) {
     let db = TestDb::new(common::Db::Sqlite).await;
     let config = common::payments::config(|config| {
         config.payments.enabled_methods = vec![Method::Ltc];
@@ -276,29 +277,66 @@ async fn stopped_watcher_error(url: &str) -> String {
         .await
         .unwrap();
     let watcher = watch_litecoin(&engine, url);
-    let outcome = tokio::time::timeout(Duration::from_secs(60), watcher.task)
-        .await
-        .expect("the watcher stops by itself")
-        .unwrap();
+    (db, engine, watcher)
+}
+
+async fn nothing_committed(engine: &payrecon::Engine) {
     assert_eq!(
         engine.watcher_cursor(Network::Litecoin).await.unwrap(),
         None,
         "nothing was committed"
     );
     assert_eq!(engine.trial_balance().await.unwrap().entries, 0);
+}
+
+/// The error a watcher over `url` stops with for good.
+async fn stopped_watcher_error(url: &str) -> String {
+    let (_db, engine, watcher) = watched_through(url).await;
+    let outcome = tokio::time::timeout(Duration::from_secs(60), watcher.task)
+        .await
+        .expect("the watcher stops by itself")
+        .unwrap();
+    nothing_committed(&engine).await;
     outcome
         .expect_err("a refused data source is an error")
         .to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_server_answering_garbage_stops_the_watcher_with_a_clear_error() {
+async fn a_server_answering_garbage_stops_the_watcher_which_tries_again_later() {
     let url = fake_server(|_| "<html>502 Bad Gateway</html>".into()).await;
-    let error = stopped_watcher_error(&url).await;
+    let (_db, engine, watcher) = watched_through(&url).await;
+    let mut status = watcher.status.clone();
+    let mut tries = Vec::new();
+    while tries.len() < 2 {
+        tokio::time::timeout(Duration::from_secs(60), status.changed())
+            .await
+            .expect("the watcher reports")
+            .unwrap();
+        if let WatcherState::Stopped {
+            error: Some(error),
+            next_try_at: Some(next),
+        } = &status.borrow_and_update().state
+        {
+            assert!(error.contains("garbage"), "{error}");
+            tries.push(*next);
+        }
+    }
     assert!(
-        error.contains("litecoin watcher stopped") && error.contains("garbage"),
-        "{error}"
+        tries[1] > tries[0],
+        "it tried again, and pauses longer: {tries:?}"
     );
+    let health = engine.watcher_health().await.unwrap();
+    assert_eq!(health[0].state, "stopped");
+    assert!(
+        health[0].next_try_at.is_some(),
+        "operators see when it tries again"
+    );
+    nothing_committed(&engine).await;
+    watcher
+        .stop()
+        .await
+        .expect("a stopped watcher still shuts down cleanly");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -116,7 +116,7 @@ pub async fn serve(
 }
 
 /// Until `switch` turns true (or its sender is gone).
-pub(super) async fn stopped(switch: &mut watch::Receiver<bool>) {
+pub(crate) async fn stopped(switch: &mut watch::Receiver<bool>) {
     let _ = switch.wait_for(|on| *on).await;
 }
 

@@ -41,6 +41,8 @@ pub struct WatcherOptions {
     /// Longest a scan may take before it counts as failed: a node that accepts and never
     /// answers, or answers slower than its timeouts can see, holds no watcher longer.
     pub scan_deadline: Duration,
+    /// After shutdown is asked, how long the round under way may still take to finish.
+    pub shutdown_grace: Duration,
 }
 
 impl Default for WatcherOptions {
@@ -52,6 +54,7 @@ impl Default for WatcherOptions {
             min_restart: Duration::from_secs(60),
             max_restart: Duration::from_secs(30 * 60),
             scan_deadline: Duration::from_secs(300),
+            shutdown_grace: Duration::from_secs(5),
         }
     }
 }
@@ -337,7 +340,17 @@ impl<S: ChainScanner> Watcher<S> {
                 publish(&self.engine, &self.status).await;
                 return Ok(RunEnd::Shutdown);
             }
-            let round = self.round().await;
+            // At shutdown the round under way gets a grace to finish and commit; one that hangs
+            // on its node is dropped (it committed nothing, and the next start does it again).
+            let grace = self.options.shutdown_grace;
+            let mut stopping = shutdown.clone();
+            let round = tokio::select! {
+                round = self.round() => round,
+                () = async {
+                    crate::api::stopped(&mut stopping).await;
+                    tokio::time::sleep(grace).await;
+                } => continue,
+            };
             if self.lease_options.is_some() && self.lease.is_none() {
                 return Ok(RunEnd::LeaseLost);
             }

@@ -201,6 +201,8 @@ pub fn ethereum(anvil: &Anvil, tokens: &Tokens, xpub: &str, confirmations: u32) 
         finality: EthereumFinality::Depth,
         start_block: None,
         poll_interval_ms: 50,
+        timeout_ms: 30_000,
+        max_answer_bytes: None,
     }
 }
 

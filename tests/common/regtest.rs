@@ -432,6 +432,7 @@ pub fn fast() -> WatcherOptions {
         min_restart: Duration::from_millis(500),
         max_restart: Duration::from_secs(2),
         scan_deadline: Duration::from_secs(120),
+        shutdown_grace: Duration::from_secs(5),
     }
 }
 

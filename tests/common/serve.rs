@@ -199,6 +199,33 @@ impl ServeConfig {
         }
     }
 
+    /// Changes the configuration file's text.
+    pub fn rewrite(&self, change: impl FnOnce(String) -> String) {
+        let text = std::fs::read_to_string(&self.path).unwrap();
+        std::fs::write(&self.path, change(text)).unwrap();
+    }
+
+    /// Starts `payrecon serve` with everything it prints going to `log`.
+    pub fn serve_logged(&self, log: &std::path::Path) -> Serving {
+        let file = std::fs::File::create(log).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_payrecon"))
+            .arg("--config")
+            .arg(&self.path)
+            .arg("serve")
+            .env("PAYRECON_LOG", "info")
+            .current_dir(self.dir.path())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .spawn()
+            .unwrap();
+        Serving { child: Some(child) }
+    }
+
+    /// The temporary directory the configuration lives in.
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
     /// Starts `payrecon serve`.
     pub fn serve(&self) -> Serving {
         let child = Command::new(env!("CARGO_BIN_EXE_payrecon"))
@@ -230,6 +257,30 @@ impl Serving {
     /// The process id (lease holders are named after it).
     pub fn pid(&self) -> u32 {
         self.child.as_ref().expect("running").id()
+    }
+
+    /// The server's resident memory, in bytes (Linux).
+    pub fn resident_bytes(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        let kib: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS");
+        kib * 1024
+    }
+
+    /// SIGTERM; how the process exited.
+    pub async fn terminate(mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("running");
+        let sent = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        tokio::task::spawn_blocking(move || child.wait().unwrap())
+            .await
+            .unwrap()
     }
 
     /// SIGKILL: the process dies mid-whatever, without any cleanup.

@@ -25,6 +25,8 @@ pub fn solana_config(node: &FakeSolana) -> SolanaConfig {
         rpc_url: Some(node.url.clone().into()),
         references_per_scan: 100,
         poll_interval_ms: 50,
+        timeout_ms: 30_000,
+        max_answer_bytes: None,
     }
 }
 

@@ -48,6 +48,8 @@ pub fn tron_config(
         finality,
         start_block: None,
         poll_interval_ms: 50,
+        timeout_ms: 30_000,
+        max_answer_bytes: None,
     }
 }
 
