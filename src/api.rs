@@ -109,8 +109,18 @@ struct ApiState {
 /// The router of the whole API. Live statuses end when `shutdown` turns true, so a draining
 /// server is not held open by a customer's tab.
 pub fn router(engine: Engine, options: ApiOptions, shutdown: watch::Receiver<bool>) -> Router {
+    router_and_live(engine, options, shutdown).0
+}
+
+/// [`router`], and its live statuses' fan-out (the bench reads its counters).
+pub(crate) fn router_and_live(
+    engine: Engine,
+    options: ApiOptions,
+    shutdown: watch::Receiver<bool>,
+) -> (Router, Arc<live::StatusHub>) {
+    let live = live::StatusHub::start(engine.clone(), options.streams, shutdown);
     let state = ApiState {
-        live: live::StatusHub::start(engine.clone(), options.streams, shutdown),
+        live: live.clone(),
         engine,
         webhooks: Arc::new(options.webhooks.clone()),
         paid_limiter: Arc::new(checkout::PaidLimiter::new(options.paid_interval)),
@@ -155,14 +165,15 @@ pub fn router(engine: Engine, options: ApiOptions, shutdown: watch::Receiver<boo
         StatusCode::SERVICE_UNAVAILABLE,
         options.request_timeout,
     ));
-    Router::new()
+    let router = Router::new()
         .route("/pay/{key}/events", get(checkout::checkout_events))
         .merge(answered)
         .fallback(|| async {
             ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
         })
         .layer(axum::extract::DefaultBodyLimit::max(options.max_body_bytes))
-        .with_state(state)
+        .with_state(state);
+    (router, live)
 }
 
 /// `/metrics` alone, for its own listener (`[http] metrics_listen`).

@@ -3,6 +3,7 @@
 //! Benchmarks print figures; they never pass or fail on time. They write only to the scratch
 //! database they are given (a fresh temporary SQLite file by default).
 
+mod edge;
 mod utxo_node;
 
 use std::sync::Arc;
@@ -175,6 +176,33 @@ pub enum BenchCommand {
         /// A database the benchmark may fill. Default: a fresh temporary SQLite file.
         #[arg(long)]
         scratch_database: Option<String>,
+    },
+    /// The edge under load: the shop API's latency with and without many checkout pages
+    /// holding their live status open (opened by a child process), the memory per stream, the
+    /// database reads the streams cause while nothing changes, and a shutdown with all open.
+    Edge {
+        /// Live-status streams held open.
+        #[arg(long, default_value_t = 10_000)]
+        streams: usize,
+        /// Payment intents the streams are spread over.
+        #[arg(long, default_value_t = 1_000)]
+        intents: usize,
+        /// Shop API requests timed with and without the streams.
+        #[arg(long, default_value_t = 1_000)]
+        requests: usize,
+        /// Seconds of nothing changing, every stream open, over which reads are counted.
+        #[arg(long, default_value_t = 10)]
+        quiet_seconds: u64,
+        /// A database the benchmark may fill. Default: a fresh temporary SQLite file.
+        #[arg(long)]
+        scratch_database: Option<String>,
+    },
+    /// The stream clients of `bench edge`, in a process of their own (run by it).
+    #[command(hide = true)]
+    EdgeClients {
+        /// The server the streams are opened against.
+        #[arg(long)]
+        url: String,
     },
 }
 
@@ -388,6 +416,59 @@ pub async fn run(command: BenchCommand, _config: &Config, json: bool) -> anyhow:
                 ITEMS,
             )
         }
+        BenchCommand::Edge {
+            streams,
+            intents,
+            requests,
+            quiet_seconds,
+            scratch_database,
+        } => {
+            anyhow::ensure!(
+                streams > 0 && intents > 0 && requests > 0,
+                "--streams, --intents and --requests must be positive"
+            );
+            let (scratch_dir, url) = scratch(scratch_database)?;
+            let engine = payments_engine(&url, scratch_dir.path()).await?;
+            let plan = edge::EdgePlan {
+                streams,
+                intents,
+                requests,
+                quiet: Duration::from_secs(quiet_seconds.max(1)),
+            };
+            let figures = edge::edge(&engine, &plan).await?;
+            let backend = format!("{:?}", engine.store().backend()).to_lowercase();
+            crate::cli::emit(
+                json,
+                &serde_json::json!({ "backend": backend, "results": figures }),
+                || {
+                    let f = &figures;
+                    format!(
+                        "the edge on {backend}: {} live statuses over {} intents, one process\n\
+                         shop API (GET /v1/payments/{{id}})  without streams  p50 {:.2} ms  p95 {:.2} ms\n\
+                         shop API (GET /v1/payments/{{id}})  with streams     p50 {:.2} ms  p95 {:.2} ms  ({:.2}x the p95 without)\n\
+                         memory per open stream            {:.1} KiB\n\
+                         database reads, nothing changing  {:.2}/s by the fan-out, {:.2}/s by the pages (over {:.0} s)\n\
+                         one intent marked paid            {} fan-out reads, {} page reads\n\
+                         shutdown with every stream open   {} ms",
+                        f.streams,
+                        f.intents,
+                        f.p50_ms_without,
+                        f.p95_ms_without,
+                        f.p50_ms_with,
+                        f.p95_ms_with,
+                        f.p95_ratio,
+                        f.kib_per_stream,
+                        f.fan_out_reads_per_second,
+                        f.page_reads_per_second,
+                        f.quiet_seconds,
+                        f.change_fan_out_reads,
+                        f.change_page_reads,
+                        f.shutdown_ms
+                    )
+                },
+            )
+        }
+        BenchCommand::EdgeClients { url } => edge::clients(&url).await,
         BenchCommand::Ledger {
             entries,
             batch_size,

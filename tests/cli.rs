@@ -395,3 +395,24 @@ on_both_databases! {
         assert_eq!(line_customers, 300, "each line settlement credits its top-up's customer");
     }
 }
+
+// `bench edge` holds its streams open from a process of its own; while nothing changes the
+// pages read nothing, and one intent's change wakes only that intent's pages.
+on_both_databases! {
+    async fn the_edge_benchmark_reads_nothing_per_page_while_nothing_changes(db) {
+        let url = db.url.clone();
+        let report = json(
+            &url,
+            &[
+                "bench", "edge", "--streams", "60", "--intents", "6", "--requests", "20",
+                "--quiet-seconds", "3", "--scratch-database", &url,
+            ],
+        );
+        let figures = &report["results"];
+        assert_eq!(figures["streams"], 60, "{report}");
+        assert_eq!(figures["page_reads_per_second"], 0.0, "{report}");
+        let woken = figures["change_page_reads"].as_u64().unwrap();
+        assert!((1..=10).contains(&woken), "only the changed intent's ten pages look again: {report}");
+        assert!(figures["p95_ratio"].as_f64().is_some_and(|r| r > 0.0), "{report}");
+    }
+}

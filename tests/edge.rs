@@ -704,26 +704,22 @@ async fn a_planted_provider_key_appears_in_no_output() {
             config.cli(&["webhook", "status"]).to_string(),
         ),
     ];
-    let stuck_text = std::process::Command::new(env!("CARGO_BIN_EXE_payrecon"))
-        .arg("--config")
-        .arg(&config.path)
-        .arg("stuck")
-        .output()
-        .unwrap();
-    outputs.push((
-        "payrecon stuck",
-        String::from_utf8_lossy(&stuck_text.stdout).into_owned(),
-    ));
-    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_payrecon"))
-        .arg("--config")
-        .arg(&config.path)
-        .args(["serve"])
-        .output()
-        .unwrap();
-    outputs.push((
-        "a second payrecon serve, refused",
-        String::from_utf8_lossy(&refused.stderr).into_owned(),
-    ));
+    let run = |args: &[&str]| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_payrecon"))
+            .arg("--config")
+            .arg(&config.path)
+            .args(args)
+            .output()
+            .unwrap();
+        let (out, err) = (output.stdout, output.stderr);
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out),
+            String::from_utf8_lossy(&err)
+        )
+    };
+    outputs.push(("payrecon stuck", run(&["stuck"])));
+    outputs.push(("a second payrecon serve, refused", run(&["serve"])));
     assert_eq!(
         http.get(format!("{base}/metrics"))
             .send()

@@ -246,6 +246,7 @@ impl LiveStatus {
                     if !self.wait().await {
                         return None;
                     }
+                    self.subscription.count_read();
                     self.engine.checkout(&self.key).await.ok()?
                 }
             };

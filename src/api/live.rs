@@ -11,13 +11,14 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::watch;
 
 use crate::engine::Engine;
-use crate::store::feed::LivePosition;
+use crate::store::feed::{LATE_EVENTS, LivePosition};
 
 /// How often the fan-out looks for what other processes wrote, while any page is open.
 pub(super) const RECHECK: Duration = Duration::from_secs(2);
@@ -43,7 +44,7 @@ pub(super) enum Refused {
 }
 
 /// The fan-out: which intents have open pages, and a change counter for each.
-pub(super) struct StatusHub {
+pub(crate) struct StatusHub {
     engine: Engine,
     limits: StreamLimits,
     state: Mutex<HubState>,
@@ -51,6 +52,17 @@ pub(super) struct StatusHub {
     shutdown: watch::Receiver<bool>,
     /// Wakes the fan-out when its first page opens.
     first_open: tokio::sync::Notify,
+    /// Database reads made for the live statuses: the fan-out's, and the pages' own.
+    reads: LiveReads,
+}
+
+/// Database reads made for the live statuses, counted: what `payrecon bench edge` reports.
+#[derive(Debug, Default)]
+pub struct LiveReads {
+    /// The fan-out's reads of what changed.
+    pub fan_out: AtomicU64,
+    /// Pages reading their intent again after a wake-up.
+    pub pages: AtomicU64,
 }
 
 #[derive(Default)]
@@ -90,6 +102,7 @@ impl StatusHub {
             state: Mutex::new(HubState::default()),
             shutdown,
             first_open: tokio::sync::Notify::new(),
+            reads: LiveReads::default(),
         });
         tokio::spawn(hub.clone().run());
         hub
@@ -146,8 +159,13 @@ impl StatusHub {
     }
 
     /// Open streams now: what the bench and the metrics report.
-    pub(super) fn open_streams(&self) -> usize {
+    pub(crate) fn open_streams(&self) -> usize {
         self.state.lock().expect("never poisoned").open
+    }
+
+    /// The database reads made so far for the live statuses.
+    pub(crate) fn reads(&self) -> &LiveReads {
+        &self.reads
     }
 
     fn close(&self, intent_id: &str, client: Option<IpAddr>) {
@@ -189,6 +207,8 @@ impl StatusHub {
         let mut commits = self.engine.subscribe();
         let mut shutdown = self.shutdown.clone();
         let mut position: Option<LivePosition> = None;
+        // Events already acted on, within the margin the store reads again behind the newest.
+        let mut seen = std::collections::BTreeSet::new();
         loop {
             let (open, stale) = {
                 let mut state = self.state.lock().expect("never poisoned");
@@ -198,10 +218,18 @@ impl StatusHub {
                 position = None;
             }
             if open > 0 {
+                self.reads.fan_out.fetch_add(1, Ordering::Relaxed);
                 match self.engine.live_changes(position).await {
-                    Ok(changed) => {
+                    Ok(mut changed) => {
                         // From a fresh position nothing is known: every page looks once.
                         let everything = changed.everything || position.is_none();
+                        for (seq, intent) in changed.events {
+                            if seen.insert(seq) {
+                                changed.intents.push(intent);
+                            }
+                        }
+                        let oldest_kept = changed.next.event_seq - LATE_EVENTS;
+                        seen = seen.split_off(&oldest_kept);
                         self.wake(&changed.intents, everything);
                         position = Some(changed.next);
                     }
@@ -217,6 +245,13 @@ impl StatusHub {
                 () = super::server::stopped(&mut shutdown) => return,
             }
         }
+    }
+}
+
+impl Subscription {
+    /// Counts a page reading its intent again.
+    pub(super) fn count_read(&self) {
+        self.hub.reads.pages.fetch_add(1, Ordering::Relaxed);
     }
 }
 

@@ -132,9 +132,9 @@ pub(crate) struct LivePosition {
 }
 
 /// Events re-read behind the newest one on PostgreSQL, where sequence numbers are handed out
-/// in start order and a transaction that began earlier can commit later: reading a change
-/// twice only wakes a page that finds nothing new.
-const LATE_EVENTS: i64 = 256;
+/// in start order and a transaction that began earlier can commit later. The caller keeps the
+/// sequence numbers it has seen within this margin, so a page is woken once per change.
+pub(crate) const LATE_EVENTS: i64 = 256;
 
 /// Changes read at most at once; past it, every open page looks again.
 const MAX_CHANGES: i64 = 10_000;
@@ -142,15 +142,19 @@ const MAX_CHANGES: i64 = 10_000;
 /// What the live statuses must look at again.
 #[derive(Debug, Default)]
 pub(crate) struct ChangedIntents {
-    /// The intents whose events or transfers changed.
+    /// Events written (sequence number and intent), some perhaps read before (see
+    /// [`LATE_EVENTS`]).
+    pub events: Vec<(i64, String)>,
+    /// The intents whose transfers were written.
     pub intents: Vec<String>,
     /// More changed than was read: every open page looks again.
     pub everything: bool,
     pub next: LivePosition,
 }
 
-/// The intents with events or transfers written since `from`; with `None`, only where the
-/// next read starts. Two indexed range reads, however many pages are open.
+/// The intents with events or transfers written since `from`; with `None`, where the next read
+/// starts and the events within the margin behind it (to be taken as seen). Two indexed range
+/// reads, however many pages are open.
 pub(crate) async fn changed_intents(
     pool: &AnyPool,
     backend: Backend,
@@ -166,25 +170,30 @@ pub(crate) async fn changed_intents(
         event_seq: newest,
         feed,
     };
-    let Some(from) = from else {
-        tx.commit().await?;
-        return Ok(ChangedIntents {
-            next,
-            ..ChangedIntents::default()
-        });
+    let margin = match backend {
+        Backend::Sqlite => 0,
+        Backend::Postgres => LATE_EVENTS,
     };
-    let after = match backend {
-        Backend::Sqlite => from.event_seq,
-        Backend::Postgres => from.event_seq - LATE_EVENTS,
-    };
-    let mut intents: Vec<String> = sqlx::query_scalar(
-        "SELECT intent_id FROM intent_events WHERE seq > $1 AND intent_id IS NOT NULL ORDER BY seq LIMIT $2",
+    let after = from.map_or(newest, |from| from.event_seq) - margin;
+    let events: Vec<(i64, String)> = sqlx::query(
+        "SELECT seq, intent_id FROM intent_events WHERE seq > $1 AND intent_id IS NOT NULL ORDER BY seq LIMIT $2",
     )
     .bind(after)
     .bind(MAX_CHANGES)
     .fetch_all(&mut *tx)
-    .await?;
-    let mut everything = intents.len() as i64 == MAX_CHANGES;
+    .await?
+    .iter()
+    .map(|row| Ok((row.try_get("seq")?, row.try_get("intent_id")?)))
+    .collect::<Result<_, StoreError>>()?;
+    let mut everything = events.len() as i64 == MAX_CHANGES;
+    let Some(from) = from else {
+        tx.commit().await?;
+        return Ok(ChangedIntents {
+            events,
+            next,
+            ..ChangedIntents::default()
+        });
+    };
     let networks: Vec<&str> = payrecon_chain_core::Network::ALL
         .iter()
         .map(|n| n.as_str())
@@ -200,13 +209,13 @@ pub(crate) async fn changed_intents(
     for network in &networks {
         query = query.bind(*network);
     }
-    let transfers: Vec<String> = query.fetch_all(&mut *tx).await?;
-    everything |= transfers.len() as i64 == MAX_CHANGES;
+    let mut intents: Vec<String> = query.fetch_all(&mut *tx).await?;
+    everything |= intents.len() as i64 == MAX_CHANGES;
     tx.commit().await?;
-    intents.extend(transfers);
     intents.sort_unstable();
     intents.dedup();
     Ok(ChangedIntents {
+        events,
         intents,
         everything,
         next,
