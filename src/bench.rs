@@ -1552,16 +1552,21 @@ fn reset_peak_memory() {
 
 /// The process's peak resident memory since the last reset, in MiB (Linux).
 fn peak_memory_mib() -> Option<u64> {
+    memory_kib("VmHWM:").map(|kib| kib / 1024)
+}
+
+/// One of this process's memory figures in `/proc/self/status` (`VmRSS:`, `VmHWM:`), in KiB
+/// (Linux).
+fn memory_kib(field: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let kib: u64 = status
+    status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .find_map(|l| l.strip_prefix(field))?
         .trim()
         .trim_end_matches("kB")
         .trim()
         .parse()
-        .ok()?;
-    Some(kib / 1024)
+        .ok()
 }
 
 /// Prints the figures: one JSON document, or a title and one aligned row per workload.

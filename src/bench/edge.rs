@@ -267,19 +267,7 @@ async fn open(address: &str, path: &str) -> anyhow::Result<tokio::net::TcpStream
 
 /// This process's resident memory, in KiB (Linux).
 fn resident_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|status| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))?
-                .trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse()
-                .ok()
-        })
-        .unwrap_or(0)
+    super::memory_kib("VmRSS:").unwrap_or(0)
 }
 
 /// Raises the open-file limit to its hard limit: a stream is a socket.

@@ -428,13 +428,5 @@ pub async fn scale(
 
 /// The process's resident memory now, in MiB (Linux).
 fn resident_mib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|status| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        })
-        .map_or(0, |kib| kib / 1024)
+    super::memory_kib("VmRSS:").map_or(0, |kib| kib / 1024)
 }
