@@ -752,3 +752,85 @@ async fn a_planted_provider_key_appears_in_no_output() {
         );
     }
 }
+
+/// The API served with `limits` over a fresh SQLite engine; its address.
+async fn api_with(
+    limits: payrecon::api::ServerLimits,
+) -> (common::TestDb, tokio::sync::watch::Sender<bool>, SocketAddr) {
+    let db = common::TestDb::new(common::Db::Sqlite).await;
+    let engine = db.engine().await;
+    let (stop, shutdown) = tokio::sync::watch::channel(false);
+    let app = payrecon::api::router(
+        engine,
+        payrecon::api::ApiOptions::default(),
+        shutdown.clone(),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(payrecon::api::serve(listener, app, limits, shutdown));
+    (db, stop, address)
+}
+
+/// Reads until the server closes the connection; what it sent.
+async fn until_closed(socket: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut all = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(60), socket.read_to_end(&mut all)).await;
+    read.expect("the server closes the connection").unwrap();
+    String::from_utf8_lossy(&all).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slow_or_silent_client_is_cut_off_and_connections_are_capped() {
+    use tokio::io::AsyncWriteExt;
+    let limits = payrecon::api::ServerLimits {
+        // Long beside the 300 ms the capped connection is watched for below.
+        header_read_timeout: Duration::from_secs(2),
+        max_connections: 1,
+        drain: Duration::from_secs(1),
+    };
+    let (_db, _stop, address) = api_with(limits).await;
+    // Silent: connected, says nothing. Slow: half a request head, never finished.
+    let mut silent = tokio::net::TcpStream::connect(address).await.unwrap();
+    until_closed(&mut silent).await;
+    let mut slow = tokio::net::TcpStream::connect(address).await.unwrap();
+    slow.write_all(b"GET /health HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .unwrap();
+    until_closed(&mut slow).await;
+    // Idle after an answer: the kept-alive connection is closed too.
+    let mut idle = tokio::net::TcpStream::connect(address).await.unwrap();
+    idle.write_all(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let answered = until_closed(&mut idle).await;
+    assert!(answered.starts_with("HTTP/1.1 200"), "{answered}");
+
+    // One connection at a time: a second waits, unanswered, until the first is gone.
+    let mut first = tokio::net::TcpStream::connect(address).await.unwrap();
+    first
+        .write_all(b"GET /health HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .unwrap();
+    let mut second = tokio::net::TcpStream::connect(address).await.unwrap();
+    second
+        .write_all(b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut byte = [0u8; 1];
+    let waiting = tokio::time::timeout(
+        Duration::from_millis(300),
+        tokio::io::AsyncReadExt::read(&mut second, &mut byte),
+    )
+    .await;
+    assert!(
+        waiting.is_err(),
+        "the second connection is not served while the first holds the only place"
+    );
+    drop(first);
+    let answered = until_closed(&mut second).await;
+    assert!(
+        answered.starts_with("HTTP/1.1 200"),
+        "served once the first is gone: {answered}"
+    );
+}
