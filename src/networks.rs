@@ -224,10 +224,8 @@ pub fn solana_settings(config: &SolanaConfig) -> Result<Option<SolanaSettings>, 
     let mut settings = SolanaSettings::new(config.rpc_url.clone().unwrap_or_default(), recipient);
     settings.references_per_scan = config.references_per_scan;
     settings.timeout = timeout(config.timeout_ms);
-    if config.max_answer_bytes.is_some() {
-        return Err(Error::Config(
-            "networks.solana.max_answer_bytes: the Solana RPC client reads its answers itself; the cap is not available for Solana yet".into(),
-        ));
+    if let Some(cap) = config.max_answer_bytes {
+        settings.max_answer_bytes = cap;
     }
     Ok(config.rpc_url.is_some().then_some(settings))
 }

@@ -834,3 +834,21 @@ async fn a_slow_or_silent_client_is_cut_off_and_connections_are_capped() {
         "served once the first is gone: {answered}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_solana_node_that_hangs_or_answers_without_end_is_retried_with_memory_flat() {
+    let fake = payrecon_chain_solana::testkit::FakeSolana::start().await;
+    let upstream: SocketAddr = fake
+        .url
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .parse()
+        .unwrap();
+    let section = format!(
+        "[networks.solana]\nrecipient = \"{}\"\nconfirmations = 1\n",
+        payrecon_chain_solana::testkit::random_pubkey()
+    );
+    let url_of = |a| format!("http://{a}");
+    misbehaving_node("solana", "rpc_url", upstream, url_of, true, section).await;
+    drop(fake);
+}

@@ -4,6 +4,7 @@
 
 use std::str::FromStr;
 
+mod sender;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 mod watch;

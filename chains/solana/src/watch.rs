@@ -26,10 +26,13 @@ use solana_commitment_config::CommitmentConfig;
 use solana_pubkey::Pubkey;
 use solana_rpc_client::nonblocking::rpc_client::RpcClient;
 use solana_rpc_client::rpc_client::GetConfirmedSignaturesForAddress2Config;
+use solana_rpc_client::rpc_client::RpcClientConfig;
 use solana_rpc_client_api::client_error::{Error as ClientError, ErrorKind};
 use solana_rpc_client_api::config::RpcTransactionConfig;
 use solana_rpc_client_api::request::RpcRequest;
 use solana_rpc_client_api::response::RpcConfirmedTransactionStatusWithSignature;
+
+use crate::sender::CappedSender;
 use solana_signature::Signature;
 use solana_transaction_status_client_types::{
     EncodedConfirmedTransactionWithStatusMeta, EncodedTransaction, TransactionConfirmationStatus,
@@ -59,8 +62,10 @@ pub struct SolanaSettings {
     pub recipient: Pubkey,
     /// References swept per scan for payments to another recipient.
     pub references_per_scan: usize,
-    /// Per-request timeout.
+    /// Per-request timeout, connecting included.
     pub timeout: Duration,
+    /// The largest answer read; a larger one fails the request (and the watcher retries).
+    pub max_answer_bytes: usize,
 }
 
 impl SolanaSettings {
@@ -71,6 +76,7 @@ impl SolanaSettings {
             recipient,
             references_per_scan: 100,
             timeout: Duration::from_secs(30),
+            max_answer_bytes: 32 << 20,
         }
     }
 }
@@ -104,16 +110,20 @@ impl SolanaScanner {
         }
     }
 
-    fn client(&mut self) -> Arc<RpcClient> {
-        self.client
-            .get_or_insert_with(|| {
-                Arc::new(RpcClient::new_with_timeout_and_commitment(
-                    self.settings.url.expose().to_owned(),
-                    self.settings.timeout,
-                    CommitmentConfig::confirmed(),
-                ))
-            })
-            .clone()
+    fn client(&mut self) -> Result<Arc<RpcClient>, ScanError> {
+        if let Some(client) = &self.client {
+            return Ok(client.clone());
+        }
+        let sender = CappedSender::new(
+            self.settings.url.clone(),
+            self.settings.timeout,
+            self.settings.max_answer_bytes,
+        )?;
+        let client = Arc::new(RpcClient::new_sender(
+            sender,
+            RpcClientConfig::with_commitment(CommitmentConfig::confirmed()),
+        ));
+        Ok(self.client.insert(client).clone()).clone()
     }
 
     /// Signatures of `address` newer than the last listing (and not in slots below
@@ -166,7 +176,7 @@ impl ChainScanner for SolanaScanner {
     }
 
     async fn scan(&mut self, view: &WatchView) -> Result<ScanBatch, ScanError> {
-        let client = self.client();
+        let client = self.client()?;
         let recipient = self.settings.recipient;
         let changes = self
             .references
@@ -377,7 +387,7 @@ impl ChainScanner for SolanaScanner {
         transfers: &[KnownTransfer],
         _settle_depth: u32,
     ) -> Result<Vec<Option<u32>>, ScanError> {
-        let client = self.client();
+        let client = self.client()?;
         let mut found = Vec::with_capacity(transfers.len());
         for chunk in transfers.chunks(STATUSES_PER_CALL) {
             found.extend(
