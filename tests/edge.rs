@@ -447,6 +447,14 @@ fn upstream_of(variable: &str) -> (String, SocketAddr) {
     (url.clone(), host_port.parse().unwrap())
 }
 
+/// The address of a fake node at `http://host:port`.
+fn socket_of(url: &str) -> SocketAddr {
+    url.trim_start_matches("http://")
+        .trim_end_matches('/')
+        .parse()
+        .unwrap()
+}
+
 /// The watcher row of `network` in `payrecon stuck`, if any.
 fn stuck_watcher(config: &ServeConfig, network: &str) -> Option<Value> {
     stuck(config)
@@ -577,12 +585,7 @@ async fn an_ethereum_node_that_hangs_or_answers_without_end_is_retried_with_memo
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_tron_node_that_hangs_or_answers_without_end_is_retried_with_memory_flat() {
     let fake = payrecon_chain_tron::testkit::FakeTron::start(100).await;
-    let upstream: SocketAddr = fake
-        .url
-        .trim_start_matches("http://")
-        .trim_end_matches('/')
-        .parse()
-        .unwrap();
+    let upstream = socket_of(&fake.url);
     let section = format!(
         "[networks.tron]\nxpub = \"{}\"\nconfirmations = 1\nusdt_contract = \"{}\"\n",
         common::tron::fresh_tron_xpub(),
@@ -838,12 +841,7 @@ async fn a_slow_or_silent_client_is_cut_off_and_connections_are_capped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_solana_node_that_hangs_or_answers_without_end_is_retried_with_memory_flat() {
     let fake = payrecon_chain_solana::testkit::FakeSolana::start().await;
-    let upstream: SocketAddr = fake
-        .url
-        .trim_start_matches("http://")
-        .trim_end_matches('/')
-        .parse()
-        .unwrap();
+    let upstream = socket_of(&fake.url);
     let section = format!(
         "[networks.solana]\nrecipient = \"{}\"\nconfirmations = 1\n",
         payrecon_chain_solana::testkit::random_pubkey()

@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use payrecon_chain_core::http::read_text;
+use payrecon_chain_core::http::{build_client, client_builder, read_text};
 use payrecon_chain_core::{Attempt, RetryPolicy, ScanError, SecretUrl};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -123,13 +123,8 @@ impl NodeRpc {
         };
         let _ = parsed.set_username("");
         let _ = parsed.set_password(None);
-        let http = reqwest::Client::builder()
-            .connect_timeout(timeout)
-            .timeout(timeout)
-            .pool_idle_timeout(IDLE_CONNECTION_TIMEOUT)
-            .user_agent(concat!("payrecon/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| ScanError::Fatal(format!("HTTP client: {e}")))?;
+        let http =
+            build_client(client_builder(timeout).pool_idle_timeout(IDLE_CONNECTION_TIMEOUT))?;
         Ok(NodeRpc {
             http,
             url: SecretUrl::new(parsed.to_string()),

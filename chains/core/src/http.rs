@@ -1,7 +1,27 @@
 //! Reading an HTTP answer with a size cap: what every HTTP client of payrecon shares. A node,
 //! a provider or a proxy in between that answers without end must cost a bounded amount of
 //! memory, so an answer is read chunk by chunk and refused once it passes its cap (never cut
-//! and parsed as if whole).
+//! and parsed as if whole). Every client also starts from one builder with a connect and a
+//! request timeout.
+
+use std::time::Duration;
+
+use crate::ScanError;
+
+/// How every chain client starts: connecting and each whole request bounded by `timeout`.
+pub fn client_builder(timeout: Duration) -> reqwest::ClientBuilder {
+    reqwest::Client::builder()
+        .connect_timeout(timeout)
+        .timeout(timeout)
+        .user_agent(concat!("payrecon/", env!("CARGO_PKG_VERSION")))
+}
+
+/// `builder` built; a client that cannot be made (no TLS backend) refuses the source.
+pub fn build_client(builder: reqwest::ClientBuilder) -> Result<reqwest::Client, ScanError> {
+    builder
+        .build()
+        .map_err(|e| ScanError::Fatal(format!("HTTP client: {}", e.without_url())))
+}
 
 /// Why an answer's body could not be read.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use alloy::rpc::json_rpc::{RequestPacket, ResponsePacket};
 use alloy::transports::{TransportError, TransportErrorKind, TransportFut, TransportResult};
-use payrecon_chain_core::http::read_body;
+use payrecon_chain_core::http::{build_client, client_builder, read_body};
 use payrecon_chain_core::{ScanError, SecretUrl};
 
 /// The longest pause a server's `Retry-After` can ask of one request: a longer one would hold
@@ -36,12 +36,7 @@ impl CappedHttp {
         timeout: Duration,
         max_answer_bytes: usize,
     ) -> Result<CappedHttp, ScanError> {
-        let client = reqwest::Client::builder()
-            .connect_timeout(timeout)
-            .timeout(timeout)
-            .user_agent(concat!("payrecon/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| ScanError::Fatal(format!("HTTP client: {}", e.without_url())))?;
+        let client = build_client(client_builder(timeout))?;
         Ok(CappedHttp {
             client,
             url,

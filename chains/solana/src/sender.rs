@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use payrecon_chain_core::http::read_body;
+use payrecon_chain_core::http::{build_client, client_builder, read_body};
 use payrecon_chain_core::{ScanError, SecretUrl};
 use solana_rpc_client::rpc_sender::{RpcSender, RpcTransportStats};
 use solana_rpc_client_api::client_error::{Error as ClientError, ErrorKind, Result};
@@ -41,12 +41,7 @@ impl CappedSender {
         timeout: Duration,
         max_answer_bytes: usize,
     ) -> std::result::Result<CappedSender, ScanError> {
-        let client = reqwest::Client::builder()
-            .connect_timeout(timeout)
-            .timeout(timeout)
-            .user_agent(concat!("payrecon/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| ScanError::Fatal(format!("HTTP client: {}", e.without_url())))?;
+        let client = build_client(client_builder(timeout))?;
         Ok(CappedSender {
             client,
             url,

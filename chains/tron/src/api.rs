@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use payrecon_chain_core::http::read_text;
+use payrecon_chain_core::http::{build_client, client_builder, read_text};
 use payrecon_chain_core::{Attempt, RetryPolicy, ScanError, SecretUrl};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -191,12 +191,7 @@ impl TronClient {
         timeout: Duration,
         max_answer_bytes: usize,
     ) -> Result<TronClient, ScanError> {
-        let http = reqwest::Client::builder()
-            .connect_timeout(timeout)
-            .timeout(timeout)
-            .user_agent(concat!("payrecon/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| ScanError::Fatal(format!("HTTP client: {e}")))?;
+        let http = build_client(client_builder(timeout))?;
         Ok(TronClient {
             http,
             base: SecretUrl::new(base.expose().trim_end_matches('/')),
