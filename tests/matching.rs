@@ -377,6 +377,31 @@ on_both_databases! {
         sound(&engine).await;
     }
 
+    async fn dust_to_no_instructions_is_booked_each_time_but_counted_once_a_day(db) {
+        let (engine, _clock) = engine(&db, config(|c| {
+            c.payments.dust.insert(Method::Btc, "0.0001".into());
+        })).await;
+        let recipient = "9Wz2nTsvcEFo6LjvdQ5cY3D5e8jjSj5S8Sy8jqmLAvnR";
+        // A thousand one-lamport transfers without a reference, and one real stray payment.
+        let spam: Vec<Tx> = (0..1000).map(|i| Tx::new(Network::Solana, &format!("spam{i}"), recipient, Method::Sol, 1, start_time())).collect();
+        let events: Vec<_> = spam.iter().map(|tx| tx.observed(1, 10)).collect();
+        engine.apply_chain_events(&events).await.unwrap();
+        let stray = Tx::new(Network::Solana, "stray", recipient, Method::Sol, 1_000_000_000, start_time());
+        engine.apply_chain_events(&[stray.observed(1, 10)]).await.unwrap();
+        // Configured per method: 0.00005 BTC is dust when the limit is 0.0001.
+        let small = Tx::new(Network::Bitcoin, "small", "bc1qstray", Method::Btc, 5_000, start_time());
+        engine.apply_chain_events(&[small.observed(2, 10)]).await.unwrap();
+        let exceptions = engine.exceptions(None).await.unwrap();
+        assert_eq!(kinds(&exceptions), ["unmatched", "unmatched_dust", "unmatched_dust"], "{exceptions:#?}");
+        let day = start_time().format("%Y-%m-%d");
+        assert!(exceptions.iter().any(|e| e.id == format!("unmatched_dust:solana:{day}")));
+        assert!(exceptions.iter().any(|e| e.id == format!("unmatched_dust:bitcoin:{day}")));
+        // Every lamport is still in the books: dust is counted once, booked each time.
+        assert_eq!(suspense(&engine, SuspenseReason::Unmatched, Method::Sol).await, -1_000_001_000);
+        assert_eq!(suspense(&engine, SuspenseReason::Unmatched, Method::Btc).await, -5_000);
+        sound(&engine).await;
+    }
+
     async fn larger_payments_need_more_confirmations(db) {
         let (engine, _clock) = engine(&db, config(|_| {})).await;
         engine.create_topup(&topup("T1", "42", "10000")).await.unwrap();
