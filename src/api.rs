@@ -24,7 +24,7 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use chrono::{DateTime, Utc};
-use payrecon_chain_core::Method;
+use payrecon_chain_core::{Method, Secret};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
@@ -63,7 +63,7 @@ pub struct ApiOptions {
     /// Serve `/metrics` on this router (not when it has a listener of its own).
     pub metrics_here: bool,
     /// `/metrics` asks for this bearer token.
-    pub metrics_token: Option<String>,
+    pub metrics_token: Option<Secret>,
 }
 
 impl Default for ApiOptions {
@@ -177,7 +177,7 @@ pub(crate) fn router_and_live(
 }
 
 /// `/metrics` alone, for its own listener (`[http] metrics_listen`).
-pub fn metrics_router(engine: Engine, token: Option<String>) -> Router {
+pub fn metrics_router(engine: Engine, token: Option<Secret>) -> Router {
     let (_, never) = watch::channel(false);
     let options = ApiOptions {
         metrics_token: token,
@@ -765,9 +765,9 @@ struct MetricsGuard {
 const METRICS_TTL: Duration = Duration::from_secs(5);
 
 impl MetricsGuard {
-    fn new(token: Option<String>) -> MetricsGuard {
+    fn new(token: Option<Secret>) -> MetricsGuard {
         MetricsGuard {
-            token_digest: token.map(|token| Sha256::digest(token.as_bytes()).into()),
+            token_digest: token.map(|token| Sha256::digest(token.expose().as_bytes()).into()),
             last: tokio::sync::Mutex::new(None),
         }
     }

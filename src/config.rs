@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
-use payrecon_chain_core::{Method, SecretUrl};
+use payrecon_chain_core::{Method, Secret, SecretUrl};
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 
@@ -108,7 +108,7 @@ pub struct HttpConfig {
     /// `/metrics` on an address of its own (e.g. `127.0.0.1:9464`) instead of the API's.
     pub metrics_listen: Option<String>,
     /// With it, `/metrics` asks for `Authorization: Bearer <metrics_token>`.
-    pub metrics_token: Option<String>,
+    pub metrics_token: Option<Secret>,
 }
 
 impl Default for HttpConfig {
@@ -130,7 +130,7 @@ impl Default for HttpConfig {
 }
 
 /// `[[webhooks]]`: one receiving endpoint.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WebhookConfig {
     /// A stable name: deliveries are tracked per name.
@@ -138,25 +138,13 @@ pub struct WebhookConfig {
     /// Where events are POSTed.
     pub url: SecretUrl,
     /// The HMAC-SHA256 key the receiver checks signatures with.
-    pub secret: String,
+    pub secret: Secret,
     /// Hours a delivery is retried before it is abandoned (an operator can replay it).
     #[serde(default = "webhook_retry_hours")]
     pub retry_hours: u32,
     /// How long the receiver may take to answer, in milliseconds.
     #[serde(default = "webhook_timeout_ms")]
     pub timeout_ms: u32,
-}
-
-impl std::fmt::Debug for WebhookConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WebhookConfig")
-            .field("name", &self.name)
-            .field("url", &self.url)
-            .field("secret", &"***")
-            .field("retry_hours", &self.retry_hours)
-            .field("timeout_ms", &self.timeout_ms)
-            .finish()
-    }
 }
 
 fn webhook_retry_hours() -> u32 {
@@ -239,7 +227,7 @@ pub struct RatesConfig {
     /// CoinGecko's API base URL.
     pub coingecko_url: SecretUrl,
     /// CoinGecko demo API key, if any.
-    pub coingecko_api_key: Option<String>,
+    pub coingecko_api_key: Option<Secret>,
     /// Kraken's API base URL.
     pub kraken_url: SecretUrl,
     /// Recorded quotes for offline runs (source `recorded`); relative to the config file.
@@ -304,7 +292,7 @@ pub struct UtxoConfig {
     pub rpc_user: Option<String>,
     /// The RPC password.
     #[serde(default)]
-    pub rpc_password: Option<String>,
+    pub rpc_password: Option<Secret>,
     /// The node's cookie file instead of a user and password (e.g.
     /// `~/.bitcoin/.cookie`, `~/.litecoin/regtest/.cookie`).
     #[serde(default)]
@@ -444,7 +432,7 @@ pub struct TronConfig {
     pub api_url: Option<SecretUrl>,
     /// TronGrid's API key, sent as `TRON-PRO-API-KEY`.
     #[serde(default)]
-    pub api_key: Option<String>,
+    pub api_key: Option<Secret>,
     /// `depth` (count `confirmations` blocks) or `solidified` (wait for the solidity node's
     /// head).
     #[serde(default)]
@@ -575,4 +563,51 @@ pub enum ConfigError {
     /// A value has the wrong type or an unknown key was given.
     #[error("invalid configuration: {0}")]
     Invalid(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Printing the configuration (a `{:?}` in a log line, a panic message) shows no
+    /// credential: every one is a `Secret` or a `SecretUrl`.
+    #[test]
+    fn the_configuration_prints_without_its_credentials() {
+        let planted = "PLANTED4711";
+        let text = format!(
+            r#"
+            database_url = "postgres://payrecon:{planted}@db/payrecon"
+            [rates]
+            coingecko_api_key = "{planted}"
+            coingecko_url = "https://api.coingecko.com/{planted}"
+            [http]
+            metrics_token = "{planted}"
+            [networks.litecoin]
+            xpub = "xpub"
+            confirmations = 6
+            rpc_url = "http://user:{planted}@node:9332"
+            rpc_user = "user"
+            rpc_password = "{planted}"
+            [networks.tron]
+            xpub = "xpub"
+            confirmations = 19
+            api_url = "https://api.trongrid.io/?key={planted}"
+            api_key = "{planted}"
+            [[webhooks]]
+            name = "shop"
+            url = "https://shop/hook?token={planted}"
+            secret = "{planted}-long-enough"
+            "#
+        );
+        let config: Config = Figment::from(Serialized::defaults(Config::default()))
+            .merge(Toml::string(&text))
+            .extract()
+            .unwrap();
+        assert_eq!(
+            config.http.metrics_token.as_ref().map(Secret::expose),
+            Some(planted)
+        );
+        let printed = format!("{config:?}");
+        assert!(!printed.contains(planted), "{printed}");
+    }
 }

@@ -202,7 +202,7 @@ pub fn tron_settings(config: &TronConfig) -> Result<Option<TronSettings>, Error>
         .parse()
         .map_err(|e| Error::Config(format!("networks.tron.usdt_contract: {e}")))?;
     let mut settings = TronSettings::new(config.api_url.clone().unwrap_or_default(), usdt);
-    settings.api_key = config.api_key.clone();
+    settings.api_key = config.api_key.as_ref().map(|key| key.expose().to_owned());
     settings.finality = match config.finality {
         TronFinality::Depth => payrecon_chain_tron::TronFinality::Depth,
         TronFinality::Solidified => payrecon_chain_tron::TronFinality::Solidified,

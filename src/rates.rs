@@ -13,7 +13,7 @@ use std::time::Duration;
 use backon::{ExponentialBuilder, Retryable};
 use chrono::{DateTime, Utc};
 use futures_util::future::{BoxFuture, join_all};
-use payrecon_chain_core::Asset;
+use payrecon_chain_core::{Asset, Secret};
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -298,7 +298,7 @@ fn decimal_of(raw: &str) -> Option<Decimal> {
 pub struct CoinGecko {
     client: reqwest::Client,
     base_url: String,
-    api_key: Option<String>,
+    api_key: Option<Secret>,
 }
 
 impl CoinGecko {
@@ -306,7 +306,7 @@ impl CoinGecko {
     pub const DEFAULT_URL: &'static str = "https://api.coingecko.com";
 
     /// A client of the API at `base_url`, with an optional demo API key.
-    pub fn new(client: reqwest::Client, base_url: &str, api_key: Option<String>) -> CoinGecko {
+    pub fn new(client: reqwest::Client, base_url: &str, api_key: Option<Secret>) -> CoinGecko {
         CoinGecko {
             client,
             base_url: base_url.trim_end_matches('/').to_owned(),
@@ -374,8 +374,8 @@ impl RateSource for CoinGecko {
             );
             let headers: Vec<(&str, &str)> = self
                 .api_key
-                .as_deref()
-                .map(|key| ("x-cg-demo-api-key", key))
+                .as_ref()
+                .map(|key| ("x-cg-demo-api-key", key.expose()))
                 .into_iter()
                 .collect();
             let body = with_retries(|| get_text(&self.client, "coingecko", &url, &headers)).await?;

@@ -169,7 +169,7 @@ impl WebhookSender {
             if !names.insert(endpoint.name.clone()) {
                 return Err(refuse("is configured twice"));
             }
-            if endpoint.secret.len() < 16 {
+            if endpoint.secret.expose().len() < 16 {
                 return Err(refuse("the secret must be at least 16 characters"));
             }
             if !matches!(endpoint.url.scheme().as_str(), "https" | "http") {
@@ -331,7 +331,7 @@ impl Lane {
             .header(EVENT_ID_HEADER, format!("evt_{}", delivery.event_seq))
             .header(
                 SIGNATURE_HEADER,
-                signature(&endpoint.secret, signed_at, body.as_bytes()),
+                signature(endpoint.secret.expose(), signed_at, body.as_bytes()),
             )
             .body(body)
             .send()

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use payrecon_chain_core::http::{build_client, client_builder, read_text};
-use payrecon_chain_core::{Attempt, RetryPolicy, ScanError, SecretUrl};
+use payrecon_chain_core::{Attempt, RetryPolicy, ScanError, Secret, SecretUrl};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -34,7 +34,7 @@ pub enum NodeAuth {
         /// The user.
         user: String,
         /// The password.
-        password: String,
+        password: Secret,
     },
     /// The node's `.cookie` file (in its data directory, per network), read again after the
     /// node restarts.
@@ -116,7 +116,7 @@ impl NodeRpc {
                 };
                 NodeAuth::UserPassword {
                     user: decode(parsed.username())?,
-                    password: decode(parsed.password().unwrap_or_default())?,
+                    password: decode(parsed.password().unwrap_or_default())?.into(),
                 }
             }
             other => other,
@@ -224,7 +224,9 @@ impl NodeRpc {
     fn credentials(&self) -> Result<Option<(String, String)>, Attempt> {
         match &self.auth {
             NodeAuth::None => Ok(None),
-            NodeAuth::UserPassword { user, password } => Ok(Some((user.clone(), password.clone()))),
+            NodeAuth::UserPassword { user, password } => {
+                Ok(Some((user.clone(), password.expose().to_owned())))
+            }
             NodeAuth::Cookie(path) => {
                 let mut cookie = self.cookie.lock().expect("cookie lock");
                 if cookie.is_none() {

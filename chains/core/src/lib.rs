@@ -15,7 +15,7 @@ mod keys;
 mod method;
 mod retry;
 mod scan;
-mod secret_url;
+mod secret;
 
 pub use amount::{Amount, ParseAmountError, ParseAmountErrorKind};
 pub use derive::{
@@ -32,7 +32,7 @@ pub use keys::{
 pub use method::{Asset, Method, Network, ParseMethodError, ParseNetworkError};
 pub use retry::{Attempt, RetryPolicy};
 pub use scan::{ChainScanner, KnownTransfer, ScanBatch, ScanError, WatchView};
-pub use secret_url::SecretUrl;
+pub use secret::{Secret, SecretUrl};
 
 /// Re-exported so chain crates share one secp256k1 and one base58check.
 pub use bitcoin;

@@ -1,4 +1,5 @@
-//! A URL that may carry a credential, which nothing but the client that connects ever reads.
+//! Credentials from configuration, which nothing but the client that uses them ever reads: a
+//! plain [`Secret`] (a password, an API key, a token) and a URL that may carry one.
 //!
 //! Providers put keys everywhere a URL has room: `user:password@` (a node's RPC), the path
 //! (`/v3/<key>` at Infura, `/v2/<key>` at Alchemy), the query (`?api-key=` at Helius,
@@ -198,6 +199,59 @@ impl<'a> Parts<'a> {
     }
 }
 
+/// A credential (a password, an API key, a bearer token): it prints as `***`, whole.
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps `raw` as it was configured.
+    pub fn new(raw: impl Into<String>) -> Secret {
+        Secret(raw.into())
+    }
+
+    /// The credential, for the client that sends it and nothing else.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(HIDDEN)
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Secret({HIDDEN:?})")
+    }
+}
+
+impl From<&str> for Secret {
+    fn from(raw: &str) -> Secret {
+        Secret::new(raw)
+    }
+}
+
+impl From<String> for Secret {
+    fn from(raw: String) -> Secret {
+        Secret::new(raw)
+    }
+}
+
+/// Written as configured, like [`SecretUrl`].
+impl Serialize for Secret {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Secret {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Secret, D::Error> {
+        String::deserialize(deserializer).map(Secret)
+    }
+}
+
 impl fmt::Display for SecretUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.redacted())
@@ -298,6 +352,13 @@ mod tests {
             clean.contains("http://127.0.0.1:1/v3/***?key=***"),
             "{clean}"
         );
+    }
+
+    #[test]
+    fn a_secret_never_prints() {
+        let secret = Secret::new("hunter22-api-key");
+        assert_eq!(format!("{secret} {secret:?}"), "*** Secret(\"***\")");
+        assert_eq!(secret.expose(), "hunter22-api-key");
     }
 
     #[test]
