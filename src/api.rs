@@ -109,15 +109,25 @@ struct ApiState {
 /// The router of the whole API. Live statuses end when `shutdown` turns true, so a draining
 /// server is not held open by a customer's tab.
 pub fn router(engine: Engine, options: ApiOptions, shutdown: watch::Receiver<bool>) -> Router {
-    router_and_live(engine, options, shutdown).0
+    routers(engine, options, shutdown).api
 }
 
-/// [`router`], and its live statuses' fan-out (the bench reads its counters).
-pub(crate) fn router_and_live(
+/// The routers `payrecon serve` runs, over one shared state.
+pub(crate) struct Routers {
+    /// Every route (`/metrics` too, unless it has a listener of its own).
+    pub api: Router,
+    /// `/metrics` alone, for `[http] metrics_listen`: the same figures and live statuses.
+    pub metrics: Router,
+    /// The live statuses' fan-out (the bench reads its counters).
+    pub live: Arc<live::StatusHub>,
+}
+
+/// [`router`], `/metrics` alone, and the fan-out they share.
+pub(crate) fn routers(
     engine: Engine,
     options: ApiOptions,
     shutdown: watch::Receiver<bool>,
-) -> (Router, Arc<live::StatusHub>) {
+) -> Routers {
     let live = live::StatusHub::start(engine.clone(), options.streams, shutdown);
     let state = ApiState {
         live: live.clone(),
@@ -126,6 +136,15 @@ pub(crate) fn router_and_live(
         paid_limiter: Arc::new(checkout::PaidLimiter::new(options.paid_interval)),
         metrics: Arc::new(MetricsGuard::new(options.metrics_token.clone())),
     };
+    // Every answer but a live status has a deadline; the live status has its own lifetime.
+    let deadline = tower_http::timeout::TimeoutLayer::with_status_code(
+        StatusCode::SERVICE_UNAVAILABLE,
+        options.request_timeout,
+    );
+    let metrics_alone = Router::new()
+        .route("/metrics", get(metrics))
+        .layer(deadline)
+        .with_state(state.clone());
     let mut answered = Router::new()
         .route("/health", get(health))
         .route("/ready", get(ready))
@@ -160,43 +179,19 @@ pub(crate) fn router_and_live(
     if options.metrics_here {
         answered = answered.route("/metrics", get(metrics));
     }
-    // Every answer but a live status has a deadline; the live status has its own lifetime.
-    let answered = answered.layer(tower_http::timeout::TimeoutLayer::with_status_code(
-        StatusCode::SERVICE_UNAVAILABLE,
-        options.request_timeout,
-    ));
-    let router = Router::new()
+    let api = Router::new()
         .route("/pay/{key}/events", get(checkout::checkout_events))
-        .merge(answered)
+        .merge(answered.layer(deadline))
         .fallback(|| async {
             ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
         })
         .layer(axum::extract::DefaultBodyLimit::max(options.max_body_bytes))
         .with_state(state);
-    (router, live)
-}
-
-/// `/metrics` alone, for its own listener (`[http] metrics_listen`).
-pub fn metrics_router(engine: Engine, token: Option<Secret>) -> Router {
-    let (_, never) = watch::channel(false);
-    let options = ApiOptions {
-        metrics_token: token,
-        ..ApiOptions::default()
-    };
-    let state = ApiState {
-        live: live::StatusHub::start(engine.clone(), options.streams, never),
-        engine,
-        webhooks: Arc::new(BTreeMap::new()),
-        paid_limiter: Arc::new(checkout::PaidLimiter::new(options.paid_interval)),
-        metrics: Arc::new(MetricsGuard::new(options.metrics_token)),
-    };
-    Router::new()
-        .route("/metrics", get(metrics))
-        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
-            StatusCode::SERVICE_UNAVAILABLE,
-            options.request_timeout,
-        ))
-        .with_state(state)
+    Routers {
+        api,
+        metrics: metrics_alone,
+        live,
+    }
 }
 
 /// The client's address as the server recorded it (`None` when served otherwise, as in

@@ -23,17 +23,6 @@ use crate::webhooks::WebhookSender;
 /// How often intents past their deadline are looked at.
 const TICK_INTERVAL: Duration = Duration::from_secs(5);
 
-/// The watcher options of a network polled every `poll_interval_ms`.
-fn options(poll_interval_ms: u32, config: &Config) -> WatcherOptions {
-    WatcherOptions {
-        poll_interval: Duration::from_millis(u64::from(poll_interval_ms.max(50))),
-        scan_deadline: Duration::from_secs(u64::from(config.serve.scan_deadline_seconds.max(1))),
-        // Half the process's deadline: the rest is for the HTTP drain and the last commits.
-        shutdown_grace: Duration::from_secs(u64::from(config.serve.shutdown_seconds)) / 2,
-        ..WatcherOptions::default()
-    }
-}
-
 /// Runs the configured watchers and the deadline ticker until `shutdown` turns true. A watcher
 /// that refuses its data source stops alone; the other networks keep running.
 pub async fn serve(
@@ -69,21 +58,11 @@ pub async fn serve(
         match source {
             UtxoSource::Electrum(settings) => {
                 let scanner = ElectrumScanner::new(settings);
-                watchers.spawn(
-                    &mut tasks,
-                    scanner,
-                    options(utxo.poll_interval_ms, config),
-                    &shutdown,
-                );
+                watchers.spawn(&mut tasks, scanner, utxo.poll_interval_ms, &shutdown);
             }
             UtxoSource::Node(settings) => {
                 let scanner = NodeScanner::new(settings);
-                watchers.spawn(
-                    &mut tasks,
-                    scanner,
-                    options(utxo.poll_interval_ms, config),
-                    &shutdown,
-                );
+                watchers.spawn(&mut tasks, scanner, utxo.poll_interval_ms, &shutdown);
             }
         }
     }
@@ -92,12 +71,7 @@ pub async fn serve(
             Some(settings) => {
                 tracing::info!(url = %settings.url, "starting the ethereum watcher");
                 let scanner = EthereumScanner::new(settings);
-                watchers.spawn(
-                    &mut tasks,
-                    scanner,
-                    options(ethereum.poll_interval_ms, config),
-                    &shutdown,
-                );
+                watchers.spawn(&mut tasks, scanner, ethereum.poll_interval_ms, &shutdown);
             }
             None => tracing::info!("no networks.ethereum.rpc_url: not watching ethereum"),
         }
@@ -107,12 +81,7 @@ pub async fn serve(
             Some(settings) => {
                 tracing::info!(url = %settings.url, "starting the tron watcher");
                 let scanner = TronScanner::new(settings);
-                watchers.spawn(
-                    &mut tasks,
-                    scanner,
-                    options(tron.poll_interval_ms, config),
-                    &shutdown,
-                );
+                watchers.spawn(&mut tasks, scanner, tron.poll_interval_ms, &shutdown);
             }
             None => tracing::info!("no networks.tron.api_url: not watching tron"),
         }
@@ -122,12 +91,7 @@ pub async fn serve(
             Some(settings) => {
                 tracing::info!(url = %settings.url, "starting the solana watcher");
                 let scanner = SolanaScanner::new(settings);
-                watchers.spawn(
-                    &mut tasks,
-                    scanner,
-                    options(solana.poll_interval_ms, config),
-                    &shutdown,
-                );
+                watchers.spawn(&mut tasks, scanner, solana.poll_interval_ms, &shutdown);
             }
             None => tracing::info!("no networks.solana.rpc_url: not watching solana"),
         }
@@ -139,18 +103,19 @@ pub async fn serve(
         max_connections: config.http.max_connections,
         drain: Duration::from_secs(u64::from(config.serve.shutdown_seconds)),
     };
-    if let Some(listen) = &config.http.listen {
-        let listener = bind(listen).await?;
-        tracing::info!(address = %listen, "serving the HTTP API");
+    let http = &config.http;
+    if http.listen.is_some() || http.metrics_listen.is_some() {
         let options = ApiOptions::from_config(config);
-        let app = crate::api::router(engine.clone(), options, shutdown.clone());
-        tasks.spawn(serve_http(listener, app, limits, shutdown.clone()));
-    }
-    if let Some(listen) = &config.http.metrics_listen {
-        let listener = bind(listen).await?;
-        tracing::info!(address = %listen, "serving /metrics");
-        let app = crate::api::metrics_router(engine.clone(), config.http.metrics_token.clone());
-        tasks.spawn(serve_http(listener, app, limits, shutdown.clone()));
+        let routers = crate::api::routers(engine.clone(), options, shutdown.clone());
+        for (listen, app, what) in [
+            (&http.listen, routers.api, "the HTTP API"),
+            (&http.metrics_listen, routers.metrics, "/metrics"),
+        ] {
+            let Some(listen) = listen else { continue };
+            let listener = bind(listen).await?;
+            tracing::info!(address = %listen, "serving {what}");
+            tasks.spawn(serve_http(listener, app, limits, shutdown.clone()));
+        }
     }
     if !config.webhooks.is_empty() {
         let sender = WebhookSender::new(engine.clone(), config.webhooks.clone())?;
@@ -188,6 +153,8 @@ async fn serve_http(
 /// share the database, one watches each network); on SQLite as the only process that does.
 struct Watchers {
     engine: Engine,
+    /// What every watcher runs with but its polling interval.
+    options: WatcherOptions,
     lease: Option<LeaseOptions>,
     /// Held for the life of serve: the SQLite single-process guard.
     _guard: Option<std::fs::File>,
@@ -209,6 +176,15 @@ impl Watchers {
         };
         Ok(Watchers {
             engine: engine.clone(),
+            options: WatcherOptions {
+                scan_deadline: Duration::from_secs(u64::from(
+                    config.serve.scan_deadline_seconds.max(1),
+                )),
+                // Half the process's deadline: the rest is for the HTTP drain and the last
+                // commits.
+                shutdown_grace: Duration::from_secs(u64::from(config.serve.shutdown_seconds)) / 2,
+                ..WatcherOptions::default()
+            },
             lease,
             _guard: guard,
         })
@@ -219,9 +195,13 @@ impl Watchers {
         &self,
         tasks: &mut JoinSet<Result<(), Error>>,
         scanner: S,
-        options: WatcherOptions,
+        poll_interval_ms: u32,
         shutdown: &watch::Receiver<bool>,
     ) {
+        let options = WatcherOptions {
+            poll_interval: Duration::from_millis(u64::from(poll_interval_ms.max(50))),
+            ..self.options.clone()
+        };
         let mut watcher = Watcher::new(self.engine.clone(), scanner, options);
         if let Some(lease) = &self.lease {
             watcher = watcher.with_lease(lease.clone());

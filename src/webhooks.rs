@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use hmac::{Hmac, Mac};
+use payrecon_chain_core::http::{client_builder, read_body};
 use sha2::Sha256;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
@@ -181,9 +182,7 @@ impl WebhookSender {
             let timeout = Duration::from_millis(u64::from(endpoint.timeout_ms));
             // A redirect is a failure, never followed: a 307/308 would have the signed body
             // sent wherever the receiver (or whoever took it over) points.
-            let client = reqwest::Client::builder()
-                .connect_timeout(timeout)
-                .timeout(timeout)
+            let client = client_builder(timeout)
                 .redirect(reqwest::redirect::Policy::none())
                 .user_agent(concat!("payrecon-webhooks/", env!("CARGO_PKG_VERSION")))
                 .build()
@@ -338,7 +337,9 @@ impl Lane {
             .await;
         let error = match outcome {
             Ok(response) if response.status().is_success() => {
-                discard_answer(response).await;
+                // Read (at most the cap) and thrown away, so the connection can serve the next
+                // delivery; a longer answer closes it instead. Only the status counts.
+                let _ = read_body(response, MAX_ANSWER_BYTES).await;
                 None
             }
             Ok(response) if response.status().is_redirection() => Some(format!(
@@ -365,18 +366,6 @@ impl Lane {
         self.engine
             .finish_delivery(&endpoint.name, &delivery, error.as_deref(), now)
             .await
-    }
-}
-
-/// Reads at most [`MAX_ANSWER_BYTES`] of an accepted delivery's answer, so the connection can
-/// serve the next one; a longer answer (or one that stalls) closes the connection instead.
-async fn discard_answer(mut response: reqwest::Response) {
-    let mut read = 0usize;
-    while let Ok(Some(chunk)) = response.chunk().await {
-        read += chunk.len();
-        if read > MAX_ANSWER_BYTES {
-            return;
-        }
     }
 }
 

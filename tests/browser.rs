@@ -15,7 +15,7 @@ use std::process::Command;
 
 use common::TestDb;
 use common::seed::{Seeded, seed};
-use common::serve::{ServeConfig, Serving};
+use common::serve::{ServeConfig, Serving, free_port};
 use payrecon::tokens::Role;
 
 /// The page's DOM once its scripts have run.
@@ -44,14 +44,6 @@ async fn rendered(url: &str) -> String {
         String::from_utf8_lossy(&output.stderr)
     );
     String::from_utf8(output.stdout).unwrap()
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// `payrecon serve` with HTTP over a database seeded with every state and exception (BTC at

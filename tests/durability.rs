@@ -6,7 +6,7 @@ mod common;
 
 use std::process::{Command, Stdio};
 
-use common::serve::ServeConfig;
+use common::serve::{ServeConfig, free_port};
 use payrecon::store::{Durability, Store};
 use serde_json::json;
 
@@ -26,14 +26,6 @@ on_both_databases! {
         }
         assert_eq!(full.durability(), Durability::Full);
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// What strace saw, in order: only what the check needs.

@@ -14,22 +14,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use common::regtest::eventually;
-use common::serve::{ServeConfig, Serving};
+use common::serve::{ServeConfig, Serving, free_port};
 use payrecon::webhooks::{SIGNATURE_HEADER, SIGNATURE_TOLERANCE, verify_signature};
 use serde_json::Value;
 use tokio::net::TcpListener;
 
 /// A provider key, planted in every URL of one test: it must appear in no output.
 const PLANTED: &str = "SECRETKEY4711";
-
-/// A free port on loopback.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// A Litecoin section that is configured but not watched here: enough for payments.
 fn unwatched_litecoin() -> String {
@@ -849,4 +840,35 @@ async fn a_solana_node_that_hangs_or_answers_without_end_is_retried_with_memory_
     let url_of = |a| format!("http://{a}");
     misbehaving_node("solana", "rpc_url", upstream, url_of, true, section).await;
     drop(fake);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn metrics_on_a_listener_of_their_own_count_the_api_s_live_statuses() {
+    let metrics_port = free_port();
+    let http =
+        format!("metrics_listen = \"127.0.0.1:{metrics_port}\"\nmetrics_token = \"scrape\"\n");
+    let (config, serving, base) = serving(&http, "").await;
+    let (intent, _) = config.topup_and_pay("ltc");
+    let path = checkout_path(&config, &intent);
+    let mut stream = open_stream(&base, &path, "127.0.0.1".parse().unwrap()).await;
+    assert_eq!(stream.status(), 200);
+    stream.chunk().await.unwrap();
+    let client = reqwest::Client::new();
+    let scraped = client
+        .get(format!("http://127.0.0.1:{metrics_port}/metrics"))
+        .bearer_auth("scrape")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        scraped.contains("payrecon_live_statuses_open 1"),
+        "{scraped}"
+    );
+    let public = client.get(format!("{base}/metrics")).send().await.unwrap();
+    assert_eq!(public.status(), 404, "not on the public address");
+    drop(stream);
+    serving.stop().await;
 }

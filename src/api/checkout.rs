@@ -88,6 +88,18 @@ fn protect(headers: &mut HeaderMap) {
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
 }
 
+/// When a refused live status may try again.
+const STREAM_RETRY_AFTER_SECONDS: u64 = 30;
+
+/// A refusal that says, in `Retry-After`, when to ask again.
+fn retry_later(refusal: ApiError, seconds: u64) -> Response {
+    let mut response = refusal.into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+    protect(headers);
+    response
+}
+
 /// A link that names no payment (or is not a key at all) gets the same page: nothing tells a
 /// prober which keys exist.
 fn unknown_or_failed(error: Error, language: &LanguageIdentifier) -> Response {
@@ -125,18 +137,12 @@ pub(super) async fn checkout_paid(
     PageRequest { key, language }: PageRequest,
 ) -> Response {
     if !state.paid_limiter.admit(&key) {
-        let mut response = ApiError::new(
+        let refusal = ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
             "too_many_requests",
             "\"I have paid\" was just sent for this page",
-        )
-        .into_response();
-        let wait = state.paid_limiter.interval.as_secs().max(1);
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(wait));
-        protect(response.headers_mut());
-        return response;
+        );
+        return retry_later(refusal, state.paid_limiter.interval.as_secs().max(1));
     }
     match state.engine.checkout_mark_paid(&key).await {
         Ok(()) => {
@@ -176,12 +182,8 @@ pub(super) async fn checkout_events(
                     "too many live statuses are open from this address",
                 ),
             };
-            let mut response = ApiError::new(status, "streams_exhausted", message).into_response();
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("30"));
-            protect(response.headers_mut());
-            return response;
+            let refusal = ApiError::new(status, "streams_exhausted", message);
+            return retry_later(refusal, STREAM_RETRY_AFTER_SECONDS);
         }
     };
     let now = tokio::time::Instant::now();

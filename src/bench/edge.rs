@@ -80,7 +80,8 @@ pub(super) async fn edge(engine: &Engine, plan: &EdgePlan) -> anyhow::Result<Edg
         },
         ..ApiOptions::default()
     };
-    let (app, live) = crate::api::router_and_live(engine.clone(), options, shutdown.clone());
+    let routers = crate::api::routers(engine.clone(), options, shutdown.clone());
+    let (app, live) = (routers.api, routers.live);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
     let limits = ServerLimits {

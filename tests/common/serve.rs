@@ -6,6 +6,15 @@ use std::process::{Child, Command};
 
 use serde_json::Value;
 
+/// A free port on loopback, for a server a test starts.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// A configuration written to a temporary directory, with an embedded SQLite database and
 /// rates recorded in a file.
 pub struct ServeConfig {
