@@ -43,6 +43,8 @@ const STUCK_PAGE: &str = include_str!("api/stuck.html");
 const RECONCILE_PAGE: &str = include_str!("api/reconcile.html");
 
 pub use live::StreamLimits;
+#[cfg(feature = "test-utils")]
+pub use live::{LiveReads, StatusHub};
 pub(crate) use server::stopped;
 pub use server::{ServerLimits, serve};
 
@@ -113,21 +115,18 @@ pub fn router(engine: Engine, options: ApiOptions, shutdown: watch::Receiver<boo
 }
 
 /// The routers `payrecon serve` runs, over one shared state.
-pub(crate) struct Routers {
+pub struct Routers {
     /// Every route (`/metrics` too, unless it has a listener of its own).
     pub api: Router,
     /// `/metrics` alone, for `[http] metrics_listen`: the same figures and live statuses.
     pub metrics: Router,
     /// The live statuses' fan-out (the bench reads its counters).
+    #[cfg(feature = "test-utils")]
     pub live: Arc<live::StatusHub>,
 }
 
 /// [`router`], `/metrics` alone, and the fan-out they share.
-pub(crate) fn routers(
-    engine: Engine,
-    options: ApiOptions,
-    shutdown: watch::Receiver<bool>,
-) -> Routers {
+pub fn routers(engine: Engine, options: ApiOptions, shutdown: watch::Receiver<bool>) -> Routers {
     let live = live::StatusHub::start(engine.clone(), options.streams, shutdown);
     let state = ApiState {
         live: live.clone(),
@@ -190,6 +189,7 @@ pub(crate) fn routers(
     Routers {
         api,
         metrics: metrics_alone,
+        #[cfg(feature = "test-utils")]
         live,
     }
 }
@@ -368,7 +368,7 @@ async fn health() -> Json<serde_json::Value> {
 /// Ready when the database answers. What the driver said stays in the log: this route is
 /// public, and a driver's error can name hosts, users and paths.
 async fn ready(State(state): State<ApiState>) -> Response {
-    match state.engine.store().ping().await {
+    match state.engine.db().ping().await {
         Ok(_) => Json(serde_json::json!({ "status": "ready" })).into_response(),
         Err(error) => {
             tracing::warn!(%error, "not ready: the database is unreachable");
@@ -818,7 +818,7 @@ impl Engine {
     /// The metrics page, from what the database holds (so every process serves the same).
     pub async fn metrics_text(&self) -> Result<String, Error> {
         let health = self.watcher_health().await?;
-        let per_network = |value: &dyn Fn(&crate::store::operations::WatcherHealth) -> u64| {
+        let per_network = |value: &dyn Fn(&crate::records::WatcherHealth) -> u64| {
             health
                 .iter()
                 .map(|h| (format!("network=\"{}\"", h.network), value(h)))

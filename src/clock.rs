@@ -1,6 +1,7 @@
 //! Time as the engine sees it: the system clock in production, a hand-moved one in tests,
 //! so that deadlines and timestamps are testable without sleeping.
 
+#[cfg(feature = "test-utils")]
 use std::sync::Mutex;
 
 use chrono::{DateTime, Utc};
@@ -22,9 +23,11 @@ impl Clock for SystemClock {
 }
 
 /// A clock that moves only when told; for tests and simulations.
+#[cfg(feature = "test-utils")]
 #[derive(Debug)]
 pub struct ManualClock(Mutex<DateTime<Utc>>);
 
+#[cfg(feature = "test-utils")]
 impl ManualClock {
     /// A clock stopped at `start`.
     pub fn new(start: DateTime<Utc>) -> ManualClock {
@@ -38,6 +41,7 @@ impl ManualClock {
     }
 }
 
+#[cfg(feature = "test-utils")]
 impl Clock for ManualClock {
     fn now(&self) -> DateTime<Utc> {
         *self.0.lock().expect("clock lock")

@@ -50,6 +50,9 @@ pub struct Config {
     /// How `payrecon serve` processes share one database.
     #[serde(default)]
     pub serve: ServeConfig,
+    /// What the shop sells: GPU kinds, durations, lots, top-up amounts.
+    #[serde(default)]
+    pub catalog: crate::catalog::Catalog,
 }
 
 /// `[serve]`.
@@ -166,6 +169,7 @@ impl Default for Config {
             http: HttpConfig::default(),
             webhooks: Vec::new(),
             serve: ServeConfig::default(),
+            catalog: crate::catalog::Catalog::default(),
         }
     }
 }
@@ -550,6 +554,10 @@ impl Config {
         {
             config.rates.recorded_quotes_file = Some(dir.join(quotes));
         }
+        config.catalog = config
+            .catalog
+            .validated()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         Ok(config)
     }
 }

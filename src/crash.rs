@@ -2,15 +2,20 @@
 //! to prove that a crash anywhere loses and doubles nothing. `PAYRECON_CRASH_AT=<point>` (or
 //! `<point>:<n>`, the n-th time it is reached) aborts the process there, as a SIGKILL would
 //! stop it: no unwinding, no destructors, the open transaction never committed. Unset (always,
-//! outside tests) a crash point is one relaxed check of a value read once.
+//! outside tests) a crash point is one relaxed check of a value read once. Only a build with the
+//! `test-utils` feature has them; in any other a crash point is nothing at all.
 
+#[cfg(feature = "test-utils")]
 use std::sync::OnceLock;
+#[cfg(feature = "test-utils")]
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The environment variable that arms a crash point.
+#[cfg(feature = "test-utils")]
 pub const CRASH_AT_ENV: &str = "PAYRECON_CRASH_AT";
 
 /// Every crash point, in the order an event passes them.
+#[cfg(feature = "test-utils")]
 pub const CRASH_POINTS: [&str; 5] = [
     "watcher.after_scan",
     "apply.after_event",
@@ -19,12 +24,14 @@ pub const CRASH_POINTS: [&str; 5] = [
     "apply.after_commit",
 ];
 
+#[cfg(feature = "test-utils")]
 struct Armed {
     point: String,
     nth: u64,
     hits: AtomicU64,
 }
 
+#[cfg(feature = "test-utils")]
 fn armed() -> Option<&'static Armed> {
     static ARMED: OnceLock<Option<Armed>> = OnceLock::new();
     ARMED
@@ -44,6 +51,7 @@ fn armed() -> Option<&'static Armed> {
 }
 
 /// Aborts the process if `point` is the armed crash point and this is the armed hit.
+#[cfg(feature = "test-utils")]
 pub(crate) fn crash_point(point: &str) {
     if let Some(armed) = armed()
         && armed.point == point
@@ -53,3 +61,8 @@ pub(crate) fn crash_point(point: &str) {
         std::process::abort();
     }
 }
+
+/// Without `test-utils` no crash point can be armed.
+#[cfg(not(feature = "test-utils"))]
+#[inline(always)]
+pub(crate) fn crash_point(_point: &str) {}

@@ -8,6 +8,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
+use crate::catalog::Catalog;
 use crate::clock::{Clock, SystemClock};
 use crate::error::Error;
 use crate::ledger::{
@@ -34,6 +35,7 @@ pub struct Engine {
     payments: Arc<PaymentSettings>,
     events: tokio::sync::broadcast::Sender<()>,
     matcher_path: MatcherPath,
+    catalog: Arc<Catalog>,
 }
 
 /// The result of a create call: the order, and whether this call created it or found the
@@ -122,12 +124,14 @@ impl Engine {
             payments: Arc::new(PaymentSettings::default()),
             events: tokio::sync::broadcast::channel(EVENT_NOTIFICATIONS).0,
             matcher_path: MatcherPath::default(),
+            catalog: Arc::new(Catalog::default()),
         }
     }
 
     /// Chooses how the matcher reads and writes. The default, [`MatcherPath::Batched`], is
     /// what to run; [`MatcherPath::OneByOne`] is the reference it is tested and measured
     /// against, and decides exactly alike.
+    #[cfg(feature = "test-utils")]
     pub fn with_matcher_path(mut self, path: MatcherPath) -> Engine {
         self.matcher_path = path;
         self
@@ -142,6 +146,20 @@ impl Engine {
     pub fn with_payment_settings(mut self, settings: PaymentSettings) -> Engine {
         self.payments = Arc::new(settings);
         self
+    }
+
+    /// Replaces what the shop sells (the default is the GPU shop's catalog); checked first.
+    pub fn with_catalog(mut self, catalog: Catalog) -> Result<Engine, Error> {
+        let catalog = catalog
+            .validated()
+            .map_err(|e| Error::Config(e.to_string()))?;
+        self.catalog = Arc::new(catalog);
+        Ok(self)
+    }
+
+    /// What the shop sells.
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
     }
 
     /// The payment settings in force.
@@ -165,12 +183,27 @@ impl Engine {
     }
 
     /// Replaces the clock (tests and simulations).
+    #[cfg(feature = "test-utils")]
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Engine {
         self.clock = clock;
         self
     }
 
-    /// The store underneath.
+    /// `sqlite` or `postgres`: which database this engine runs on.
+    pub fn database_backend(&self) -> &'static str {
+        match self.store.backend() {
+            store::Backend::Sqlite => "sqlite",
+            store::Backend::Postgres => "postgres",
+        }
+    }
+
+    /// The store, for the engine's methods in other modules.
+    pub(crate) fn db(&self) -> &Store {
+        &self.store
+    }
+
+    /// The store underneath (tests and the bench).
+    #[cfg(feature = "test-utils")]
     pub fn store(&self) -> &Store {
         &self.store
     }
@@ -181,12 +214,12 @@ impl Engine {
         &self,
         request: &RentalOrderRequest,
     ) -> Result<Created<Order>, Error> {
-        self.create_order(request.validate()?).await
+        self.create_order(request.validate(&self.catalog)?).await
     }
 
     /// Records a balance top-up (100, 500, 2000 or 10000 USD). Idempotent like orders.
     pub async fn create_topup(&self, request: &TopupRequest) -> Result<Created<Order>, Error> {
-        self.create_order(request.validate()?).await
+        self.create_order(request.validate(&self.catalog)?).await
     }
 
     async fn create_order(&self, order: ValidOrder) -> Result<Created<Order>, Error> {

@@ -14,10 +14,10 @@ use crate::payments::PaymentInstructions;
 use crate::store;
 
 /// Items per page when the caller does not say.
-pub const DEFAULT_HISTORY_PAGE: usize = 50;
+pub(crate) const DEFAULT_HISTORY_PAGE: usize = 50;
 
 /// The most items one page holds.
-pub const MAX_HISTORY_PAGE: usize = 200;
+pub(crate) const MAX_HISTORY_PAGE: usize = 200;
 
 /// One line of the timeline.
 #[derive(Clone, Debug, Serialize)]
@@ -131,7 +131,7 @@ impl Engine {
             )));
         }
         let after = after.map(Position::parse).transpose()?;
-        let mut conn = self.store().pool().acquire().await?;
+        let mut conn = self.db().pool().acquire().await?;
         let orders = store::orders::orders_of_account(&mut conn, account.as_str()).await?;
         let intents = store::payments::intents_of_account(&mut conn, account.as_str()).await?;
         let balance_account = Account::CustomerBalance(account.clone());

@@ -34,7 +34,7 @@ impl Engine {
         holder: &str,
         ttl: Duration,
     ) -> Result<Option<Lease>, Error> {
-        let mut tx = self.store().begin_write().await?;
+        let mut tx = self.db().begin_write().await?;
         let token = leases::acquire(&mut tx, network.as_str(), holder, millis(ttl)).await?;
         tx.commit().await?;
         Ok(token.map(|token| Lease {
@@ -46,7 +46,7 @@ impl Engine {
 
     /// Extends a held lease by `ttl` from now; false when it was lost to another holder.
     pub async fn renew_lease(&self, lease: &Lease, ttl: Duration) -> Result<bool, Error> {
-        let mut tx = self.store().begin_write().await?;
+        let mut tx = self.db().begin_write().await?;
         let renewed = leases::renew(
             &mut tx,
             lease.network.as_str(),
@@ -61,13 +61,13 @@ impl Engine {
 
     /// Who last took `network`'s lease, and its fencing token (operators, tests).
     pub async fn lease_holder(&self, network: Network) -> Result<Option<(String, i64)>, Error> {
-        let mut conn = self.store().pool().acquire().await?;
+        let mut conn = self.db().pool().acquire().await?;
         Ok(leases::holder(&mut conn, network.as_str()).await?)
     }
 
     /// Gives a lease up now (a clean shutdown), so another process takes over at once.
     pub async fn release_lease(&self, lease: &Lease) -> Result<(), Error> {
-        let mut tx = self.store().begin_write().await?;
+        let mut tx = self.db().begin_write().await?;
         leases::release(&mut tx, lease.network.as_str(), &lease.holder, lease.token).await?;
         tx.commit().await?;
         Ok(())

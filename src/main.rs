@@ -1,5 +1,7 @@
-//! The `payrecon` command.
+//! The `payrecon` command: a thin shell over the library's public API.
+
+mod cli;
 
 fn main() -> std::process::ExitCode {
-    payrecon::cli::main()
+    cli::main()
 }

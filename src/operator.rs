@@ -99,7 +99,7 @@ impl Engine {
         check_text("actor", actor, MAX_ACTOR_LEN)?;
         check_text("reason", reason, MAX_REASON_LEN)?;
         let now = self.clock().now();
-        let mut tx = self.store().begin_write().await?;
+        let mut tx = self.db().begin_write().await?;
         let exception = operations::get_exception(tx.conn(), exception_id)
             .await?
             .ok_or_else(|| Error::ExceptionNotFound(exception_id.chars().take(80).collect()))?;
@@ -295,7 +295,7 @@ impl Engine {
 
     /// The operators' audit log, oldest first.
     pub async fn operator_actions(&self) -> Result<Vec<OperatorAction>, Error> {
-        let mut conn = self.store().pool().acquire().await?;
+        let mut conn = self.db().pool().acquire().await?;
         Ok(operations::actions(&mut conn, None).await?)
     }
 
@@ -312,7 +312,7 @@ impl Engine {
                 .parse()
                 .map_err(|_| Error::InvalidInput("after: not a cursor of the audit log".into()))?,
         };
-        let mut conn = self.store().pool().acquire().await?;
+        let mut conn = self.db().pool().acquire().await?;
         let rows = operations::actions_page(&mut conn, None, after_seq, limit as i64 + 1).await?;
         Ok(crate::stuck::Page::of(rows, limit, |a| a.seq.to_string()))
     }

@@ -5,6 +5,7 @@ use std::fmt;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::catalog::Catalog;
 use crate::money::{Usd, UsdError};
 
 /// Longest account id or order reference accepted; identifiers are keys, not prose.
@@ -106,18 +107,6 @@ macro_rules! string_newtype_conversions {
 }
 string_newtype_conversions!(AccountId, OrderRef);
 
-/// GPU models whose one lot is more than one GPU, with their GPUs per lot.
-const MULTI_GPU_LOTS: [(&str, u32); 1] = [("B200", 2)];
-
-/// The rental durations the shop sells, in days.
-pub const RENTAL_DURATIONS_DAYS: [u32; 3] = [3, 7, 30];
-
-/// The fewest and most lots one order may rent.
-pub const LOTS_RANGE: std::ops::RangeInclusive<u32> = 1..=10;
-
-/// The only top-up amounts the shop sells, in whole USD.
-pub const TOPUP_AMOUNTS_USD: [u32; 4] = [100, 500, 2000, 10000];
-
 /// What the shop sends to create a rental order. The shop computes the total.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RentalOrderRequest {
@@ -127,9 +116,9 @@ pub struct RentalOrderRequest {
     pub account_id: String,
     /// The GPU model, e.g. `H100` or `B200`.
     pub gpu_model: String,
-    /// 3, 7 or 30.
+    /// One of the catalog's rental durations (3, 7 or 30 by default).
     pub duration_days: u32,
-    /// 1 to 10.
+    /// Within the catalog's lot limits (1 to 10 by default).
     pub lots: u32,
     /// The total the shop computed.
     pub total_usd: Usd,
@@ -142,7 +131,7 @@ pub struct TopupRequest {
     pub reference: String,
     /// The shop's account id of the customer.
     pub account_id: String,
-    /// 100, 500, 2000 or 10000.
+    /// One of the catalog's top-up amounts (100, 500, 2000 or 10000 by default).
     pub amount_usd: Usd,
 }
 
@@ -161,28 +150,31 @@ pub struct ValidOrder {
 
 impl RentalOrderRequest {
     /// Applies the shop's rental rules; the first rule broken is named in the error.
-    pub fn validate(&self) -> Result<ValidOrder, OrderRuleError> {
+    pub(crate) fn validate(&self, catalog: &Catalog) -> Result<ValidOrder, OrderRuleError> {
         let reference = OrderRef::new(self.reference.clone())?;
         let account_id = AccountId::new(self.account_id.clone())?;
-        let gpu_model = normalize_gpu_model(&self.gpu_model)?;
-        if !RENTAL_DURATIONS_DAYS.contains(&self.duration_days) {
-            return Err(OrderRuleError::Duration(self.duration_days));
+        let gpu_model = catalog.gpu_kind(&self.gpu_model)?;
+        if !catalog.sells_duration(self.duration_days) {
+            return Err(OrderRuleError::Duration {
+                got: self.duration_days,
+                sold: catalog.rental_days.clone(),
+            });
         }
-        if !LOTS_RANGE.contains(&self.lots) {
-            return Err(OrderRuleError::Lots(self.lots));
+        if !catalog.allows_lots(self.lots) {
+            return Err(OrderRuleError::Lots {
+                got: self.lots,
+                min: catalog.min_lots,
+                max: catalog.max_lots,
+            });
         }
         if self.total_usd.is_zero() {
             return Err(OrderRuleError::TotalNotPositive);
         }
-        let gpus_per_lot = MULTI_GPU_LOTS
-            .iter()
-            .find(|(model, _)| *model == gpu_model)
-            .map_or(1, |(_, per_lot)| *per_lot);
         Ok(ValidOrder {
             reference,
             account_id,
             kind: OrderKind::Rental(RentalDetails {
-                gpu_count: self.lots * gpus_per_lot,
+                gpu_count: self.lots * catalog.gpus_per_lot(&gpu_model),
                 gpu_model,
                 duration_days: self.duration_days,
                 lots: self.lots,
@@ -194,14 +186,14 @@ impl RentalOrderRequest {
 
 impl TopupRequest {
     /// Applies the shop's top-up rules.
-    pub fn validate(&self) -> Result<ValidOrder, OrderRuleError> {
+    pub(crate) fn validate(&self, catalog: &Catalog) -> Result<ValidOrder, OrderRuleError> {
         let reference = OrderRef::new(self.reference.clone())?;
         let account_id = AccountId::new(self.account_id.clone())?;
-        let allowed = TOPUP_AMOUNTS_USD
-            .iter()
-            .any(|dollars| Usd::from_dollars(*dollars) == self.amount_usd);
-        if !allowed {
-            return Err(OrderRuleError::TopupAmount(self.amount_usd));
+        if !catalog.sells_topup(self.amount_usd) {
+            return Err(OrderRuleError::TopupAmount {
+                got: self.amount_usd,
+                sold: catalog.topup_amounts_usd.clone(),
+            });
         }
         Ok(ValidOrder {
             reference,
@@ -213,7 +205,7 @@ impl TopupRequest {
 }
 
 /// Upper-cases and checks a GPU model name (`h100` and `H100` are one model).
-fn normalize_gpu_model(model: &str) -> Result<String, OrderRuleError> {
+pub(crate) fn normalize_gpu_model(model: &str) -> Result<String, OrderRuleError> {
     let model = model.trim().to_ascii_uppercase();
     let well_formed = (1..=32).contains(&model.len())
         && model
@@ -251,9 +243,9 @@ impl OrderKind {
 pub struct RentalDetails {
     /// Normalized model name.
     pub gpu_model: String,
-    /// 3, 7 or 30.
+    /// One of the catalog's rental durations (3, 7 or 30 by default).
     pub duration_days: u32,
-    /// 1 to 10.
+    /// Within the catalog's lot limits (1 to 10 by default).
     pub lots: u32,
     /// GPUs rented: lots, times two for B200.
     pub gpu_count: u32,
@@ -334,21 +326,53 @@ pub enum OrderRuleError {
     /// The GPU model name is empty or malformed.
     #[error("GPU model must be 1 to 32 characters of letters, digits, ' ', '-', '_' or '.'")]
     GpuModel,
+    /// A GPU kind the shop does not rent.
+    #[error("the shop does not rent {0} GPUs")]
+    GpuKind(String),
     /// Not a duration the shop sells.
-    #[error("rental duration must be 3, 7 or 30 days, got {0}")]
-    Duration(u32),
+    #[error("rental duration must be {} days, got {got}", or_list(sold))]
+    Duration {
+        /// What was asked.
+        got: u32,
+        /// What the catalog sells.
+        sold: Vec<u32>,
+    },
     /// Too few or too many lots.
-    #[error("lots must be 1 to 10, got {0}")]
-    Lots(u32),
+    #[error("lots must be {min} to {max}, got {got}")]
+    Lots {
+        /// What was asked.
+        got: u32,
+        /// The catalog's fewest.
+        min: u32,
+        /// The catalog's most.
+        max: u32,
+    },
     /// A total of zero.
     #[error("order total must be greater than 0 USD")]
     TotalNotPositive,
     /// Not a top-up amount the shop sells.
-    #[error("a top-up must be exactly 100, 500, 2000 or 10000 USD, got {0}")]
-    TopupAmount(Usd),
+    #[error("a top-up must be exactly {} USD, got {got}", or_list(sold))]
+    TopupAmount {
+        /// What was asked.
+        got: Usd,
+        /// The amounts the catalog sells, in whole USD.
+        sold: Vec<u32>,
+    },
     /// A USD amount that is not one.
     #[error(transparent)]
     Usd(#[from] UsdError),
+}
+
+/// `3, 7 or 30`: a catalog's values as a sentence names them.
+fn or_list(values: &[u32]) -> String {
+    match values {
+        [] => String::new(),
+        [one] => one.to_string(),
+        [init @ .., last] => {
+            let init: Vec<String> = init.iter().map(u32::to_string).collect();
+            format!("{} or {last}", init.join(", "))
+        }
+    }
 }
 
 #[cfg(test)]
@@ -368,12 +392,16 @@ mod tests {
 
     #[test]
     fn b200_lots_are_two_gpus() {
-        let order = rental(7, 3, "b200").validate().unwrap();
+        let order = rental(7, 3, "b200").validate(&Catalog::default()).unwrap();
         let OrderKind::Rental(details) = order.kind else {
             panic!("a rental")
         };
         assert_eq!((details.gpu_model.as_str(), details.gpu_count), ("B200", 6));
-        let OrderKind::Rental(h100) = rental(30, 10, "H100").validate().unwrap().kind else {
+        let OrderKind::Rental(h100) = rental(30, 10, "H100")
+            .validate(&Catalog::default())
+            .unwrap()
+            .kind
+        else {
             panic!("a rental")
         };
         assert_eq!(h100.gpu_count, 10);
@@ -382,36 +410,56 @@ mod tests {
     #[test]
     fn impossible_rentals_name_the_rule() {
         assert_eq!(
-            rental(7, 11, "H100").validate(),
-            Err(OrderRuleError::Lots(11))
+            rental(7, 11, "H100").validate(&Catalog::default()),
+            Err(OrderRuleError::Lots {
+                got: 11,
+                min: 1,
+                max: 10
+            })
         );
         assert_eq!(
-            rental(7, 0, "H100").validate(),
-            Err(OrderRuleError::Lots(0))
+            rental(7, 0, "H100").validate(&Catalog::default()),
+            Err(OrderRuleError::Lots {
+                got: 0,
+                min: 1,
+                max: 10
+            })
         );
         assert_eq!(
-            rental(5, 1, "H100").validate(),
-            Err(OrderRuleError::Duration(5))
+            rental(5, 1, "H100").validate(&Catalog::default()),
+            Err(OrderRuleError::Duration {
+                got: 5,
+                sold: vec![3, 7, 30]
+            })
         );
         assert_eq!(
-            rental(5, 1, "H100").validate().unwrap_err().to_string(),
+            rental(5, 1, "H100")
+                .validate(&Catalog::default())
+                .unwrap_err()
+                .to_string(),
             "rental duration must be 3, 7 or 30 days, got 5"
         );
-        assert_eq!(rental(7, 1, "").validate(), Err(OrderRuleError::GpuModel));
+        assert_eq!(
+            rental(7, 1, "").validate(&Catalog::default()),
+            Err(OrderRuleError::GpuModel)
+        );
         let mut free = rental(7, 1, "H100");
         free.total_usd = Usd::ZERO;
-        assert_eq!(free.validate(), Err(OrderRuleError::TotalNotPositive));
+        assert_eq!(
+            free.validate(&Catalog::default()),
+            Err(OrderRuleError::TotalNotPositive)
+        );
     }
 
     #[test]
     fn top_ups_are_exactly_the_four_amounts() {
-        for dollars in TOPUP_AMOUNTS_USD {
+        for dollars in Catalog::default().topup_amounts_usd {
             let request = TopupRequest {
                 reference: format!("T{dollars}"),
                 account_id: "42".into(),
                 amount_usd: Usd::from_dollars(dollars),
             };
-            assert!(request.validate().is_ok());
+            assert!(request.validate(&Catalog::default()).is_ok());
         }
         let odd = TopupRequest {
             reference: "T".into(),
@@ -419,7 +467,7 @@ mod tests {
             amount_usd: Usd::from_dollars(250),
         };
         assert_eq!(
-            odd.validate().unwrap_err().to_string(),
+            odd.validate(&Catalog::default()).unwrap_err().to_string(),
             "a top-up must be exactly 100, 500, 2000 or 10000 USD, got 250.00"
         );
     }

@@ -495,11 +495,10 @@ impl Engine {
     pub async fn from_config(config: &Config) -> Result<Engine, Error> {
         crate::networks::check(config)?;
         let settings = PaymentSettings::from_config(config)?;
-        Ok(
-            Engine::open_with(config.database_url.expose(), config.database_durability)
-                .await?
-                .with_payment_settings(settings),
-        )
+        Engine::open_with(config.database_url.expose(), config.database_durability)
+            .await?
+            .with_payment_settings(settings)
+            .with_catalog(config.catalog.clone())
     }
 
     /// Creates payment instructions for an order or top-up in one method: a fresh address,
@@ -555,7 +554,7 @@ impl Engine {
             deadline,
             monitor_until: deadline + settings.monitoring_window,
         };
-        let intent = self.store().write_batched(draft).await?;
+        let intent = self.db().write_batched(draft).await?;
         self.notify_events();
         Ok(self.instructions(intent))
     }
@@ -573,7 +572,7 @@ impl Engine {
 
     /// A payment intent with its URI.
     pub async fn payment(&self, intent_id: &str) -> Result<PaymentInstructions, Error> {
-        let mut conn = self.store().pool().acquire().await?;
+        let mut conn = self.db().pool().acquire().await?;
         let intent = payments::get_intent(&mut conn, intent_id)
             .await?
             .ok_or_else(|| Error::IntentNotFound(intent_id.to_owned()))?;
@@ -585,7 +584,7 @@ impl Engine {
         &self,
         order_ref: &OrderRef,
     ) -> Result<Vec<PaymentInstructions>, Error> {
-        let mut conn = self.store().pool().acquire().await?;
+        let mut conn = self.db().pool().acquire().await?;
         let intents = payments::intents_of_order(&mut conn, order_ref.as_str()).await?;
         Ok(intents.into_iter().map(|i| self.instructions(i)).collect())
     }
@@ -602,7 +601,7 @@ impl Engine {
         let now = self.now();
         let id: Arc<str> = Arc::from(intent_id);
         let recorded = self
-            .store()
+            .db()
             .write(move |tx| {
                 let id = id.clone();
                 Box::pin(async move { record_marked_paid(tx, &id, now).await })
@@ -655,7 +654,7 @@ impl Engine {
     ) -> Result<(), Error> {
         let now = self.now();
         let settings = self.payment_settings();
-        let mut tx = self.store().begin_write().await?;
+        let mut tx = self.db().begin_write().await?;
         if let Some(lease) = lease
             && !crate::store::leases::check_fence(
                 &mut tx,
@@ -688,7 +687,7 @@ impl Engine {
 
     /// Where `network`'s watcher committed its last batch, if anywhere.
     pub async fn watcher_cursor(&self, network: Network) -> Result<Option<ChainCursor>, Error> {
-        let mut conn = self.store().pool().acquire().await?;
+        let mut conn = self.db().pool().acquire().await?;
         Ok(crate::store::cursors::get(&mut conn, network).await?)
     }
 
@@ -697,7 +696,7 @@ impl Engine {
     pub async fn tick(&self) -> Result<usize, Error> {
         let now = self.now();
         let settings = self.payment_settings();
-        let mut tx = self.store().begin_write().await?;
+        let mut tx = self.db().begin_write().await?;
         let due = payments::due_intent_ids(tx.conn(), now, TICK_BATCH as i64).await?;
         matcher::evaluate_due(self.matcher_path(), &mut tx, &settings.policy, &due, now).await?;
         tx.commit().await?;
@@ -707,7 +706,7 @@ impl Engine {
 
     /// Watch keys a network's watcher must follow now (monitoring windows included).
     pub async fn watch_keys(&self, network: Network) -> Result<Vec<String>, Error> {
-        let mut conn = self.store().pool().acquire().await?;
+        let mut conn = self.db().pool().acquire().await?;
         Ok(payments::watch_keys(&mut conn, network, self.now()).await?)
     }
 
@@ -727,8 +726,8 @@ impl Engine {
     pub async fn transfers_for(
         &self,
         order_ref: &OrderRef,
-    ) -> Result<Vec<payments::StoredTransfer>, Error> {
-        let mut conn = self.store().pool().acquire().await?;
+    ) -> Result<Vec<crate::records::StoredTransfer>, Error> {
+        let mut conn = self.db().pool().acquire().await?;
         Ok(payments::transfers_of_order(&mut conn, order_ref.as_str()).await?)
     }
 
@@ -748,7 +747,7 @@ impl Engine {
                 .and_then(|(ms, id)| Some((ms.parse().ok()?, id)))
                 .ok_or_else(|| Error::InvalidInput("after: not a cursor of exceptions".into()))?,
         };
-        let mut conn = self.store().pool().acquire().await?;
+        let mut conn = self.db().pool().acquire().await?;
         let rows =
             payments::exceptions_page(&mut conn, open_only, (opened_ms, id), limit as i64 + 1)
                 .await?;
@@ -762,7 +761,7 @@ impl Engine {
         &self,
         order_ref: Option<&OrderRef>,
     ) -> Result<Vec<ExceptionRecord>, Error> {
-        let mut conn = self.store().pool().acquire().await?;
+        let mut conn = self.db().pool().acquire().await?;
         Ok(payments::exceptions(&mut conn, order_ref.map(OrderRef::as_str)).await?)
     }
 
@@ -772,7 +771,7 @@ impl Engine {
         after_seq: i64,
         limit: i64,
     ) -> Result<Vec<IntentEvent>, Error> {
-        let mut conn = self.store().pool().acquire().await?;
+        let mut conn = self.db().pool().acquire().await?;
         Ok(payments::events_after(&mut conn, after_seq, limit).await?)
     }
 

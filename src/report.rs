@@ -36,7 +36,7 @@ pub struct ReportQuery {
 }
 
 /// How the report is written.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ReportFormat {
     /// One table, one header row: opens in a spreadsheet as is.
@@ -48,7 +48,7 @@ pub enum ReportFormat {
 }
 
 /// The table a CSV report holds (a CSV file has one header row, so one table).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CsvSection {
     /// Every transfer of the period.
@@ -60,6 +60,52 @@ pub enum CsvSection {
     Exceptions,
     /// Each account's balance and each currency's total.
     Balances,
+}
+
+/// Parses one of `names` into the matching value of `values`, naming the choices when it is
+/// none of them.
+fn named<T: Copy>(text: &str, names: &[&str], values: &[T], what: &str) -> Result<T, Error> {
+    names
+        .iter()
+        .position(|name| *name == text)
+        .map(|i| values[i])
+        .ok_or_else(|| {
+            Error::InvalidInput(format!(
+                "{what} must be one of {}, got {text:?}",
+                names.join(", ")
+            ))
+        })
+}
+
+impl ReportFormat {
+    /// Every format's name, as the CLI and the API take it.
+    pub const NAMES: [&'static str; 3] = ["csv", "json", "html"];
+}
+
+impl std::str::FromStr for ReportFormat {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<ReportFormat, Error> {
+        use ReportFormat::*;
+        named(s, &ReportFormat::NAMES, &[Csv, Json, Html], "format")
+    }
+}
+
+impl CsvSection {
+    /// Every section's name, as the CLI and the API take it.
+    pub const NAMES: [&'static str; 4] = ["transfers", "summary", "exceptions", "balances"];
+}
+
+impl std::str::FromStr for CsvSection {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<CsvSection, Error> {
+        use CsvSection::*;
+        named(
+            s,
+            &CsvSection::NAMES,
+            &[Transfers, Summary, Exceptions, Balances],
+            "section",
+        )
+    }
 }
 
 /// One method's figures for the period. Crypto amounts are exact decimals of the asset.
@@ -192,7 +238,7 @@ impl Engine {
             })
             .collect();
         let mut per_day = BTreeMap::new();
-        let pool = self.store().pool();
+        let pool = self.db().pool();
         let (mut conn, mut postings_conn) = (pool.acquire().await?, pool.acquire().await?);
         let ((intent_sums, open_exceptions, transfer_sums), posting_sums) = tokio::try_join!(
             async {
@@ -295,7 +341,7 @@ impl Engine {
 
     /// The period's exceptions.
     async fn period_exceptions(&self, query: &ReportQuery) -> Result<Vec<ExceptionRecord>, Error> {
-        let mut conn = self.store().pool().acquire().await?;
+        let mut conn = self.db().pool().acquire().await?;
         Ok(reports::exceptions_in(
             &mut conn,
             query.from.timestamp_millis(),
@@ -484,7 +530,7 @@ pub(crate) fn transfers_of(
 {
     let method = query.method;
     reports::transfers_in(
-        engine.store().pool().clone(),
+        engine.db().pool().clone(),
         query.from.timestamp_millis(),
         query.to.timestamp_millis(),
     )

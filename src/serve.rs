@@ -162,7 +162,7 @@ struct Watchers {
 
 impl Watchers {
     fn new(engine: &Engine, config: &Config) -> Result<Watchers, Error> {
-        let (lease, guard) = match engine.store().backend() {
+        let (lease, guard) = match engine.db().backend() {
             Backend::Postgres => {
                 let lease = LeaseOptions {
                     holder: format!("{}-{}", std::process::id(), uuid::Uuid::new_v4().simple()),

@@ -178,7 +178,7 @@ impl Engine {
             .transpose()?
             .unwrap_or_else(StuckCursor::first);
         let now = self.clock().now();
-        let mut conn = self.store().pool().acquire().await?;
+        let mut conn = self.db().pool().acquire().await?;
         let mut items = Vec::new();
         let since = |ms: i64| DateTime::from_timestamp_millis(ms).unwrap_or(now);
         // One more than the page: the extra item says a next page exists.
@@ -277,25 +277,25 @@ impl Engine {
 
     /// Every watcher's last written health.
     pub async fn watcher_health(&self) -> Result<Vec<WatcherHealth>, Error> {
-        let mut conn = self.store().pool().acquire().await?;
+        let mut conn = self.db().pool().acquire().await?;
         Ok(operations::watcher_health(&mut conn).await?)
     }
 
     /// Payment intents per state.
     pub async fn intents_by_status(&self) -> Result<Vec<(String, i64)>, Error> {
-        let mut conn = self.store().pool().acquire().await?;
+        let mut conn = self.db().pool().acquire().await?;
         Ok(operations::intents_by_status(&mut conn).await?)
     }
 
     /// Open exceptions per kind.
     pub async fn open_exceptions_by_kind(&self) -> Result<Vec<(String, i64)>, Error> {
-        let mut conn = self.store().pool().acquire().await?;
+        let mut conn = self.db().pool().acquire().await?;
         Ok(operations::open_exceptions_by_kind(&mut conn).await?)
     }
 
     /// Records a watcher's health (the watcher loop calls it after every round).
     pub async fn record_watcher_health(&self, health: &WatcherHealth) -> Result<(), Error> {
-        let mut conn = self.store().pool().acquire().await?;
+        let mut conn = self.db().pool().acquire().await?;
         Ok(operations::put_watcher_health(&mut conn, health).await?)
     }
 

@@ -14,7 +14,7 @@ use crate::store::payments::{self, ExceptionRecord, StoredTransfer};
 
 /// Longest text a lookup takes: a transaction id is 64 hex digits, a Solana signature 88
 /// base58 characters, an order reference 64.
-pub const MAX_LOOKUP_CHARS: usize = 128;
+pub(crate) const MAX_LOOKUP_CHARS: usize = 128;
 
 /// Everything about one order, as `payrecon order show` and a reference lookup give it.
 #[derive(Clone, Debug, Serialize)]
@@ -119,7 +119,7 @@ impl Engine {
     /// knows.
     pub async fn find(&self, text: &str) -> Result<Option<Finding>, Error> {
         let text = checked(text)?;
-        let mut conn = self.store().pool().acquire().await?;
+        let mut conn = self.db().pool().acquire().await?;
         let transfers = payments::transfers_by_txid(&mut conn, &Network::ALL, text).await?;
         if !transfers.is_empty() {
             let mut views = Vec::with_capacity(transfers.len());

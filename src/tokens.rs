@@ -12,7 +12,7 @@ use crate::error::Error;
 use crate::store::operations;
 
 /// Who a token speaks for; each role reaches only its own endpoints.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
     /// The shop backend: orders, top-ups, payment instructions, balances.
@@ -24,6 +24,9 @@ pub enum Role {
 }
 
 impl Role {
+    /// Every role's name, as the CLI takes it.
+    pub const NAMES: [&'static str; 3] = ["shop", "finance", "operator"];
+
     /// As stored.
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -86,7 +89,7 @@ impl Engine {
             ));
         }
         let token = fresh_token();
-        let mut tx = self.store().begin_write().await?;
+        let mut tx = self.db().begin_write().await?;
         if !operations::insert_token(
             tx.conn(),
             &digest(&token),
@@ -104,7 +107,7 @@ impl Engine {
 
     /// Revokes the token named `name`; false if there was none live.
     pub async fn revoke_api_token(&self, name: &str) -> Result<bool, Error> {
-        let mut tx = self.store().begin_write().await?;
+        let mut tx = self.db().begin_write().await?;
         let revoked = operations::revoke_token(tx.conn(), name, self.clock().now()).await?;
         tx.commit().await?;
         Ok(revoked)
@@ -115,7 +118,7 @@ impl Engine {
         if !token.starts_with("prt_") || token.len() != 68 {
             return Ok(None);
         }
-        let mut conn = self.store().pool().acquire().await?;
+        let mut conn = self.db().pool().acquire().await?;
         let Some((name, role)) = operations::token_by_hash(&mut conn, &digest(token)).await? else {
             return Ok(None);
         };

@@ -227,6 +227,7 @@ impl WebhookSender {
 
     /// One pass: copy new events into deliveries, then let every lane send what is due, side
     /// by side.
+    #[cfg(feature = "test-utils")]
     pub async fn pass(&self) -> Result<(), Error> {
         self.dispatch().await?;
         let mut sends = JoinSet::new();
@@ -387,7 +388,7 @@ impl Engine {
         endpoints: &[(String, chrono::Duration)],
     ) -> Result<usize, Error> {
         let now = self.clock().now();
-        let mut tx = self.store().begin_write().await?;
+        let mut tx = self.db().begin_write().await?;
         let dispatched =
             operations::dispatch_events(tx.conn(), endpoints, DISPATCH_BATCH, now).await?;
         tx.commit().await?;
@@ -395,7 +396,7 @@ impl Engine {
     }
 
     async fn due_deliveries(&self, endpoint: &str) -> Result<Vec<DueDelivery>, Error> {
-        let mut conn = self.store().pool().acquire().await?;
+        let mut conn = self.db().pool().acquire().await?;
         let now = self.clock().now();
         Ok(operations::due_deliveries(&mut conn, endpoint, now, SEND_BATCH).await?)
     }
@@ -412,7 +413,7 @@ impl Engine {
             Some(_) if now.timestamp_millis() >= delivery.give_up_at_ms => ("abandoned", now),
             Some(_) => ("pending", retry_at(now, delivery.attempts)),
         };
-        let mut tx = self.store().begin_write().await?;
+        let mut tx = self.db().begin_write().await?;
         operations::finish_delivery(
             tx.conn(),
             endpoint,
@@ -436,7 +437,7 @@ impl Engine {
         retry_hours: u32,
     ) -> Result<u64, Error> {
         let now = self.clock().now();
-        let mut tx = self.store().begin_write().await?;
+        let mut tx = self.db().begin_write().await?;
         let queued = operations::replay_deliveries(
             tx.conn(),
             endpoint,
@@ -452,14 +453,14 @@ impl Engine {
 
     /// Deliveries per endpoint and state.
     pub async fn webhook_counts(&self) -> Result<Vec<(String, String, i64)>, Error> {
-        let mut conn = self.store().pool().acquire().await?;
+        let mut conn = self.db().pool().acquire().await?;
         Ok(operations::delivery_counts(&mut conn).await?)
     }
 
     /// Endpoints with deliveries that failed and wait for their next attempt, or that were
     /// given up: what operators see as a failing endpoint.
-    pub async fn failing_webhooks(&self) -> Result<Vec<operations::FailingEndpoint>, Error> {
-        let mut conn = self.store().pool().acquire().await?;
+    pub async fn failing_webhooks(&self) -> Result<Vec<crate::records::FailingEndpoint>, Error> {
+        let mut conn = self.db().pool().acquire().await?;
         Ok(operations::failing_endpoints(&mut conn).await?)
     }
 }

@@ -9,12 +9,12 @@ use std::sync::{Arc, Mutex};
 
 use chrono::Duration;
 use common::seed::{Seeded, seed};
-use payrecon::api::{ApiOptions, ServerLimits};
+use payrecon::ApiOptions;
+use payrecon::Role;
 use payrecon::config::WebhookConfig;
-use payrecon::tokens::Role;
-use payrecon::webhooks::{
-    EVENT_ID_HEADER, SIGNATURE_HEADER, SIGNATURE_TOLERANCE, WebhookSender, verify_signature,
-};
+use payrecon::test_utils::api::ServerLimits;
+use payrecon::test_utils::webhooks::WebhookSender;
+use payrecon::{EVENT_ID_HEADER, SIGNATURE_HEADER, SIGNATURE_TOLERANCE, verify_signature};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -41,14 +41,14 @@ impl Api {
             webhooks: [("shop".to_owned(), 72)].into(),
             ..ApiOptions::default()
         };
-        let app = payrecon::api::router(engine.clone(), options, shutdown.clone());
+        let app = payrecon::router(engine.clone(), options, shutdown.clone());
         let limits = ServerLimits {
             header_read_timeout: std::time::Duration::from_secs(5),
             max_connections: 64,
             drain: std::time::Duration::from_secs(1),
         };
         tokio::spawn(async move {
-            payrecon::api::serve(listener, app, limits, shutdown)
+            payrecon::test_utils::api::serve(listener, app, limits, shutdown)
                 .await
                 .unwrap()
         });

@@ -12,10 +12,10 @@ use std::process::Command;
 
 use common::payments::{Tx, config, engine, start_time};
 use common::{Db, TestDb, rental, topup};
+use payrecon::Action;
 use payrecon::Error;
-use payrecon::money::Usd;
-use payrecon::operator::Action;
-use payrecon::order::{AccountId, OrderRef, RentalOrderRequest};
+use payrecon::Usd;
+use payrecon::{AccountId, OrderRef, RentalOrderRequest};
 use payrecon_chain_core::{Amount, ChainEvent, Method, Network};
 use proptest::prelude::*;
 
@@ -155,9 +155,9 @@ on_both_databases! {
         let before = stored(&db).await;
 
         for text in HOSTILE {
-            let hostile_reference = payrecon::order::TopupRequest { reference: (*text).into(), account_id: "42".into(), amount_usd: Usd::from_dollars(100) };
+            let hostile_reference = payrecon::TopupRequest { reference: (*text).into(), account_id: "42".into(), amount_usd: Usd::from_dollars(100) };
             refused(&db, &before, "hostile reference", engine.create_topup(&hostile_reference).await, "reference").await;
-            let hostile_account = payrecon::order::TopupRequest { reference: "T3".into(), account_id: (*text).into(), amount_usd: Usd::from_dollars(100) };
+            let hostile_account = payrecon::TopupRequest { reference: "T3".into(), account_id: (*text).into(), amount_usd: Usd::from_dollars(100) };
             refused(&db, &before, "hostile account", engine.create_topup(&hostile_account).await, "account").await;
         }
         let before = stored(&db).await;

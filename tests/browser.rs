@@ -16,7 +16,7 @@ use std::process::Command;
 use common::TestDb;
 use common::seed::{Seeded, seed};
 use common::serve::{ServeConfig, Serving, free_port};
-use payrecon::tokens::Role;
+use payrecon::Role;
 
 /// The page's DOM once its scripts have run.
 async fn rendered(url: &str) -> String {

@@ -29,6 +29,26 @@ fn json(url: &str, args: &[&str]) -> Value {
     serde_json::from_slice(&output.stdout).expect("one JSON document")
 }
 
+/// `payrecon bench …`, which runs the `payrecon-bench` binary beside `payrecon` (the workspace
+/// build that `scripts/test.sh` runs builds both): one JSON document.
+fn bench(args: &[&str]) -> Value {
+    let output = Command::new(env!("CARGO_BIN_EXE_payrecon"))
+        .arg("--json")
+        .arg("bench")
+        .args(args)
+        .env_remove("PAYRECON_DATABASE_URL")
+        .env_remove("PAYRECON_CONFIG")
+        .current_dir(std::env::temp_dir())
+        .output()
+        .expect("run payrecon bench");
+    assert!(
+        output.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("one JSON document")
+}
+
 /// Runs a command that must fail, returning its one-line error.
 fn refused(url: &str, args: &[&str]) -> String {
     let output = payrecon(url, args);
@@ -166,19 +186,15 @@ fn a_missing_config_file_is_named() {
 /// and one transfer found per watched recipient.
 #[test]
 fn the_tron_benchmark_scans_its_blocks() {
-    let report = json(
-        "sqlite::memory:",
-        &[
-            "bench",
-            "tron",
-            "--addresses",
-            "500",
-            "--blocks",
-            "3",
-            "--transfers-per-block",
-            "20",
-        ],
-    );
+    let report = bench(&[
+        "tron",
+        "--addresses",
+        "500",
+        "--blocks",
+        "3",
+        "--transfers-per-block",
+        "20",
+    ]);
     let results = report["results"].as_array().unwrap();
     assert_eq!(results[0]["entries"], 3);
     assert_eq!(
@@ -188,13 +204,18 @@ fn the_tron_benchmark_scans_its_blocks() {
     );
 }
 
+/// The benchmarks write rows of their own: a database given the way every other command takes
+/// one is refused, not silently replaced by a scratch file.
+#[test]
+fn the_benchmarks_refuse_the_global_database_url() {
+    let refusal = refused("sqlite::memory:", &["bench", "ledger", "--entries", "10"]);
+    assert!(refusal.contains("--scratch-database"), "{refusal}");
+}
+
 /// The Solana scanner benchmark runs on its built-in node and finds every paid reference once.
 #[test]
 fn the_solana_benchmark_checks_its_references() {
-    let report = json(
-        "sqlite::memory:",
-        &["bench", "solana", "--references", "200", "--paid", "20"],
-    );
+    let report = bench(&["solana", "--references", "200", "--paid", "20"]);
     let results = report["results"].as_array().unwrap();
     assert_eq!(
         (
@@ -364,10 +385,9 @@ fn account_history_from_the_command_line() {
 on_both_databases! {
     async fn the_payments_benchmark_measures_each_write_beside_its_line(db) {
         let url = db.url.clone();
-        let report = json(
-            &url,
+        let report = bench(
             &[
-                "bench", "payments", "--intents", "300", "--sweep-items", "60",
+                "payments", "--intents", "300", "--sweep-items", "60",
                 "--reference-events", "60", "--events-per-batch", "50",
                 "--concurrency", "1,16", "--scratch-database", &url,
             ],
@@ -401,10 +421,9 @@ on_both_databases! {
 on_both_databases! {
     async fn the_edge_benchmark_reads_nothing_per_page_while_nothing_changes(db) {
         let url = db.url.clone();
-        let report = json(
-            &url,
+        let report = bench(
             &[
-                "bench", "edge", "--streams", "60", "--intents", "6", "--requests", "20",
+                "edge", "--streams", "60", "--intents", "6", "--requests", "20",
                 "--quiet-seconds", "3", "--scratch-database", &url,
             ],
         );

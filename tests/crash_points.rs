@@ -7,7 +7,7 @@ mod common;
 use common::regtest::{Chain, eventually};
 use common::serve::ServeConfig;
 use common::{Db, TestDb};
-use payrecon::crash::{CRASH_AT_ENV, CRASH_POINTS};
+use payrecon::test_utils::crash::{CRASH_AT_ENV, CRASH_POINTS};
 use tokio::sync::OnceCell;
 
 const PAYMENTS: usize = 3;

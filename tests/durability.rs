@@ -7,7 +7,7 @@ mod common;
 use std::process::{Command, Stdio};
 
 use common::serve::{ServeConfig, free_port};
-use payrecon::store::{Durability, Store};
+use payrecon::test_utils::store::{Durability, Store};
 use serde_json::json;
 
 on_both_databases! {

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use common::regtest::eventually;
 use common::serve::{ServeConfig, Serving, free_port};
-use payrecon::webhooks::{SIGNATURE_HEADER, SIGNATURE_TOLERANCE, verify_signature};
+use payrecon::{SIGNATURE_HEADER, SIGNATURE_TOLERANCE, verify_signature};
 use serde_json::Value;
 use tokio::net::TcpListener;
 
@@ -749,19 +749,17 @@ async fn a_planted_provider_key_appears_in_no_output() {
 
 /// The API served with `limits` over a fresh SQLite engine; its address.
 async fn api_with(
-    limits: payrecon::api::ServerLimits,
+    limits: payrecon::test_utils::api::ServerLimits,
 ) -> (common::TestDb, tokio::sync::watch::Sender<bool>, SocketAddr) {
     let db = common::TestDb::new(common::Db::Sqlite).await;
     let engine = db.engine().await;
     let (stop, shutdown) = tokio::sync::watch::channel(false);
-    let app = payrecon::api::router(
-        engine,
-        payrecon::api::ApiOptions::default(),
-        shutdown.clone(),
-    );
+    let app = payrecon::router(engine, payrecon::ApiOptions::default(), shutdown.clone());
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
-    tokio::spawn(payrecon::api::serve(listener, app, limits, shutdown));
+    tokio::spawn(payrecon::test_utils::api::serve(
+        listener, app, limits, shutdown,
+    ));
     (db, stop, address)
 }
 
@@ -777,7 +775,7 @@ async fn until_closed(socket: &mut tokio::net::TcpStream) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_slow_or_silent_client_is_cut_off_and_connections_are_capped() {
     use tokio::io::AsyncWriteExt;
-    let limits = payrecon::api::ServerLimits {
+    let limits = payrecon::test_utils::api::ServerLimits {
         // Long beside the 300 ms the capped connection is watched for below.
         header_read_timeout: Duration::from_secs(2),
         max_connections: 1,

@@ -15,10 +15,10 @@ use common::anvil::{
 use common::checks::{cents, kinds, ledger_summary, order, sound, status, wait_status};
 use common::regtest::{eventually, fast};
 use common::{TestDb, topup};
-use payrecon::clock::Clock;
-use payrecon::intent::IntentStatus;
+use payrecon::IntentStatus;
 use payrecon::ledger::{Account, Currency, SuspenseReason};
-use payrecon::watcher::{WatcherOptions, WatcherState};
+use payrecon::test_utils::clock::Clock;
+use payrecon::test_utils::watcher::{WatcherOptions, WatcherState};
 use payrecon_chain_core::{Method, Network};
 use payrecon_chain_ethereum::Finality;
 
@@ -211,7 +211,7 @@ on_both_databases! {
 
         let config = common::payments::config(|c| c.networks.ethereum = Some(common::anvil::ethereum(&anvil, &tokens, &xpub, 2)));
         let now = clock.now();
-        let query = payrecon::report::ReportQuery { from: now - Duration::days(1), to: now + Duration::days(1), method: None };
+        let query = payrecon::ReportQuery { from: now - Duration::days(1), to: now + Duration::days(1), method: None };
         let clean = engine.audit_credited(&config, &query).await.unwrap();
         assert_eq!((clean.checked, clean.findings.len()), (2, 0), "{clean:?}");
 
@@ -222,7 +222,7 @@ on_both_databases! {
         assert_eq!(audit.findings.len(), 2, "{audit:?}");
         assert!(audit.findings.iter().all(|f| f.problem == "no longer on the chain" && f.confirmations_now.is_none()));
         assert!(audit.findings.iter().all(|f| f.ledger_entry.starts_with("settle:")));
-        let csv = audit.render(payrecon::report::ReportFormat::Csv).unwrap();
+        let csv = audit.render(payrecon::ReportFormat::Csv).unwrap();
         assert_eq!(csv.lines().count(), 3);
         assert!(csv.starts_with("network,txid,position,order,ledger_entry,"));
 

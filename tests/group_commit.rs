@@ -10,10 +10,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use common::payments::{FixedRates, PRICES, config, start_time};
 use common::{rental, topup};
 use payrecon::Error;
-use payrecon::clock::ManualClock;
-use payrecon::order::OrderRef;
-use payrecon::payments::PaymentSettings;
-use payrecon::rates::RateBook;
+use payrecon::OrderRef;
+use payrecon::PaymentSettings;
+use payrecon::test_utils::clock::ManualClock;
+use payrecon::test_utils::rates::RateBook;
 use payrecon_chain_core::{AddressDeriver, DeriveError, DerivedAddress, Method, Network};
 
 /// Refuses every third derivation: the caller has reserved its index by then, so the refusal

@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::payments::{Tx, config, engine, start_time};
 use common::topup;
 use payrecon::Error;
-use payrecon::order::OrderRef;
+use payrecon::OrderRef;
 use payrecon_chain_core::{BlockId, ChainCursor, Method, Network};
 
 fn cursor(height: u64) -> ChainCursor {

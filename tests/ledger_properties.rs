@@ -173,7 +173,7 @@ fn crypto_amount() -> impl Strategy<Value = i128> {
 /// sums of what was posted, however large and however mixed the amounts.
 async fn check_exact_sums(db: Db, amounts: Vec<i128>) {
     use payrecon::ledger::SuspenseReason;
-    use payrecon::report::{CsvSection, ReportFormat, ReportQuery};
+    use payrecon::{CsvSection, ReportFormat, ReportQuery};
     use payrecon_chain_core::Method;
 
     let test_db = TestDb::new(db).await;

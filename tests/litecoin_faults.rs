@@ -12,8 +12,8 @@ use common::regtest::{
 };
 use common::serve::ServeConfig;
 use common::{TestDb, topup};
-use payrecon::intent::IntentStatus;
-use payrecon::watcher::WatcherState;
+use payrecon::IntentStatus;
+use payrecon::test_utils::watcher::WatcherState;
 use payrecon_chain_bitcoin::{ElectrumSettings, UtxoChain, UtxoNetwork, UtxoTarget};
 use payrecon_chain_core::{Asset, Method, Network};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};

@@ -13,8 +13,8 @@ use common::faults::FaultProxy;
 use common::regtest::{Chain, Running, Source, eventually, fast, fresh_account_xpub, ltc_engine};
 use common::serve::ServeConfig;
 use common::{TestDb, topup};
-use payrecon::intent::IntentStatus;
-use payrecon::watcher::WatcherOptions;
+use payrecon::IntentStatus;
+use payrecon::test_utils::watcher::WatcherOptions;
 use payrecon_chain_bitcoin::{NodeScanner, UtxoChain, UtxoNetwork, UtxoTarget};
 use payrecon_chain_core::{Method, Network};
 

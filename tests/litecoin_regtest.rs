@@ -9,9 +9,9 @@ use common::checks::{cents, kinds, order, sound, status, wait_status};
 use common::regtest::{Chain, eventually, fresh_account_xpub, ltc_engine};
 use common::{rental, topup};
 use payrecon::Engine;
-use payrecon::intent::IntentStatus;
+use payrecon::IntentStatus;
+use payrecon::OrderStatus;
 use payrecon::ledger::{Account, Currency};
-use payrecon::order::OrderStatus;
 use payrecon_chain_core::{Method, Network};
 
 async fn custody(engine: &Engine) -> i128 {
@@ -245,8 +245,8 @@ on_both_databases_and_sources! {
         watcher.stop().await.unwrap();
 
         let config = common::payments::config(|c| c.networks.litecoin = Some(source.config(&xpub, &chain, 2)));
-        let now = payrecon::clock::Clock::now(&*clock);
-        let query = payrecon::report::ReportQuery { from: now - Duration::days(1), to: now + Duration::days(1), method: None };
+        let now = payrecon::test_utils::clock::Clock::now(&*clock);
+        let query = payrecon::ReportQuery { from: now - Duration::days(1), to: now + Duration::days(1), method: None };
         let clean = engine.audit_credited(&config, &query).await.unwrap();
         assert_eq!((clean.checked, clean.findings.len()), (1, 0), "{clean:?}");
 

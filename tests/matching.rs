@@ -7,10 +7,10 @@ use chrono::Duration;
 use common::payments::{Tx, config, engine, start_time};
 use common::{account, rental, topup};
 use payrecon::Error;
-use payrecon::intent::IntentStatus;
+use payrecon::IntentStatus;
 use payrecon::ledger::{Account, Currency, SuspenseReason};
-use payrecon::matcher::CreditPolicy;
-use payrecon::order::{OrderRef, OrderStatus};
+use payrecon::test_utils::matcher::CreditPolicy;
+use payrecon::{OrderRef, OrderStatus};
 use payrecon_chain_core::{ChainEvent, Method, Network, ReceivedAsset};
 
 fn order(r: &str) -> OrderRef {
@@ -29,7 +29,7 @@ async fn sound(engine: &payrecon::Engine) {
     assert!(trial.is_sound(), "{trial:?}");
 }
 
-fn kinds(exceptions: &[payrecon::store::payments::ExceptionRecord]) -> Vec<&str> {
+fn kinds(exceptions: &[payrecon::ExceptionRecord]) -> Vec<&str> {
     exceptions.iter().map(|e| e.kind.as_str()).collect()
 }
 
@@ -422,8 +422,8 @@ on_both_databases! {
 
         let (stale, _clock) = common::payments::engine(&db, config(|_| {})).await;
         let stale = stale.with_payment_settings({
-            let mut settings = payrecon::payments::PaymentSettings::from_config(&config(|_| {})).unwrap();
-            settings.rates = Some(std::sync::Arc::new(payrecon::rates::RateBook::new(vec![], Duration::minutes(5), rust_decimal::Decimal::ONE, Duration::zero())));
+            let mut settings = payrecon::PaymentSettings::from_config(&config(|_| {})).unwrap();
+            settings.rates = Some(std::sync::Arc::new(payrecon::test_utils::rates::RateBook::new(vec![], Duration::minutes(5), rust_decimal::Decimal::ONE, Duration::zero())));
             settings
         });
         assert!(matches!(stale.create_payment(&order("R1"), Method::Btc).await, Err(Error::Rate(_))));
@@ -487,8 +487,7 @@ fn explicit_finality_refuses_a_single_confirmation() {
         ethereum.finality = payrecon::config::EthereumFinality::Finalized;
         ethereum.confirmations = 1;
     });
-    let Err(Error::Config(reason)) = payrecon::payments::PaymentSettings::from_config(&config)
-    else {
+    let Err(Error::Config(reason)) = payrecon::PaymentSettings::from_config(&config) else {
         panic!("accepted");
     };
     assert!(

@@ -10,9 +10,9 @@ use std::collections::BTreeMap;
 use common::payments::{Tx, config, engine, start_time};
 use common::{Db, TestDb, account, topup};
 use payrecon::Engine;
-use payrecon::intent::IntentStatus;
+use payrecon::IntentStatus;
+use payrecon::OrderRef;
 use payrecon::ledger::{Account, Currency};
-use payrecon::order::OrderRef;
 use payrecon_chain_core::{ChainEvent, Method, Network};
 use proptest::prelude::*;
 

@@ -9,13 +9,13 @@ use common::account;
 use common::checks::sound;
 use common::payments::start_time;
 use common::seed::{UNMATCHED_TXID, seed};
+use payrecon::Action;
 use payrecon::Error;
-use payrecon::intent::IntentStatus;
+use payrecon::IntentStatus;
+use payrecon::StuckOptions;
 use payrecon::ledger::{Account, Currency, SuspenseReason};
-use payrecon::operator::Action;
-use payrecon::order::{OrderRef, OrderStatus};
-use payrecon::report::{CsvSection, ReportFormat, ReportQuery};
-use payrecon::stuck::StuckOptions;
+use payrecon::{CsvSection, ReportFormat, ReportQuery};
+use payrecon::{OrderRef, OrderStatus};
 use payrecon_chain_core::Method;
 
 fn period() -> ReportQuery {
@@ -264,7 +264,7 @@ on_both_databases! {
             ("ethereum", "stopped", "a body that is not JSON", Some(next_try), now),
             ("litecoin", "stopped", "wrong chain: genesis 0f91…", None, now),
         ] {
-            engine.record_watcher_health(&payrecon::store::operations::WatcherHealth {
+            engine.record_watcher_health(&payrecon::WatcherHealth {
                 network: network.into(), state: state.into(), cursor_height: Some(10), head_height: Some(12),
                 failures: 3, rpc_errors: 7, last_error: Some(error.into()),
                 last_scan_at: Some(now - Duration::minutes(10)), next_try_at, updated_at: updated,

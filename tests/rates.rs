@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Duration, Utc};
 use common::replay::{ReplayServer, Reply};
-use payrecon::rates::{CoinGecko, Kraken, RateBook, RateError, RateSource, RecordedQuotes};
+use payrecon::test_utils::rates::{
+    CoinGecko, Kraken, RateBook, RateError, RateSource, RecordedQuotes,
+};
 use payrecon_chain_core::Asset;
 use rust_decimal::Decimal;
 
@@ -53,7 +55,7 @@ async fn the_median_of_two_providers_is_locked() {
         (d("80012.34") + d("79988.5")) / Decimal::TWO
     );
     assert_eq!(btc.source, "kraken,coingecko");
-    for asset in payrecon::rates::QUOTED_ASSETS {
+    for asset in payrecon::test_utils::rates::QUOTED_ASSETS {
         assert!(book.rate(asset, now).await.is_ok(), "{asset}");
     }
 }

@@ -11,9 +11,9 @@ use common::checks::{cents, kinds, order, sound, status, wait_status};
 use common::regtest::eventually;
 use common::solana::{solana_config, solana_engine, watch_solana, watch_solana_with};
 use common::topup;
-use payrecon::clock::Clock;
-use payrecon::intent::IntentStatus;
-use payrecon::watcher::WatcherState;
+use payrecon::IntentStatus;
+use payrecon::test_utils::clock::Clock;
+use payrecon::test_utils::watcher::WatcherState;
 use payrecon_chain_core::Method;
 use payrecon_chain_solana::testkit::{FakeSolana, Fault, random_pubkey};
 
@@ -150,7 +150,7 @@ on_both_databases! {
 
         let config = common::payments::config(|c| c.networks.solana = Some(solana.clone()));
         let now = clock.now();
-        let query = payrecon::report::ReportQuery { from: now - Duration::days(1), to: now + Duration::days(1), method: None };
+        let query = payrecon::ReportQuery { from: now - Duration::days(1), to: now + Duration::days(1), method: None };
         let clean = engine.audit_credited(&config, &query).await.unwrap();
         assert_eq!((clean.checked, clean.findings.len()), (2, 0), "{clean:?}");
         // A node of another cluster (or one that lost its ledger) backs none of them.
@@ -212,7 +212,7 @@ on_both_databases! {
         let early = engine.create_payment(&order("EARLY"), Method::Sol).await.unwrap();
         // Rounds only when woken (a new intent wakes the watcher), so the test knows which
         // requests a round makes: getSlot, then the recipient's listing.
-        let options = payrecon::watcher::WatcherOptions { poll_interval: std::time::Duration::from_secs(3600), ..common::regtest::fast() };
+        let options = payrecon::test_utils::watcher::WatcherOptions { poll_interval: std::time::Duration::from_secs(3600), ..common::regtest::fast() };
         let watcher = watch_solana_with(&engine, &solana, options);
         eventually("the first round's commit", || async { engine.watcher_cursor(payrecon_chain_core::Network::Solana).await.unwrap().is_some() }).await;
         node.inject([Fault::Slow(std::time::Duration::ZERO), Fault::Slow(std::time::Duration::from_millis(600))]);

@@ -6,9 +6,10 @@ use std::sync::Arc;
 
 use common::{account, btc_topup_credit, fund, rental, topup};
 use payrecon::Error;
+use payrecon::Usd;
 use payrecon::ledger::{Account, Currency, EntryKind, LedgerError, NewEntry, PostOutcome, Posting};
-use payrecon::money::Usd;
-use payrecon::order::{OrderKind, OrderRef, OrderRuleError, OrderStatus, SettledVia};
+use payrecon::test_utils::order::SettledVia;
+use payrecon::{OrderKind, OrderRef, OrderRuleError, OrderStatus};
 use payrecon_chain_core::Method;
 
 fn reference(r: &str) -> OrderRef {
@@ -73,9 +74,9 @@ on_both_databases! {
     async fn impossible_orders_are_refused_and_nothing_is_stored(db) {
         let engine = db.engine().await;
         let cases = [
-            ({ let mut r = rental("X1", "42", "10"); r.lots = 11; r }, OrderRuleError::Lots(11)),
-            ({ let mut r = rental("X2", "42", "10"); r.lots = 0; r }, OrderRuleError::Lots(0)),
-            ({ let mut r = rental("X3", "42", "10"); r.duration_days = 5; r }, OrderRuleError::Duration(5)),
+            ({ let mut r = rental("X1", "42", "10"); r.lots = 11; r }, OrderRuleError::Lots { got: 11, min: 1, max: 10 }),
+            ({ let mut r = rental("X2", "42", "10"); r.lots = 0; r }, OrderRuleError::Lots { got: 0, min: 1, max: 10 }),
+            ({ let mut r = rental("X3", "42", "10"); r.duration_days = 5; r }, OrderRuleError::Duration { got: 5, sold: vec![3, 7, 30] }),
             (rental("X4", "42", "0"), OrderRuleError::TotalNotPositive),
             (rental("X5", "someone@example.com", "10"), OrderRuleError::AccountIdIsEmail),
         ];
@@ -90,7 +91,7 @@ on_both_databases! {
             ));
         }
         match engine.create_topup(&topup("T250", "42", "250")).await {
-            Err(Error::OrderRule(OrderRuleError::TopupAmount(usd))) => assert_eq!(usd.cents(), 25_000),
+            Err(Error::OrderRule(OrderRuleError::TopupAmount { got: usd, .. })) => assert_eq!(usd.cents(), 25_000),
             other => panic!("250 USD top-up must be refused, got {other:?}"),
         }
         assert!(matches!(engine.order(&reference("T250")).await, Err(Error::OrderNotFound(_))));

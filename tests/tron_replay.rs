@@ -14,10 +14,10 @@ use common::tron::{
     FAKE_USDT, USDT, fresh_tron_xpub, tron_config, tron_engine, wait_synced, watch_tron,
 };
 use common::{TestDb, topup};
-use payrecon::clock::Clock;
+use payrecon::IntentStatus;
 use payrecon::config::TronFinality;
-use payrecon::intent::IntentStatus;
-use payrecon::watcher::WatcherState;
+use payrecon::test_utils::clock::Clock;
+use payrecon::test_utils::watcher::WatcherState;
 use payrecon_chain_core::Method;
 use payrecon_chain_tron::testkit::{FakeTron, Fault, reverted_trc20, trc20, trx};
 
@@ -251,7 +251,7 @@ on_both_databases! {
 
         let config = common::payments::config(|c| c.networks.tron = Some(tron.clone()));
         let now = clock.now();
-        let query = payrecon::report::ReportQuery { from: now - Duration::days(1), to: now + Duration::days(1), method: None };
+        let query = payrecon::ReportQuery { from: now - Duration::days(1), to: now + Duration::days(1), method: None };
         let clean = engine.audit_credited(&config, &query).await.unwrap();
         assert_eq!((clean.checked, clean.findings.len()), (2, 0), "{clean:?}");
         // The payments' block is replaced while no watcher runs.

@@ -44,7 +44,7 @@ pub(super) enum Refused {
 }
 
 /// The fan-out: which intents have open pages, and a change counter for each.
-pub(crate) struct StatusHub {
+pub struct StatusHub {
     engine: Engine,
     limits: StreamLimits,
     state: Mutex<HubState>,
@@ -159,12 +159,13 @@ impl StatusHub {
     }
 
     /// Open streams now: what the bench and the metrics report.
-    pub(crate) fn open_streams(&self) -> usize {
+    pub fn open_streams(&self) -> usize {
         self.state.lock().expect("never poisoned").open
     }
 
     /// The database reads made so far for the live statuses.
-    pub(crate) fn reads(&self) -> &LiveReads {
+    #[cfg(feature = "test-utils")]
+    pub fn reads(&self) -> &LiveReads {
         &self.reads
     }
 

@@ -5,7 +5,7 @@
 //!
 //! This module decides what to show; [`page`] says it in the customer's language.
 
-pub mod page;
+pub(crate) mod page;
 
 use chrono::{DateTime, Utc};
 use payrecon_chain_core::ReceivedAsset;
@@ -116,7 +116,7 @@ fn check_key(key: &str) -> Result<(), Error> {
 impl Engine {
     /// The checkout page's content for the intent whose link carries `key`.
     pub async fn checkout(&self, key: &str) -> Result<Checkout, Error> {
-        let mut conn = self.store().pool().acquire().await?;
+        let mut conn = self.db().pool().acquire().await?;
         let intent = intent_by_key(&mut conn, key).await?;
         let transfers = payments::transfers_of_intent(&mut conn, &intent.id).await?;
         drop(conn);
@@ -136,7 +136,7 @@ impl Engine {
     /// The customer's "I have paid" from the checkout page: [`Engine::mark_paid`] by the
     /// page's key. It confirms nothing and credits nothing; said again, it writes nothing.
     pub async fn checkout_mark_paid(&self, key: &str) -> Result<(), Error> {
-        let mut conn = self.store().pool().acquire().await?;
+        let mut conn = self.db().pool().acquire().await?;
         let intent = intent_by_key(&mut conn, key).await?;
         drop(conn);
         if intent.marked_paid_at.is_none() {
@@ -150,7 +150,7 @@ impl Engine {
         &self,
         from: Option<LivePosition>,
     ) -> Result<ChangedIntents, Error> {
-        let store = self.store();
+        let store = self.db();
         Ok(feed::changed_intents(store.pool(), store.backend(), from).await?)
     }
 }

@@ -30,13 +30,13 @@ fluent_templates::static_loader! {
 
 /// The page's stylesheet and script, served from this origin so the policy below can forbid
 /// everything inline and everything foreign.
-pub const STYLESHEET: &str = include_str!("checkout.css");
+pub(crate) const STYLESHEET: &str = include_str!("checkout.css");
 /// See [`STYLESHEET`].
-pub const SCRIPT: &str = include_str!("checkout.js");
+pub(crate) const SCRIPT: &str = include_str!("checkout.js");
 
 /// The page may load its own stylesheet, script and live status and nothing else; it may not
 /// be framed (no clickjacking of "I have paid"), and its form posts only to itself.
-pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; \
+pub(crate) const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; \
      style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; \
      base-uri 'none'; frame-ancestors 'none'";
 
@@ -49,7 +49,10 @@ static LANGUAGES: LazyLock<Vec<LanguageIdentifier>> = LazyLock::new(|| {
 
 /// The language of a page: the one asked for by `?lang=` if there is a catalog for it, else
 /// the best match of `Accept-Language`, else English.
-pub fn choose_language(asked: Option<&str>, accept_language: Option<&str>) -> LanguageIdentifier {
+pub(crate) fn choose_language(
+    asked: Option<&str>,
+    accept_language: Option<&str>,
+) -> LanguageIdentifier {
     let mut requested: Vec<LanguageIdentifier> = Vec::new();
     if let Some(asked) = asked.and_then(|tag| tag.parse().ok()) {
         requested.push(asked);
@@ -96,7 +99,7 @@ impl Text<'_> {
 
 /// The live status as the page's script receives it (server-sent events).
 #[derive(Debug, Serialize)]
-pub struct StatusUpdate {
+pub(crate) struct StatusUpdate {
     /// The intent's status as stored (`seen`, `settled`, …).
     pub status: &'static str,
     /// What to tell the customer, in their language.
@@ -113,7 +116,7 @@ pub struct StatusUpdate {
 }
 
 /// `status` said in `language`.
-pub fn status_update(
+pub(crate) fn status_update(
     status: &CheckoutStatus,
     reference: &str,
     language: &LanguageIdentifier,
@@ -139,7 +142,7 @@ fn status_sentence(text: &Text<'_>, status: &CheckoutStatus, reference: &str) ->
 }
 
 /// The whole page for `checkout` at `now`, in `language`; `key` is the page's own key.
-pub fn render(
+pub(crate) fn render(
     checkout: &Checkout,
     key: &str,
     language: &LanguageIdentifier,
@@ -311,7 +314,7 @@ fn render_instructions(
 
 /// `h:mm:ss`, or `m:ss` under an hour: the same in every language (the script counts the
 /// same way).
-pub fn countdown(seconds: i64) -> String {
+pub(crate) fn countdown(seconds: i64) -> String {
     let (hours, minutes, seconds) = (seconds / 3600, seconds / 60 % 60, seconds % 60);
     if hours > 0 {
         format!("{hours}:{minutes:02}:{seconds:02}")
@@ -321,7 +324,7 @@ pub fn countdown(seconds: i64) -> String {
 }
 
 /// The page for a link that names no payment, in `language`.
-pub fn not_found(language: &LanguageIdentifier) -> String {
+pub(crate) fn not_found(language: &LanguageIdentifier) -> String {
     let text = Text { language };
     format!(
         "<!doctype html>\n<html lang=\"{lang}\">\n<head>\n<meta charset=\"utf-8\">\n\

@@ -83,7 +83,7 @@ fn checkout_key(run: &str, i: usize) -> String {
 /// `customers` returning customers, as the benchmark's do: each order then lands in its
 /// customer's stretch of `orders_by_account`, anywhere in the index, where orders of a new
 /// customer each would only ever append to it.
-pub(crate) async fn topups(
+pub async fn topups(
     tx: &mut WriteTx,
     run: &str,
     rows: std::ops::Range<usize>,
@@ -123,7 +123,7 @@ pub(crate) async fn topups(
 
 /// What payment intents write: the derivation counter moved on by as many, the intent rows and
 /// their `intent_created` events. Each intent pays the line's top-up of the same number.
-pub(crate) async fn intents(
+pub async fn intents(
     tx: &mut WriteTx,
     run: &str,
     rows: std::ops::Range<usize>,
@@ -199,7 +199,7 @@ pub(crate) async fn intents(
 /// What settling top-up intents by one confirming transfer each writes: the transfer, the
 /// intent's new state, the journal entry and its four legs (the last on the balance of the
 /// top-up's customer, one of `customers`), the order settled, the `status_changed` event.
-pub(crate) async fn settlements(
+pub async fn settlements(
     tx: &mut WriteTx,
     run: &str,
     rows: std::ops::Range<usize>,
@@ -342,7 +342,7 @@ pub(crate) async fn settlements(
 
 /// Top-ups and intents for [`settlements`] to settle, written in large batches (not what is
 /// measured).
-pub(crate) async fn prepare_settlements(
+pub async fn prepare_settlements(
     store: &super::Store,
     run: &str,
     count: usize,
@@ -361,7 +361,7 @@ pub(crate) async fn prepare_settlements(
 }
 
 /// What a ledger credit writes: one journal entry and its four legs.
-pub(crate) async fn credit(
+pub async fn credit(
     tx: &mut WriteTx,
     key: &str,
     customer_account: &str,

@@ -41,7 +41,7 @@ const SQLITE_PIPELINES: usize = 1;
 const POSTGRES_PIPELINES: usize = 4;
 
 /// What a caller's write returns: a future borrowing the group's transaction.
-pub(crate) type WriteFuture<'a, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send + 'a>>;
+pub type WriteFuture<'a, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send + 'a>>;
 
 /// The answers of a run of writes, one per write in order: each its own output or refusal.
 pub(crate) type Answers<T, E> = Vec<Result<T, E>>;

@@ -22,7 +22,7 @@ const ROWS_PER_INSERT: usize = 1_000;
 /// A replay with the same content is a no-op that says so; a replay with other content is
 /// refused, and so is an entry that would take a customer's balance below zero. A refusal
 /// leaves the caller's transaction to roll back: a batch posts whole or not at all.
-pub(crate) async fn post_batch(
+pub async fn post_batch(
     tx: &mut WriteTx,
     entries: &[NewEntry],
     now: DateTime<Utc>,

@@ -6,7 +6,8 @@
 //! losslessly on both. Where the dialects differ (row locks), the statement comes in two
 //! spellings side by side.
 
-pub(crate) mod baseline;
+#[cfg(feature = "bench")]
+pub mod baseline;
 pub mod cursors;
 pub mod feed;
 mod group;
@@ -27,8 +28,11 @@ use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::{Any, AnyConnection, AnyPool, ConnectOptions, Executor, Row, SqlSafeStr, Transaction};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
-pub(crate) use group::{Answers, GroupCommit, GroupWrite, Solo, WriteError, WriteFuture};
-pub use group::{GroupCommitStats, MAX_GROUP_WRITES};
+pub use group::GroupCommitStats;
+#[cfg(feature = "test-utils")]
+pub use group::MAX_GROUP_WRITES;
+pub use group::WriteFuture;
+pub(crate) use group::{Answers, GroupCommit, GroupWrite, Solo, WriteError};
 
 /// How long a connection waits for another process's SQLite write lock before giving up.
 const SQLITE_BUSY_TIMEOUT_MS: u32 = 10_000;
@@ -309,7 +313,7 @@ impl Store {
     ///
     /// On SQLite it takes the write lock up front (`BEGIN IMMEDIATE`), so a transaction that
     /// reads a balance and then debits it can never act on a stale read.
-    pub(crate) async fn begin_write(&self) -> Result<WriteTx, StoreError> {
+    pub async fn begin_write(&self) -> Result<WriteTx, StoreError> {
         let writer = match &self.sqlite_writer {
             Some(lock) => Some(lock.clone().lock_owned().await),
             None => None,
@@ -362,7 +366,7 @@ impl Store {
 
 /// A write transaction. Dropped without [`WriteTx::commit`], it rolls back: nothing
 /// half-written survives an error.
-pub(crate) struct WriteTx {
+pub struct WriteTx {
     tx: Transaction<'static, Any>,
     backend: Backend,
     /// This transaction's place in commit order, once asked for.
@@ -408,7 +412,7 @@ impl WriteTx {
     }
 
     /// Makes everything written durable at once.
-    pub(crate) async fn commit(self) -> Result<(), StoreError> {
+    pub async fn commit(self) -> Result<(), StoreError> {
         self.tx.commit().await.map_err(StoreError::Database)
     }
 }

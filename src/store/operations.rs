@@ -1,6 +1,7 @@
 //! SQL for operations: exception resolution and its audit log, API tokens, watcher health,
 //! the stuck-payment queries and webhook deliveries.
 
+pub(crate) use crate::records::{FailingEndpoint, OperatorAction, WatcherHealth};
 use chrono::{DateTime, Utc};
 use sqlx::{AnyConnection, Row};
 
@@ -58,27 +59,6 @@ pub(crate) async fn intents_by_status(
     rows.iter()
         .map(|row| Ok((row.try_get("status")?, row.try_get("n")?)))
         .collect()
-}
-
-/// An operator's action, as the audit log keeps it.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct OperatorAction {
-    /// Position in the log.
-    pub seq: i64,
-    /// The exception acted on.
-    pub exception_id: String,
-    /// accept_as_paid, credit_balance, mark_refunded or dismiss.
-    pub action: String,
-    /// Who.
-    pub actor: String,
-    /// Why, in the operator's words.
-    pub reason: String,
-    /// The transaction that returned the money, for refunds.
-    pub refund_txid: Option<String>,
-    /// The compensating journal entry, where money moved in the books.
-    pub entry_key: Option<String>,
-    /// When.
-    pub at: DateTime<Utc>,
 }
 
 /// Appends to the audit log and closes the exception, in the caller's transaction.
@@ -256,32 +236,6 @@ pub(crate) async fn revoke_token(
     .execute(conn)
     .await?;
     Ok(result.rows_affected() == 1)
-}
-
-/// A watcher's health as it last wrote it.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct WatcherHealth {
-    /// The network.
-    pub network: String,
-    /// starting, running, retrying or stopped.
-    pub state: String,
-    /// The newest block committed.
-    pub cursor_height: Option<u64>,
-    /// The node's newest block at the last scan.
-    pub head_height: Option<u64>,
-    /// Failed rounds in a row.
-    pub failures: u64,
-    /// Failed rounds since the watcher started.
-    pub rpc_errors: u64,
-    /// The newest failure.
-    pub last_error: Option<String>,
-    /// The last successful scan.
-    pub last_scan_at: Option<DateTime<Utc>>,
-    /// A stopped watcher's next attempt; `None` while it runs, or when it stays stopped (it
-    /// serves the wrong chain, or was shut down).
-    pub next_try_at: Option<DateTime<Utc>>,
-    /// When this row was written.
-    pub updated_at: DateTime<Utc>,
 }
 
 /// Replaces a watcher's health row.
@@ -571,22 +525,6 @@ pub(crate) async fn replay_deliveries(
     .execute(conn)
     .await?;
     Ok(result.rows_affected())
-}
-
-/// An endpoint whose deliveries fail: what the stuck view and the metrics show.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct FailingEndpoint {
-    /// The endpoint's configured name.
-    pub endpoint: String,
-    /// Deliveries that failed at least once and wait for their next attempt.
-    pub retrying: i64,
-    /// Deliveries given up after the endpoint's retry window (an operator can replay them).
-    pub abandoned: i64,
-    /// The oldest event not delivered, and when it happened (Unix milliseconds).
-    pub oldest_event_seq: i64,
-    pub oldest_event_at_ms: i64,
-    /// What the newest failed attempt of that oldest delivery met.
-    pub last_error: Option<String>,
 }
 
 /// Endpoints with deliveries retrying or abandoned, by name.

@@ -1,5 +1,6 @@
 //! SQL for payment intents, derivation counters, transfers, exceptions and intent events.
 
+pub(crate) use crate::records::{ExceptionRecord, IntentEvent, StoredTransfer};
 use std::collections::{BTreeMap, HashSet};
 
 use chrono::{DateTime, Utc};
@@ -522,39 +523,9 @@ fn decode_intent(row: &sqlx::any::AnyRow) -> Result<PaymentIntent, StoreError> {
     })
 }
 
-/// A transfer as the matcher keeps it: its newest observed state.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct StoredTransfer {
-    /// Where it sits on the chain.
-    pub id: TransferId,
-    /// The watch key it paid.
-    pub to_address: String,
-    /// What arrived.
-    pub asset: ReceivedAsset,
-    /// How much, in base units.
-    pub amount: Amount,
-    /// The intent whose watch key it paid, if any.
-    pub intent_id: Option<String>,
-    /// Confirmations at the newest observation.
-    pub confirmations: u32,
-    /// The block it was in at the newest observation; `None` while unconfirmed.
-    pub block_height: Option<u64>,
-    /// Taken out by a reorg or a replacement.
-    pub removed: bool,
-    /// Chain height of the newest observation.
-    pub tip_height: u64,
-    /// First seen, Unix milliseconds.
-    pub seen_at_ms: i64,
-    /// The journal entry that accounted for it, if any.
-    pub credited_entry: Option<String>,
-}
-
 /// How an asset is written (table `transfers`, reports): a method id, or `token:<contract>`.
-pub fn asset_text(asset: &ReceivedAsset) -> String {
-    match asset {
-        ReceivedAsset::Method { method } => method.id().to_owned(),
-        ReceivedAsset::OtherToken { contract } => format!("token:{contract}"),
-    }
+pub(crate) fn asset_text(asset: &ReceivedAsset) -> String {
+    asset.to_string()
 }
 
 pub(crate) fn parse_asset(text: &str) -> Result<ReceivedAsset, StoreError> {
@@ -782,30 +753,6 @@ pub(crate) fn decode_transfer(row: &sqlx::any::AnyRow) -> Result<StoredTransfer,
     })
 }
 
-/// An exception an operator must look at.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct ExceptionRecord {
-    /// Deterministic id: `<kind>:<intent or transfer>`.
-    pub id: String,
-    /// underpaid, overpaid, paid_late, wrong_asset, paid_after_settlement,
-    /// reorged_after_credit or unmatched.
-    pub kind: String,
-    /// The intent concerned, if any.
-    pub intent_id: Option<String>,
-    /// The order concerned, if any.
-    pub order_ref: Option<String>,
-    /// The transfer concerned, if any.
-    pub transfer: Option<String>,
-    /// What happened, for people.
-    pub detail: String,
-    /// When it was opened.
-    pub opened_at: DateTime<Utc>,
-    /// When an operator resolved it.
-    pub resolved_at: Option<DateTime<Utc>>,
-    /// What the operator did, and who: `<action> by <actor>: <reason>`.
-    pub resolution: Option<String>,
-}
-
 /// The event that announces a newly opened exception.
 pub(crate) fn exception_opened_event(exception: &ExceptionRecord) -> NewEvent {
     NewEvent {
@@ -954,23 +901,6 @@ pub(crate) fn decode_exception(row: &sqlx::any::AnyRow) -> Result<ExceptionRecor
             .transpose()?,
         resolution: row.try_get("resolution")?,
     })
-}
-
-/// One entry of the intent event stream.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct IntentEvent {
-    /// Position in the stream: resume after it.
-    pub seq: i64,
-    /// The intent concerned, if any.
-    pub intent_id: Option<String>,
-    /// The order concerned, if any.
-    pub order_ref: Option<String>,
-    /// `intent_created`, `status_changed`, `marked_paid`, `exception_opened`, `superseded`.
-    pub kind: String,
-    /// Details as JSON.
-    pub detail: serde_json::Value,
-    /// When.
-    pub at: DateTime<Utc>,
 }
 
 /// An entry of the event stream about to be written.

@@ -7,8 +7,11 @@ use payrecon_chain_core::Amount;
 use sqlx::{AnyConnection, AnyPool, Row};
 
 use super::payments::{ExceptionRecord, decode_exception, parse_asset};
+#[cfg(feature = "bench")]
 use super::payments::{StoredTransfer, asset_text};
-use super::{Backend, StoreError, WriteTx, decode_exact_sum, exact_sum, values_placeholders};
+use super::{Backend, StoreError, decode_exact_sum, exact_sum};
+#[cfg(feature = "bench")]
+use super::{WriteTx, values_placeholders};
 
 /// A transfer with the intent and order it paid, as the report lists it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -518,11 +521,13 @@ pub(crate) fn exceptions_in(
 }
 
 /// Rows per multi-row insert of [`load_transfers`], under both databases' parameter limits.
+#[cfg(feature = "bench")]
 const TRANSFERS_PER_INSERT: usize = 2_000;
 
 /// Loads transfers as the matcher would have stored them, many rows per statement: how the
 /// report benchmark builds a period of a million transfers in reasonable time.
-pub(crate) async fn load_transfers(
+#[cfg(feature = "bench")]
+pub async fn load_transfers(
     tx: &mut WriteTx,
     transfers: &[StoredTransfer],
     now_ms: i64,

@@ -20,9 +20,11 @@ use tokio::sync::watch;
 use crate::engine::Engine;
 use crate::error::Error;
 use crate::leases::Lease;
-use crate::store::operations::WatcherHealth;
+use crate::records::WatcherHealth;
 
-pub use view::{LiveView, Refresh};
+pub use view::LiveView;
+#[cfg(feature = "test-utils")]
+pub use view::Refresh;
 
 /// How often to scan and how to back off.
 #[derive(Clone, Debug)]
@@ -180,6 +182,7 @@ impl<S: ChainScanner> Watcher<S> {
     }
 
     /// Follows this watcher's health.
+    #[cfg(feature = "test-utils")]
     pub fn status(&self) -> watch::Receiver<WatcherStatus> {
         self.status.subscribe()
     }

@@ -46,7 +46,7 @@ impl LiveView {
     /// Reads everything `network`'s watcher follows now.
     pub async fn load(engine: &Engine, network: Network) -> Result<LiveView, Error> {
         let now = engine.clock().now();
-        let store = engine.store();
+        let store = engine.db();
         let read = feed::read_all(
             store.pool(),
             store.backend(),
@@ -71,7 +71,7 @@ impl LiveView {
     /// Brings the view in step: what changed since the last read, and windows closed by now.
     pub async fn refresh(&mut self, engine: &Engine) -> Result<Refresh, Error> {
         let now = engine.clock().now();
-        let store = engine.store();
+        let store = engine.db();
         let started = Instant::now();
         let read =
             feed::read_changes(store.pool(), store.backend(), self.network, self.next_from).await?;

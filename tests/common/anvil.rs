@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use payrecon::Engine;
-use payrecon::clock::ManualClock;
 use payrecon::config::{Config, EthereumConfig, EthereumFinality};
-use payrecon::watcher::WatcherOptions;
+use payrecon::test_utils::clock::ManualClock;
+use payrecon::test_utils::watcher::WatcherOptions;
 use payrecon_chain_core::bitcoin::bip32::{DerivationPath, Xpriv, Xpub};
 use payrecon_chain_core::bitcoin::secp256k1::Secp256k1;
 use payrecon_chain_core::{Asset, Method, Network};

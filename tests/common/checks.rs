@@ -2,8 +2,8 @@
 //! customer's balance, and a summary two runs of the same story must agree on.
 
 use payrecon::Engine;
-use payrecon::intent::IntentStatus;
-use payrecon::order::OrderRef;
+use payrecon::IntentStatus;
+use payrecon::OrderRef;
 
 use super::account;
 use super::regtest::eventually;

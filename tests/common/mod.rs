@@ -19,7 +19,7 @@ pub mod tron;
 
 use payrecon::Engine;
 use payrecon::ledger::{Account, Currency, EntryKind, NewEntry, Posting};
-use payrecon::order::{AccountId, RentalOrderRequest, TopupRequest};
+use payrecon::{AccountId, RentalOrderRequest, TopupRequest};
 use payrecon_chain_core::Method;
 
 /// Which database a test runs on.

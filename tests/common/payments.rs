@@ -6,10 +6,10 @@ use std::sync::Arc;
 use chrono::{DateTime, TimeZone, Utc};
 use futures_util::future::BoxFuture;
 use payrecon::Engine;
-use payrecon::clock::ManualClock;
+use payrecon::PaymentSettings;
 use payrecon::config::Config;
-use payrecon::payments::PaymentSettings;
-use payrecon::rates::{Quote, RateBook, RateError, RateSource};
+use payrecon::test_utils::clock::ManualClock;
+use payrecon::test_utils::rates::{Quote, RateBook, RateError, RateSource};
 use payrecon_chain_core::{
     Amount, Asset, ChainEvent, Method, Network, ReceivedAsset, Transfer, TransferId,
 };

@@ -11,9 +11,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use payrecon::Engine;
-use payrecon::clock::ManualClock;
 use payrecon::config::{Config, UtxoConfig};
-use payrecon::watcher::{Watcher, WatcherOptions};
+use payrecon::test_utils::clock::ManualClock;
+use payrecon::test_utils::watcher::{Watcher, WatcherOptions};
 use payrecon_chain_bitcoin::{
     ElectrumScanner, ElectrumSettings, NodeAuth, NodeScanner, NodeSettings, UtxoChain, UtxoNetwork,
     UtxoTarget,
@@ -440,7 +440,7 @@ pub fn fast() -> WatcherOptions {
 pub struct Running {
     pub task: JoinHandle<Result<(), payrecon::Error>>,
     pub stop: watch::Sender<bool>,
-    pub status: watch::Receiver<payrecon::watcher::WatcherStatus>,
+    pub status: watch::Receiver<payrecon::test_utils::watcher::WatcherStatus>,
 }
 
 impl Running {

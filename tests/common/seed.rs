@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use chrono::Duration;
 use payrecon::Engine;
-use payrecon::clock::ManualClock;
-use payrecon::order::OrderRef;
-use payrecon::payments::PaymentInstructions;
+use payrecon::OrderRef;
+use payrecon::PaymentInstructions;
+use payrecon::test_utils::clock::ManualClock;
 use payrecon_chain_core::{Method, Network, ReceivedAsset};
 
 use super::payments::{Tx, config, engine, start_time};

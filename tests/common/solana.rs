@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use payrecon::Engine;
-use payrecon::clock::ManualClock;
 use payrecon::config::{Config, SolanaConfig};
-use payrecon::watcher::WatcherOptions;
+use payrecon::test_utils::clock::ManualClock;
+use payrecon::test_utils::watcher::WatcherOptions;
 use payrecon_chain_core::{Asset, Method};
 use payrecon_chain_solana::SolanaScanner;
 use payrecon_chain_solana::testkit::{FakeSolana, random_pubkey};
@@ -54,7 +54,7 @@ pub fn watch_solana_with(
     config: &SolanaConfig,
     options: WatcherOptions,
 ) -> Running {
-    let mut settings = payrecon::networks::solana_settings(config)
+    let mut settings = payrecon::test_utils::networks::solana_settings(config)
         .unwrap()
         .unwrap();
     settings.timeout = Duration::from_secs(1);

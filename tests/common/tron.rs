@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use payrecon::Engine;
-use payrecon::clock::ManualClock;
 use payrecon::config::{Config, TronConfig, TronFinality};
+use payrecon::test_utils::clock::ManualClock;
 use payrecon_chain_core::bitcoin::bip32::{DerivationPath, Xpriv, Xpub};
 use payrecon_chain_core::bitcoin::secp256k1::Secp256k1;
 use payrecon_chain_core::{Asset, Method, Network};
@@ -73,7 +73,9 @@ pub async fn tron_engine(db: &TestDb, tron: &TronConfig) -> (Engine, Arc<ManualC
 /// Starts the Tron watcher of `engine` the way `payrecon serve` builds it from the
 /// configuration, scanning from `start_block` without a cursor yet.
 pub fn watch_tron(engine: &Engine, config: &TronConfig, start_block: u64) -> Running {
-    let mut settings: TronSettings = payrecon::networks::tron_settings(config).unwrap().unwrap();
+    let mut settings: TronSettings = payrecon::test_utils::networks::tron_settings(config)
+        .unwrap()
+        .unwrap();
     settings.start_block = Some(start_block);
     Running::spawn(engine, TronScanner::new(settings), fast())
 }

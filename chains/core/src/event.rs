@@ -44,6 +44,17 @@ pub enum ReceivedAsset {
     },
 }
 
+/// `eth`, `usdt-erc20`, … for a method; `token:<contract>` for any other token: the text
+/// reports, the store and support lookups show.
+impl std::fmt::Display for ReceivedAsset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReceivedAsset::Method { method } => f.write_str(method.id()),
+            ReceivedAsset::OtherToken { contract } => write!(f, "token:{contract}"),
+        }
+    }
+}
+
 /// Value that reached a watched address.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Transfer {

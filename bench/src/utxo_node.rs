@@ -13,10 +13,10 @@ use payrecon_chain_core::{BlockId, ChainCursor, ChainScanner, Method, WatchKeys,
 use serde_json::{Value, json};
 
 use super::{BenchLine, line, reset_peak_memory};
-use crate::engine::Engine;
-use crate::intent::IntentStatus;
-use crate::order::{OrderRef, TopupRequest};
-use crate::watcher::{Watcher, WatcherOptions};
+use payrecon::Engine;
+use payrecon::IntentStatus;
+use payrecon::test_utils::watcher::{Watcher, WatcherOptions};
+use payrecon::{OrderRef, TopupRequest};
 
 /// Litecoin regtest mines its MWEB activation block only with a peg-in; benchmarks stop short.
 const LITECOIN_MWEB_ACTIVATION: u64 = 432;
@@ -145,7 +145,7 @@ struct Watched {
     name: &'static str,
     engine: Engine,
     stop: tokio::sync::watch::Sender<bool>,
-    task: tokio::task::JoinHandle<Result<(), crate::Error>>,
+    task: tokio::task::JoinHandle<Result<(), payrecon::Error>>,
 }
 
 /// Broadcast to `seen` and confirming block to `settled`, for `payments` payments, on the
@@ -160,20 +160,20 @@ pub async fn latency(
     scratch: &std::path::Path,
 ) -> anyhow::Result<Vec<BenchLine>> {
     let xpub = super::fresh_litecoin_xpub()?;
-    let mut sources: Vec<(&'static str, crate::config::UtxoConfig)> = vec![(
+    let mut sources: Vec<(&'static str, payrecon::config::UtxoConfig)> = vec![(
         "full node",
-        crate::config::UtxoConfig {
+        payrecon::config::UtxoConfig {
             rpc_url: Some(node.url.to_string().into()),
             push_peer: push_peer.clone(),
-            ..crate::config::UtxoConfig::new(xpub.clone(), "regtest", 1)
+            ..payrecon::config::UtxoConfig::new(xpub.clone(), "regtest", 1)
         },
     )];
     if let Some(url) = &electrum_url {
         sources.push((
             "electrum",
-            crate::config::UtxoConfig {
+            payrecon::config::UtxoConfig {
                 electrum_url: Some(url.clone().into()),
-                ..crate::config::UtxoConfig::new(xpub.clone(), "regtest", 1)
+                ..payrecon::config::UtxoConfig::new(xpub.clone(), "regtest", 1)
             },
         ));
     }
@@ -189,17 +189,18 @@ pub async fn latency(
             ..WatcherOptions::default()
         };
         let (stop, shutdown) = tokio::sync::watch::channel(false);
-        let task =
-            match crate::networks::utxo_source(payrecon_chain_core::Network::Litecoin, &utxo)? {
-                Some(crate::networks::UtxoSource::Node(settings)) => tokio::spawn(
-                    Watcher::new(engine.clone(), NodeScanner::new(settings), options).run(shutdown),
-                ),
-                Some(crate::networks::UtxoSource::Electrum(settings)) => tokio::spawn(
-                    Watcher::new(engine.clone(), ElectrumScanner::new(settings), options)
-                        .run(shutdown),
-                ),
-                None => anyhow::bail!("no source"),
-            };
+        let task = match payrecon::test_utils::networks::utxo_source(
+            payrecon_chain_core::Network::Litecoin,
+            &utxo,
+        )? {
+            Some(payrecon::test_utils::networks::UtxoSource::Node(settings)) => tokio::spawn(
+                Watcher::new(engine.clone(), NodeScanner::new(settings), options).run(shutdown),
+            ),
+            Some(payrecon::test_utils::networks::UtxoSource::Electrum(settings)) => tokio::spawn(
+                Watcher::new(engine.clone(), ElectrumScanner::new(settings), options).run(shutdown),
+            ),
+            None => anyhow::bail!("no source"),
+        };
         watched.push(Watched {
             name,
             engine,
@@ -220,7 +221,7 @@ pub async fn latency(
                 .create_topup(&TopupRequest {
                     reference: reference.to_string(),
                     account_id: "bench".into(),
-                    amount_usd: crate::money::Usd::from_dollars(100),
+                    amount_usd: payrecon::test_utils::money::Usd::from_dollars(100),
                 })
                 .await?;
             intents.push(w.engine.create_payment(&reference, Method::Ltc).await?);
@@ -268,7 +269,7 @@ pub async fn latency(
 /// Waits until every engine's intent reached `done`, recording each one's time since `since`.
 async fn wait_all(
     watched: &[Watched],
-    intents: &[crate::payments::PaymentInstructions],
+    intents: &[payrecon::test_utils::payments::PaymentInstructions],
     since: Instant,
     samples: &mut [Vec<Duration>],
     done: impl Fn(IntentStatus) -> bool,

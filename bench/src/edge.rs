@@ -1,5 +1,5 @@
 //! The edge under load: one process serving the shop API while many checkout pages hold their
-//! live status open. The streams are opened by a child process (`bench edge-clients`), so the
+//! live status open. The streams are opened by a child process (`payrecon-bench edge-clients`), so the
 //! serving process's memory and file descriptors are its own.
 //!
 //! Measured in one run: the shop API's p50/p95 latency without streams and with them (and
@@ -14,10 +14,11 @@ use anyhow::Context;
 use serde::Serialize;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
-use crate::api::{ApiOptions, ServerLimits, StreamLimits};
-use crate::engine::Engine;
-use crate::order::{OrderRef, TopupRequest};
-use crate::tokens::Role;
+use payrecon::ApiOptions;
+use payrecon::Engine;
+use payrecon::Role;
+use payrecon::test_utils::api::{ServerLimits, StreamLimits};
+use payrecon::{OrderRef, TopupRequest};
 
 /// What `bench edge` is asked to do.
 pub(super) struct EdgePlan {
@@ -80,7 +81,7 @@ pub(super) async fn edge(engine: &Engine, plan: &EdgePlan) -> anyhow::Result<Edg
         },
         ..ApiOptions::default()
     };
-    let routers = crate::api::routers(engine.clone(), options, shutdown.clone());
+    let routers = payrecon::test_utils::api::routers(engine.clone(), options, shutdown.clone());
     let (app, live) = (routers.api, routers.live);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
@@ -89,14 +90,16 @@ pub(super) async fn edge(engine: &Engine, plan: &EdgePlan) -> anyhow::Result<Edg
         max_connections: plan.streams + 256,
         drain: Duration::from_secs(30),
     };
-    let server = tokio::spawn(crate::api::serve(listener, app, limits, shutdown));
+    let server = tokio::spawn(payrecon::test_utils::api::serve(
+        listener, app, limits, shutdown,
+    ));
 
     let http = reqwest::Client::new();
     let without = latencies(&http, &base, &token, &intents, plan.requests).await?;
 
     let before = resident_kib();
     let mut clients = tokio::process::Command::new(std::env::current_exe()?)
-        .args(["bench", "edge-clients", "--url", &base])
+        .args(["edge-clients", "--url", &base])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)

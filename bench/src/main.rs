@@ -1,7 +1,10 @@
-//! `payrecon bench`: throughput of the hot paths, on SQLite or PostgreSQL.
+//! `payrecon-bench` (also run as `payrecon bench`): throughput of payrecon's hot paths, on
+//! SQLite or PostgreSQL, each beside a line measured in the same run.
 //!
 //! Benchmarks print figures; they never pass or fail on time. They write only to the scratch
-//! database they are given (a fresh temporary SQLite file by default).
+//! database they are given (a fresh temporary SQLite file by default). This binary is the
+//! workshop: it reaches the engine's internals through `payrecon::test_utils`, and it is the
+//! only binary that carries the Tron and Solana fake nodes.
 
 mod edge;
 mod utxo_node;
@@ -10,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use clap::Subcommand;
+use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use payrecon_chain_core::{
     Amount, ChainCursor, ChainEvent, ChainScanner, Method, Network, ReceivedAsset, ScanBatch,
@@ -18,10 +21,9 @@ use payrecon_chain_core::{
 };
 use serde::Serialize;
 
-use crate::config::Config;
-use crate::engine::Engine;
-use crate::ledger::{Account, Currency, EntryKind, NewEntry, Posting};
-use crate::order::AccountId;
+use payrecon::config::Config;
+use payrecon::ledger::{Account, Currency, EntryKind, NewEntry, Posting};
+use payrecon::{AccountId, Engine};
 use payrecon_chain_bitcoin::UtxoChain;
 
 /// Customers the synthetic entries are spread over.
@@ -31,8 +33,20 @@ const BENCH_CUSTOMERS: usize = 1_000;
 const BENCH_CONCURRENCY: usize = 8;
 
 /// What to measure.
+/// payrecon-bench: throughput of payrecon's hot paths; prints figures, changes nothing but its
+/// scratch database.
+#[derive(Debug, Parser)]
+#[command(name = "payrecon-bench", version, about)]
+struct Cli {
+    /// Print one JSON document instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: BenchCommand,
+}
+
 #[derive(Debug, Subcommand)]
-pub enum BenchCommand {
+enum BenchCommand {
     /// Journal posting: single entries, batches, balance-checked debits, concurrent debits.
     Ledger {
         /// Entries per workload.
@@ -229,8 +243,45 @@ pub struct BenchLine {
     pub note: Option<String>,
 }
 
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli.command, cli.json)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            let causes: Vec<String> = error
+                .chain()
+                .map(|c| c.to_string().replace('\n', " "))
+                .collect();
+            eprintln!("error: {}", causes.join(": "));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Prints `value` as JSON, or the text `describe` makes.
+fn emit<T: Serialize>(
+    json: bool,
+    value: &T,
+    describe: impl FnOnce() -> String,
+) -> anyhow::Result<()> {
+    let text = if json {
+        serde_json::to_string_pretty(value)?
+    } else {
+        describe()
+    };
+    println!("{text}");
+    Ok(())
+}
+
 /// Runs a benchmark and prints its figures.
-pub async fn run(command: BenchCommand, _config: &Config, json: bool) -> anyhow::Result<()> {
+async fn run(command: BenchCommand, json: bool) -> anyhow::Result<()> {
     match command {
         BenchCommand::Payments {
             intents,
@@ -437,7 +488,7 @@ pub async fn run(command: BenchCommand, _config: &Config, json: bool) -> anyhow:
             };
             let figures = edge::edge(&engine, &plan).await?;
             let backend = format!("{:?}", engine.store().backend()).to_lowercase();
-            crate::cli::emit(
+            emit(
                 json,
                 &serde_json::json!({ "backend": backend, "results": figures }),
                 || {
@@ -532,7 +583,7 @@ async fn ledger(
     for i in 0..entries {
         let mut tx = engine.store().begin_write().await?;
         let customer = Account::CustomerBalance(customers[i % BENCH_CUSTOMERS].clone());
-        crate::store::baseline::credit(
+        payrecon::test_utils::store::baseline::credit(
             &mut tx,
             &format!("line-{run_id}:{i}"),
             &customer.to_string(),
@@ -631,7 +682,7 @@ async fn payments_engine(url: &str, scratch: &std::path::Path) -> anyhow::Result
     config.rates.sources = vec!["recorded".into()];
     config.rates.recorded_quotes_file = Some(quotes);
     config.rates.cache_seconds = 3600;
-    config.networks.bitcoin = Some(crate::config::UtxoConfig::new(
+    config.networks.bitcoin = Some(payrecon::config::UtxoConfig::new(
         payrecon_chain_core::test_vectors::BIP84_ZPUB,
         "mainnet",
         2,
@@ -674,13 +725,22 @@ async fn payments(engine: &Engine, plan: &PaymentsPlan) -> anyhow::Result<Vec<Be
         let topup_line = timed_line(engine, count, callers, |tx, rows, now| {
             let line_run = line_run.clone();
             Box::pin(async move {
-                crate::store::baseline::topups(tx, &line_run, rows, BENCH_CUSTOMERS, now).await
+                payrecon::test_utils::store::baseline::topups(
+                    tx,
+                    &line_run,
+                    rows,
+                    BENCH_CUSTOMERS,
+                    now,
+                )
+                .await
             })
         })
         .await?;
         let intent_line = timed_line(engine, count, callers, |tx, rows, now| {
             let line_run = line_run.clone();
-            Box::pin(async move { crate::store::baseline::intents(tx, &line_run, rows, now).await })
+            Box::pin(async move {
+                payrecon::test_utils::store::baseline::intents(tx, &line_run, rows, now).await
+            })
         })
         .await?;
         lines.push(beside(topups, &topup_line));
@@ -693,7 +753,7 @@ async fn payments(engine: &Engine, plan: &PaymentsPlan) -> anyhow::Result<Vec<Be
     // The watcher's view over every open intent: read whole once, then rounds with nothing new.
     let network = Network::Bitcoin;
     let started = Instant::now();
-    let mut live = crate::watcher::LiveView::load(engine, network).await?;
+    let mut live = payrecon::test_utils::watcher::LiveView::load(engine, network).await?;
     lines.push(line(
         &format!(
             "watcher view read whole ({} keys)",
@@ -722,7 +782,7 @@ async fn payments(engine: &Engine, plan: &PaymentsPlan) -> anyhow::Result<Vec<Be
     // Settling: the reference path on the first events, the batched path on the rest.
     let reference = engine
         .clone()
-        .with_matcher_path(crate::matcher::MatcherPath::OneByOne);
+        .with_matcher_path(payrecon::test_utils::matcher::MatcherPath::OneByOne);
     let split = plan.reference_events.min(total);
     let batches = |range: std::ops::Range<usize>| {
         let instructions = &instructions;
@@ -771,7 +831,7 @@ async fn payments(engine: &Engine, plan: &PaymentsPlan) -> anyhow::Result<Vec<Be
         trial.entries as usize == total,
         "every intent settled exactly once"
     );
-    let query = crate::report::ReportQuery {
+    let query = payrecon::test_utils::report::ReportQuery {
         from: chrono::Utc::now() - chrono::Duration::days(1),
         to: chrono::Utc::now() + chrono::Duration::days(1),
         method: None,
@@ -781,8 +841,8 @@ async fn payments(engine: &Engine, plan: &PaymentsPlan) -> anyhow::Result<Vec<Be
     let totals = engine
         .write_reconciliation(
             &query,
-            crate::report::ReportFormat::Json,
-            crate::report::CsvSection::Transfers,
+            payrecon::test_utils::report::ReportFormat::Json,
+            payrecon::test_utils::report::CsvSection::Transfers,
             tokio::io::sink(),
         )
         .await?;
@@ -800,7 +860,7 @@ async fn payments(engine: &Engine, plan: &PaymentsPlan) -> anyhow::Result<Vec<Be
     // timed), then the settlement rows in the same batches.
     let settle_run = format!("{run}-settle");
     let events_per_batch = plan.events_per_batch;
-    crate::store::baseline::prepare_settlements(
+    payrecon::test_utils::store::baseline::prepare_settlements(
         engine.store(),
         &settle_run,
         total,
@@ -810,7 +870,14 @@ async fn payments(engine: &Engine, plan: &PaymentsPlan) -> anyhow::Result<Vec<Be
     let settle_line = timed_line(engine, total - split, events_per_batch, |tx, rows, now| {
         let settle_run = settle_run.clone();
         Box::pin(async move {
-            crate::store::baseline::settlements(tx, &settle_run, rows, BENCH_CUSTOMERS, now).await
+            payrecon::test_utils::store::baseline::settlements(
+                tx,
+                &settle_run,
+                rows,
+                BENCH_CUSTOMERS,
+                now,
+            )
+            .await
         })
     })
     .await?;
@@ -828,7 +895,8 @@ async fn api_writes(
     callers: usize,
 ) -> anyhow::Result<(BenchLine, (BenchLine, Vec<PaidIntent>))> {
     let prefix = format!("b{run}");
-    let reference = move |i: usize| crate::order::OrderRef::new(format!("{prefix}-{i}"));
+    let reference =
+        move |i: usize| payrecon::test_utils::order::OrderRef::new(format!("{prefix}-{i}"));
     let count = items.len();
     let first = items.start;
     let grouped = engine.store().group_commit_stats();
@@ -844,10 +912,10 @@ async fn api_writes(
             caller_progress.clone(),
         );
         async move {
-            let request = crate::order::TopupRequest {
+            let request = payrecon::test_utils::order::TopupRequest {
                 reference: reference?.to_string(),
                 account_id: format!("c{}", (first + i) % BENCH_CUSTOMERS),
-                amount_usd: crate::money::Usd::from_dollars(500),
+                amount_usd: payrecon::test_utils::money::Usd::from_dollars(500),
             };
             engine.create_topup(&request).await?;
             progress.inc(1);
@@ -911,10 +979,14 @@ async fn timed_line<W>(
 ) -> anyhow::Result<BenchLine>
 where
     W: for<'a> Fn(
-        &'a mut crate::store::WriteTx,
+        &'a mut payrecon::test_utils::store::WriteTx,
         std::ops::Range<usize>,
         chrono::DateTime<chrono::Utc>,
-    ) -> crate::store::WriteFuture<'a, (), crate::store::StoreError>,
+    ) -> payrecon::test_utils::store::WriteFuture<
+        'a,
+        (),
+        payrecon::test_utils::store::StoreError,
+    >,
 {
     let started = Instant::now();
     let now = chrono::Utc::now();
@@ -930,7 +1002,7 @@ where
 fn with_group_size(
     mut measured: BenchLine,
     engine: &Engine,
-    before: crate::store::GroupCommitStats,
+    before: payrecon::test_utils::store::GroupCommitStats,
 ) -> BenchLine {
     let after = engine.store().group_commit_stats();
     let commits = after.commits - before.commits;
@@ -1005,7 +1077,7 @@ fn fresh_litecoin_xpub() -> anyhow::Result<String> {
 fn litecoin_config(
     url: &str,
     scratch: &std::path::Path,
-    utxo: crate::config::UtxoConfig,
+    utxo: payrecon::config::UtxoConfig,
 ) -> anyhow::Result<Config> {
     let quotes = scratch.join("quotes.json");
     std::fs::write(&quotes, r#"{"quotes":{"LTC":"100"}}"#)?;
@@ -1028,9 +1100,9 @@ fn electrum_config(
     electrum_url: &str,
     network: &str,
 ) -> anyhow::Result<Config> {
-    let utxo = crate::config::UtxoConfig {
+    let utxo = payrecon::config::UtxoConfig {
         electrum_url: Some(electrum_url.into()),
-        ..crate::config::UtxoConfig::new(fresh_litecoin_xpub()?, network, 2)
+        ..payrecon::config::UtxoConfig::new(fresh_litecoin_xpub()?, network, 2)
     };
     litecoin_config(url, scratch, utxo)
 }
@@ -1045,13 +1117,14 @@ async fn electrum(
     let (caller_engine, caller_progress) = (engine.clone(), progress.clone());
     spread(addresses, 4, move |i| {
         let (engine, progress) = (caller_engine.clone(), caller_progress.clone());
-        let reference = crate::order::OrderRef::new(format!("e{}-{i}", &run_id[..8]));
+        let reference =
+            payrecon::test_utils::order::OrderRef::new(format!("e{}-{i}", &run_id[..8]));
         async move {
             let reference = reference?;
-            let request = crate::order::TopupRequest {
+            let request = payrecon::test_utils::order::TopupRequest {
                 reference: reference.to_string(),
                 account_id: format!("c{}", i % BENCH_CUSTOMERS),
-                amount_usd: crate::money::Usd::from_dollars(100),
+                amount_usd: payrecon::test_utils::money::Usd::from_dollars(100),
             };
             engine.create_topup(&request).await?;
             engine.create_payment(&reference, Method::Ltc).await?;
@@ -1067,16 +1140,16 @@ async fn electrum(
         .litecoin
         .as_ref()
         .context("litecoin configured")?;
-    let Some(crate::networks::UtxoSource::Electrum(settings)) =
-        crate::networks::utxo_source(Network::Litecoin, utxo)?
+    let Some(payrecon::test_utils::networks::UtxoSource::Electrum(settings)) =
+        payrecon::test_utils::networks::utxo_source(Network::Litecoin, utxo)?
     else {
         anyhow::bail!("the Electrum bench needs electrum_url");
     };
     let new_watcher = || {
-        crate::watcher::Watcher::new(
+        payrecon::test_utils::watcher::Watcher::new(
             engine.clone(),
             payrecon_chain_bitcoin::ElectrumScanner::new(settings.clone()),
-            crate::watcher::WatcherOptions::default(),
+            payrecon::test_utils::watcher::WatcherOptions::default(),
         )
     };
     let mut lines = Vec::new();
@@ -1152,7 +1225,7 @@ async fn ethereum(
             .trim_start_matches("0x"),
         16,
     )?;
-    let bytecode = include_str!("../fixtures/ethereum/TestToken.bin").trim();
+    let bytecode = include_str!("../../fixtures/ethereum/TestToken.bin").trim();
     let deploy = serde_json::json!({"from": funder, "gas": "0x200000",
         "data": format!("0x{bytecode}{:064x}", u128::MAX >> 8)});
     let deployed = call("eth_sendTransaction", serde_json::json!([deploy])).await?;
@@ -1447,8 +1520,8 @@ const REPORT_LOAD_BATCH: usize = 10_000;
 /// suspense by its own journal entry (as the matcher books them), then writes the report in
 /// every format to nowhere, timing each and reading the peak memory it took.
 async fn reconciliation(engine: &Engine, count: usize) -> anyhow::Result<Vec<BenchLine>> {
-    use crate::report::{CsvSection, ReportFormat, ReportQuery};
-    use crate::store::payments::StoredTransfer;
+    use payrecon::StoredTransfer;
+    use payrecon::test_utils::report::{CsvSection, ReportFormat, ReportQuery};
     let start = chrono::Utc::now() - chrono::Duration::days(3);
     // Spread over three days, so the chart has bars.
     let spacing_ms = (3 * 24 * 3600 * 1000 / count as i64).max(1);
@@ -1496,7 +1569,7 @@ async fn reconciliation(engine: &Engine, count: usize) -> anyhow::Result<Vec<Ben
                         t.amount.base_units() as i128,
                     ),
                     Posting::credit(
-                        Account::Suspense(crate::ledger::SuspenseReason::Unmatched),
+                        Account::Suspense(payrecon::ledger::SuspenseReason::Unmatched),
                         btc,
                         t.amount.base_units() as i128,
                     ),
@@ -1504,10 +1577,18 @@ async fn reconciliation(engine: &Engine, count: usize) -> anyhow::Result<Vec<Ben
             })
             .collect();
         let mut tx = engine.store().begin_write().await?;
-        crate::store::reports::load_transfers(&mut tx, &transfers, start.timestamp_millis())
-            .await?;
-        crate::store::ledger::post_batch(&mut tx, &entries, start + chrono::Duration::hours(1))
-            .await??;
+        payrecon::test_utils::store::reports::load_transfers(
+            &mut tx,
+            &transfers,
+            start.timestamp_millis(),
+        )
+        .await?;
+        payrecon::test_utils::store::ledger::post_batch(
+            &mut tx,
+            &entries,
+            start + chrono::Duration::hours(1),
+        )
+        .await??;
         tx.commit().await?;
         bar.inc(indexes.len() as u64);
     }
@@ -1581,7 +1662,7 @@ fn report(
         Some(backend) => serde_json::json!({ "backend": backend, "results": lines }),
         None => serde_json::json!({ "results": lines }),
     };
-    crate::cli::emit(json, &document, || {
+    emit(json, &document, || {
         let mut text = format!("{title}\n");
         for line in lines {
             text.push_str(&format!(

@@ -1,0 +1,246 @@
+//! The `payrecon` command line: the engine's API for people and scripts.
+//!
+//! Every command prints a readable summary, or with `--json` one JSON document on stdout.
+//! Failures print one line on stderr and exit non-zero; nothing is half-written.
+
+mod bench;
+mod finance;
+mod operators;
+mod output;
+mod serve;
+mod shop;
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use payrecon::{Config, Engine};
+
+use finance::{LedgerCommand, ReportCommand};
+use operators::{ExceptionCommand, TokenCommand, WebhookCommand};
+use output::emit;
+use shop::{AccountCommand, OrderCommand, PayCommand, TopupCommand};
+
+/// payrecon: blockchain payment reconciliation for the GPU shop.
+#[derive(Debug, Parser)]
+#[command(name = "payrecon", version, about)]
+struct Cli {
+    /// Configuration file (TOML). Default: ./payrecon.toml if present.
+    #[arg(long, global = true, env = "PAYRECON_CONFIG")]
+    config: Option<PathBuf>,
+    /// Database URL, overriding the configuration: sqlite://file.db or postgres://…
+    #[arg(long, global = true)]
+    database_url: Option<String>,
+    /// Print one JSON document instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Create the database if needed and bring its schema up to date.
+    Init,
+    /// Rental orders.
+    #[command(subcommand)]
+    Order(OrderCommand),
+    /// Balance top-ups.
+    #[command(subcommand)]
+    Topup(TopupCommand),
+    /// A customer's history.
+    #[command(subcommand)]
+    Account(AccountCommand),
+    /// A customer's available USD balance.
+    Balance {
+        /// The shop's account id.
+        account: String,
+    },
+    /// Payment instructions.
+    #[command(subcommand)]
+    Pay(PayCommand),
+    /// The journal.
+    #[command(subcommand)]
+    Ledger(LedgerCommand),
+    /// Finance reports.
+    #[command(subcommand)]
+    Report(ReportCommand),
+    /// What operators must look at: payments marked paid but unseen, payments not
+    /// confirming, open exceptions, watchers behind or failing, stale rates.
+    Stuck {
+        /// Minutes after "I have paid" with nothing seen before it is stuck.
+        #[arg(long, default_value_t = 30)]
+        marked_paid_minutes: i64,
+        /// Hours a seen payment may stay unconfirmed before it is stuck.
+        #[arg(long, default_value_t = 2)]
+        seen_hours: i64,
+    },
+    /// Exceptions and the operators' actions on them.
+    #[command(subcommand)]
+    Exception(ExceptionCommand),
+    /// Bearer tokens of the HTTP API.
+    #[command(subcommand)]
+    Token(TokenCommand),
+    /// Webhook deliveries.
+    #[command(subcommand)]
+    Webhook(WebhookCommand),
+    /// Run the watchers of every network with a node configured, expire intents past their
+    /// deadline, serve the HTTP API (`[http] listen`) and send webhooks, until interrupted
+    /// (Ctrl-C or SIGTERM).
+    Serve,
+    /// Support lookup: a transaction id, an address, an order or top-up reference, or a
+    /// payment intent id, with everything about what it names. Exits 1 when nothing matches.
+    Find {
+        /// What the customer gave.
+        text: String,
+    },
+    /// Throughput benchmarks of the hot paths: runs the `payrecon-bench` binary, built on its
+    /// own (`cargo build --release -p payrecon-bench`).
+    #[command(disable_help_flag = true)]
+    Bench {
+        /// The workload and its options (`payrecon bench --help` lists them).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<OsString>,
+    },
+}
+
+/// Runs the command line and maps failures to a one-line message and exit code 1.
+pub(crate) fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => return usage_error(error),
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("PAYRECON_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        // Colours only for a person at a terminal: a log file or journald gets plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        // The reader went away (`payrecon … | head`): end quietly, with the status a Unix
+        // tool killed by SIGPIPE has.
+        Err(error) if is_broken_pipe(&error) => ExitCode::from(BROKEN_PIPE_STATUS),
+        Err(error) => {
+            eprintln!("error: {}", one_line(&error));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// 128 + SIGPIPE: what a shell reports for a tool whose output pipe was closed.
+const BROKEN_PIPE_STATUS: u8 = 141;
+
+/// Whether writing the output failed because its reader closed the pipe.
+fn is_broken_pipe(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+            || cause
+                .downcast_ref::<payrecon::Error>()
+                .is_some_and(payrecon::Error::is_broken_pipe)
+    })
+}
+
+/// Help and version print as clap writes them; a usage mistake is one line on stderr (the
+/// first of clap's message, which names the argument) and exit status 2.
+fn usage_error(error: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(
+        error.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        let _ = error.print();
+        return if error.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+            ExitCode::from(2)
+        } else {
+            ExitCode::SUCCESS
+        };
+    }
+    let message = error.to_string();
+    let first = message.lines().next().unwrap_or("invalid arguments");
+    let hint = message
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("[possible values: "))
+        .map(|values| format!(" (possible values: {})", values.trim_end_matches(']')))
+        .unwrap_or_default();
+    eprintln!("{first}{hint} (see --help)");
+    ExitCode::from(2)
+}
+
+/// The error and its causes on one line.
+fn one_line(error: &anyhow::Error) -> String {
+    error
+        .chain()
+        .map(|cause| cause.to_string().replace('\n', " "))
+        .collect::<Vec<_>>()
+        .join(": ")
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    if let Command::Bench { args } = cli.command {
+        return bench::run(args, cli.database_url.as_deref(), cli.json);
+    }
+    let mut config = Config::load(cli.config.as_deref())?;
+    if let Some(url) = cli.database_url {
+        config.database_url = url.into();
+    }
+    let json = cli.json;
+    let engine = Engine::from_config(&config)
+        .await
+        .with_context(|| format!("opening {}", config.database_url))?;
+    match cli.command {
+        Command::Init => {
+            let backend = engine.database_backend();
+            emit(
+                json,
+                &serde_json::json!({ "database": config.database_url.to_string(), "backend": backend, "migrated": true }),
+                || format!("database ready: {} ({backend})", config.database_url),
+            )
+        }
+        Command::Order(command) => shop::order(command, &engine, json).await,
+        Command::Topup(command) => shop::topup(command, &engine, json).await,
+        Command::Account(command) => shop::account(command, &engine, json).await,
+        Command::Balance { account } => shop::balance(account, &engine, json).await,
+        Command::Pay(command) => shop::pay(command, &engine, json).await,
+        Command::Ledger(command) => finance::ledger(command, &engine, json).await,
+        Command::Report(command) => finance::report(command, &engine, &config).await,
+        Command::Stuck {
+            marked_paid_minutes,
+            seen_hours,
+        } => operators::stuck(marked_paid_minutes, seen_hours, &engine, json).await,
+        Command::Exception(command) => operators::exception(command, &engine, json).await,
+        Command::Token(command) => operators::token(command, &engine, json).await,
+        Command::Webhook(command) => operators::webhook(command, &engine, &config, json).await,
+        Command::Find { text } => operators::find(text, &engine, json).await,
+        Command::Serve => serve::serve(engine, &config).await,
+        Command::Bench { .. } => unreachable!("handled before the configuration is read"),
+    }
+}
+
+/// A clap parser for a domain value named by one of `names`, parsed by its `FromStr`: the
+/// domain types know their names, the CLI only lists them.
+fn named<T>(names: &'static [&'static str]) -> impl clap::builder::TypedValueParser<Value = T>
+where
+    T: std::str::FromStr + Clone + Send + Sync + 'static,
+    T::Err: std::fmt::Debug,
+{
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(names)
+        .map(|name| name.parse::<T>().expect("every listed name parses"))
+}

@@ -1,0 +1,138 @@
+//! What the engine has recorded, as its callers read it: transfers as seen, exceptions,
+//! operators' actions, the intent event stream, watcher health and failing webhook endpoints.
+//! The store reads and writes these; the engine hands them out.
+
+use chrono::{DateTime, Utc};
+use payrecon_chain_core::{Amount, ReceivedAsset, TransferId};
+
+/// An operator's action, as the audit log keeps it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct OperatorAction {
+    /// Position in the log.
+    pub seq: i64,
+    /// The exception acted on.
+    pub exception_id: String,
+    /// accept_as_paid, credit_balance, mark_refunded or dismiss.
+    pub action: String,
+    /// Who.
+    pub actor: String,
+    /// Why, in the operator's words.
+    pub reason: String,
+    /// The transaction that returned the money, for refunds.
+    pub refund_txid: Option<String>,
+    /// The compensating journal entry, where money moved in the books.
+    pub entry_key: Option<String>,
+    /// When.
+    pub at: DateTime<Utc>,
+}
+
+/// A watcher's health as it last wrote it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct WatcherHealth {
+    /// The network.
+    pub network: String,
+    /// starting, running, retrying or stopped.
+    pub state: String,
+    /// The newest block committed.
+    pub cursor_height: Option<u64>,
+    /// The node's newest block at the last scan.
+    pub head_height: Option<u64>,
+    /// Failed rounds in a row.
+    pub failures: u64,
+    /// Failed rounds since the watcher started.
+    pub rpc_errors: u64,
+    /// The newest failure.
+    pub last_error: Option<String>,
+    /// The last successful scan.
+    pub last_scan_at: Option<DateTime<Utc>>,
+    /// A stopped watcher's next attempt; `None` while it runs, or when it stays stopped (it
+    /// serves the wrong chain, or was shut down).
+    pub next_try_at: Option<DateTime<Utc>>,
+    /// When this row was written.
+    pub updated_at: DateTime<Utc>,
+}
+
+/// An endpoint whose deliveries fail: what the stuck view and the metrics show.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct FailingEndpoint {
+    /// The endpoint's configured name.
+    pub endpoint: String,
+    /// Deliveries that failed at least once and wait for their next attempt.
+    pub retrying: i64,
+    /// Deliveries given up after the endpoint's retry window (an operator can replay them).
+    pub abandoned: i64,
+    /// The oldest event not delivered, and when it happened (Unix milliseconds).
+    pub oldest_event_seq: i64,
+    /// When that event happened (Unix milliseconds).
+    pub oldest_event_at_ms: i64,
+    /// What the newest failed attempt of that oldest delivery met.
+    pub last_error: Option<String>,
+}
+
+/// A transfer as the matcher keeps it: its newest observed state.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct StoredTransfer {
+    /// Where it sits on the chain.
+    pub id: TransferId,
+    /// The watch key it paid.
+    pub to_address: String,
+    /// What arrived.
+    pub asset: ReceivedAsset,
+    /// How much, in base units.
+    pub amount: Amount,
+    /// The intent whose watch key it paid, if any.
+    pub intent_id: Option<String>,
+    /// Confirmations at the newest observation.
+    pub confirmations: u32,
+    /// The block it was in at the newest observation; `None` while unconfirmed.
+    pub block_height: Option<u64>,
+    /// Taken out by a reorg or a replacement.
+    pub removed: bool,
+    /// Chain height of the newest observation.
+    pub tip_height: u64,
+    /// First seen, Unix milliseconds.
+    pub seen_at_ms: i64,
+    /// The journal entry that accounted for it, if any.
+    pub credited_entry: Option<String>,
+}
+
+/// An exception an operator must look at.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ExceptionRecord {
+    /// Deterministic id: `<kind>:<intent or transfer>`.
+    pub id: String,
+    /// underpaid, overpaid, paid_late, wrong_asset, paid_after_settlement,
+    /// reorged_after_credit or unmatched.
+    pub kind: String,
+    /// The intent concerned, if any.
+    pub intent_id: Option<String>,
+    /// The order concerned, if any.
+    pub order_ref: Option<String>,
+    /// The transfer concerned, if any.
+    pub transfer: Option<String>,
+    /// What happened, for people.
+    pub detail: String,
+    /// When it was opened.
+    pub opened_at: DateTime<Utc>,
+    /// When an operator resolved it.
+    pub resolved_at: Option<DateTime<Utc>>,
+    /// What the operator did, and who: `<action> by <actor>: <reason>`.
+    pub resolution: Option<String>,
+}
+
+/// One entry of the intent event stream.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct IntentEvent {
+    /// Position in the stream: resume after it.
+    pub seq: i64,
+    /// The intent concerned, if any.
+    pub intent_id: Option<String>,
+    /// The order concerned, if any.
+    pub order_ref: Option<String>,
+    /// `intent_created`, `status_changed`, `marked_paid`, `exception_opened`, `superseded`.
+    pub kind: String,
+    /// Details as JSON.
+    pub detail: serde_json::Value,
+    /// When.
+    pub at: DateTime<Utc>,
+}
