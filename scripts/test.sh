@@ -12,6 +12,7 @@
 # - Headless Chromium for the browser test comes from PAYRECON_TEST_CHROMIUM or Debian's
 #   chromium, installed here when missing; strace (the durability test watches `payrecon serve`
 #   sync before it answers) is installed here when missing too.
+# - examples/embed, a crate outside the workspace, runs the shop flow through the public API.
 # - After the suite, scripts/smoke.sh runs README's "Try it in five minutes" end to end, with the
 #   payrecon binary `cargo test` built.
 set -euo pipefail
@@ -51,5 +52,9 @@ if ! command -v strace >/dev/null; then
 fi
 
 export RUST_TEST_THREADS=${RUST_TEST_THREADS:-6}
+# Every crate of the workspace: unit, integration and doc tests (README's library example is
+# one), and the bench's CLI through `payrecon bench`.
 cargo test --workspace --locked
+# A shop's crate outside the workspace, which sees only the public API, on both databases.
+cargo test --locked --manifest-path examples/embed/Cargo.toml --target-dir target
 PAYRECON_BIN=target/debug/payrecon scripts/smoke.sh

@@ -542,11 +542,11 @@ impl Config {
             Some(path) => path.to_path_buf(),
             None => PathBuf::from(DEFAULT_CONFIG_FILE),
         };
-        let mut config: Config = Figment::from(Serialized::defaults(Config::default()))
-            .merge(Toml::file(&file))
-            .merge(Env::prefixed("PAYRECON_").only(&ENV_KEYS))
-            .extract()
-            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        let mut config = Config::extract(
+            Figment::from(Serialized::defaults(Config::default()))
+                .merge(Toml::file(&file))
+                .merge(Env::prefixed("PAYRECON_").only(&ENV_KEYS)),
+        )?;
         // A relative path in a file means relative to that file, wherever payrecon runs.
         if let (Some(quotes), Some(dir)) = (&config.rates.recorded_quotes_file, file.parent())
             && quotes.is_relative()
@@ -554,6 +554,22 @@ impl Config {
         {
             config.rates.recorded_quotes_file = Some(dir.join(quotes));
         }
+        Ok(config)
+    }
+
+    /// The configuration a shop embedding payrecon keeps as text: the same keys as the file,
+    /// the same defaults and checks, no file and no environment.
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        Config::extract(
+            Figment::from(Serialized::defaults(Config::default())).merge(Toml::string(text)),
+        )
+    }
+
+    /// The configuration `figment` holds, its catalog checked.
+    fn extract(figment: Figment) -> Result<Config, ConfigError> {
+        let mut config: Config = figment
+            .extract()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         config.catalog = config
             .catalog
             .validated()

@@ -83,6 +83,11 @@ mod webhooks;
 #[doc(hidden)]
 pub mod test_utils;
 
+/// README's Rust examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 pub use api::{ApiOptions, parse_time, router};
 pub use catalog::Catalog;
 pub use config::Config;
