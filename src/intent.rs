@@ -48,6 +48,28 @@ impl IntentStatus {
         IntentStatus::ReorgedAfterCredit,
     ];
 
+    /// Whether an intent in this state may move to `next`. Only a settled intent can have its
+    /// credit reorged away, and a settled one stays settled unless that happens: the matcher
+    /// never unsettles an intent by re-deriving it.
+    pub fn can_become(self, next: IntentStatus) -> bool {
+        match (self, next) {
+            (IntentStatus::Settled, next) => {
+                matches!(
+                    next,
+                    IntentStatus::Settled | IntentStatus::ReorgedAfterCredit
+                )
+            }
+            (IntentStatus::ReorgedAfterCredit, next) => {
+                matches!(
+                    next,
+                    IntentStatus::Settled | IntentStatus::ReorgedAfterCredit
+                )
+            }
+            (_, IntentStatus::ReorgedAfterCredit) => false,
+            _ => true,
+        }
+    }
+
     /// As stored.
     pub const fn as_str(self) -> &'static str {
         match self {

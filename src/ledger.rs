@@ -369,6 +369,16 @@ impl NewEntry {
         }
     }
 
+    /// Whether every currency's legs sum to zero: the invariant an entry keeps from before it
+    /// is inserted to after it is read back.
+    pub fn balances(&self) -> bool {
+        let mut sums: BTreeMap<Currency, i128> = BTreeMap::new();
+        for posting in &self.postings {
+            *sums.entry(posting.currency).or_insert(0) += posting.amount_minor;
+        }
+        sums.values().all(|sum| *sum == 0)
+    }
+
     /// A fingerprint of everything that makes two postings of one key the same posting.
     pub fn content_hash(&self) -> String {
         let mut hasher = Sha256::new();

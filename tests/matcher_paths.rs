@@ -388,3 +388,256 @@ proptest! {
         same_contents(Db::Postgres, scenario);
     }
 }
+
+/// The decision alone, without a database: one intent, its order and its transfers drawn from
+/// the same plans as the scenarios above (late, the wrong asset, removed, under and over), in
+/// any state the matcher can find them.
+mod decisions {
+    use super::*;
+    use chrono::{DateTime, Utc};
+    use payrecon::chain::{Amount, TransferId};
+    use payrecon::test_utils::intent::IntentRate;
+    use payrecon::test_utils::matcher::{
+        Booking, BookingKey, CreditPolicy, MatchPolicy, Step, decide,
+    };
+    use payrecon::{
+        AccountId, IntentStatus, Order, OrderKind, OrderStatus, PaymentIntent, StoredTransfer, Usd,
+    };
+
+    /// What is asked, in base units: divisible by four, as the plans' quarters need.
+    const ASKED: u128 = 4_000_000;
+
+    #[derive(Clone, Debug)]
+    struct Case {
+        network: usize,
+        plans: Vec<TransferPlan>,
+        /// Transfers already credited by an earlier evaluation (by index, if present).
+        credited_before: Vec<bool>,
+        settled_before: bool,
+        topup: bool,
+        minutes_after_creation: i64,
+        tolerance_bps: u32,
+        credit_extra: bool,
+    }
+
+    fn case() -> impl Strategy<Value = Case> {
+        (
+            0usize..3,
+            prop::collection::vec(transfer_plan(), 0..8),
+            prop::collection::vec(prop::bool::weighted(0.2), 8),
+            prop::bool::weighted(0.2),
+            any::<bool>(),
+            0i64..180,
+            prop_oneof![Just(0u32), Just(50), Just(2_500)],
+            any::<bool>(),
+        )
+            .prop_map(
+                |(
+                    network,
+                    plans,
+                    credited_before,
+                    settled_before,
+                    topup,
+                    minutes_after_creation,
+                    tolerance_bps,
+                    credit_extra,
+                )| Case {
+                    network,
+                    plans,
+                    credited_before,
+                    settled_before,
+                    topup,
+                    minutes_after_creation,
+                    tolerance_bps,
+                    credit_extra,
+                },
+            )
+    }
+
+    struct World {
+        intent: PaymentIntent,
+        order: Order,
+        transfers: Vec<StoredTransfer>,
+        policy: MatchPolicy,
+        now: DateTime<Utc>,
+    }
+
+    fn world(case: &Case) -> World {
+        let (network, method, required) = NETWORKS[case.network];
+        let created_at = start_time();
+        let deadline = created_at + Duration::minutes(60);
+        let reference = payrecon::OrderRef::new("order-1").unwrap();
+        let intent = PaymentIntent {
+            id: "pi_1".into(),
+            order_ref: reference.clone(),
+            method,
+            pay_to: "addr".into(),
+            watch_key: "addr".into(),
+            amount: Amount::from_base_units(ASKED),
+            usd: Usd::from_dollars(100),
+            rate: IntentRate {
+                usd_per_unit: rust_decimal::Decimal::new(25, 0),
+                source: "recorded".into(),
+                fetched_at: created_at,
+            },
+            created_at,
+            deadline,
+            monitor_until: created_at + Duration::days(7),
+            status: if case.settled_before {
+                IntentStatus::Settled
+            } else {
+                IntentStatus::AwaitingPayment
+            },
+            superseded_by: None,
+            marked_paid_at: None,
+            first_seen_at: None,
+            settled_at: case.settled_before.then_some(created_at),
+            settlement_count: u32::from(case.settled_before),
+            key_id: "key".into(),
+            derivation_index: 0,
+            checkout_key: "checkout".into(),
+        };
+        let order = Order {
+            reference,
+            account_id: AccountId::new("42").unwrap(),
+            kind: if case.topup {
+                OrderKind::Topup
+            } else {
+                rental_kind()
+            },
+            total_usd: Usd::from_dollars(100),
+            status: if case.settled_before {
+                OrderStatus::Settled {
+                    via: payrecon::test_utils::order::SettledVia::Payment,
+                    entry_key: "settle:pi_1:1".into(),
+                    at: created_at,
+                }
+            } else {
+                OrderStatus::Open
+            },
+            created_at,
+            attention: None,
+        };
+        let transfers = case
+            .plans
+            .iter()
+            .enumerate()
+            .map(|(i, plan)| {
+                let other = NETWORKS[(case.network + 1) % 3].1;
+                let seen = if plan.late {
+                    deadline + Duration::minutes(5)
+                } else {
+                    created_at + Duration::minutes(i as i64)
+                };
+                let confirmations = match plan.life {
+                    Life::Pending => 0,
+                    _ => required,
+                };
+                StoredTransfer {
+                    id: TransferId {
+                        network,
+                        txid: format!("{i:064x}"),
+                        position: 0,
+                    },
+                    to_address: "addr".into(),
+                    asset: ReceivedAsset::Method {
+                        method: if plan.wrong_asset { other } else { method },
+                    },
+                    amount: Amount::from_base_units(ASKED / 4 * plan.quarters),
+                    intent_id: Some("pi_1".into()),
+                    confirmations,
+                    block_height: (confirmations > 0).then_some(100),
+                    removed: matches!(plan.life, Life::ConfirmedThenRemoved),
+                    tip_height: 100 + u64::from(confirmations),
+                    seen_at_ms: seen.timestamp_millis(),
+                    credited_entry: (case.credited_before[i]
+                        && confirmations > 0
+                        && !matches!(plan.life, Life::ConfirmedThenRemoved))
+                    .then(|| format!("earlier:{i}")),
+                }
+            })
+            .collect();
+        let mut policy = MatchPolicy::defaults();
+        policy.underpayment_tolerance_bps = case.tolerance_bps;
+        if case.credit_extra {
+            policy.overpayment = CreditPolicy::CreditBalance;
+            policy.late_payment = CreditPolicy::CreditBalance;
+        }
+        World {
+            intent,
+            order,
+            transfers,
+            policy,
+            now: created_at + Duration::minutes(case.minutes_after_creation),
+        }
+    }
+
+    fn rental_kind() -> OrderKind {
+        serde_json::from_value(serde_json::json!({
+            "kind": "rental", "gpu_model": "H100", "gpu_count": 1, "duration_days": 7, "lots": 1
+        }))
+        .unwrap()
+    }
+
+    /// The key a booking posts under when nothing holds its base yet.
+    fn first_key(booking: &Booking) -> String {
+        match &booking.key {
+            BookingKey::Fixed(key) => key.clone(),
+            BookingKey::Next { base, .. } => base.clone(),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2_000, ..ProptestConfig::default() })]
+
+        #[test]
+        fn every_decision_credits_each_transfer_once_balances_and_settles_only_what_was_paid(case in case()) {
+            let World { intent, order, mut transfers, policy, now } = world(&case);
+            let decision = decide(&intent, &order, &transfers, &policy, now).unwrap();
+            prop_assert_eq!(&decision, &decide(&intent, &order, &transfers, &policy, now).unwrap(), "a decision is a function of its inputs");
+            prop_assert!(intent.status.can_become(decision.intent.status));
+
+            let mut credited = std::collections::BTreeSet::new();
+            let mut settled_crypto = 0u128;
+            for step in &decision.steps {
+                if let Step::Booking(booking) = step {
+                    let mut entry = booking.entry.clone();
+                    entry.idempotency_key = first_key(booking);
+                    prop_assert!(entry.validate().is_ok(), "{:?}", entry);
+                    for index in &booking.credits {
+                        let transfer = &transfers[*index];
+                        prop_assert!(!transfer.removed && transfer.credited_entry.is_none(), "only live, uncredited money is booked");
+                        prop_assert!(credited.insert(*index), "transfer {} booked twice", index);
+                    }
+                    if entry.idempotency_key.starts_with("settle:") {
+                        settled_crypto += entry.postings[0].amount_minor as u128;
+                    }
+                }
+            }
+            let settles = decision.steps.iter().any(|s| matches!(s, Step::SettleOrder { .. }));
+            prop_assert!(settled_crypto <= ASKED, "an order is settled for at most its amount");
+            prop_assert_eq!(settles, !case.settled_before && decision.intent.status == IntentStatus::Settled);
+            if settles {
+                prop_assert_eq!(decision.intent.settlement_count, intent.settlement_count + 1);
+            }
+
+            // Evaluated again with what was decided written, nothing more is booked: the same
+            // transfer seen twice, or the intent re-derived, never credits twice.
+            for step in &decision.steps {
+                if let Step::Booking(booking) = step {
+                    for index in &booking.credits {
+                        transfers[*index].credited_entry = Some(first_key(booking));
+                    }
+                }
+            }
+            let order = if settles {
+                Order { status: OrderStatus::Settled { via: payrecon::test_utils::order::SettledVia::Payment, entry_key: "settle".into(), at: now }, ..order }
+            } else {
+                order
+            };
+            let again = decide(&decision.intent, &order, &transfers, &policy, now).unwrap();
+            prop_assert!(!again.steps.iter().any(|s| matches!(s, Step::Booking(_) | Step::SettleOrder { .. })), "{:?}", again.steps);
+            prop_assert_eq!(again.intent.status, decision.intent.status);
+        }
+    }
+}

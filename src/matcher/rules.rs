@@ -1,20 +1,20 @@
 //! The matcher's rules, written once against [`MatchStore`]: how an event changes a
-//! transfer, how an intent's state follows from its transfers and the clock, and which ledger
-//! entries each change posts.
+//! transfer, and how what [`decide`] decides about an intent is written, with the bookings
+//! that take a reorged credit back and hold money no intent owns.
 
 use chrono::{DateTime, Utc};
-use payrecon_chain_core::{Amount, ChainEvent, Method, ReceivedAsset};
+use payrecon_chain_core::{ChainEvent, ReceivedAsset};
 
+use super::decide::{Booking, BookingKey, Decision, Step, decide, describe, hold_entry};
 use super::{MatchPolicy, MatchStore};
 use crate::error::Error;
-use crate::intent::{IntentStatus, PaymentIntent, usd_value_of};
-use crate::ledger::{Account, Currency, EntryKind, NewEntry, Posting, SuspenseReason};
+use crate::intent::{IntentStatus, PaymentIntent};
+use crate::ledger::{Account, Currency, NewEntry, Posting, SuspenseReason};
 use crate::money::Usd;
-use crate::order::{Order, OrderKind, OrderStatus};
+use crate::order::Order;
+use crate::records::{ExceptionRecord, StoredTransfer};
 use crate::store::StoreError;
-use crate::store::payments::{ExceptionRecord, NewEvent, StoredTransfer};
-
-use super::CreditPolicy;
+use crate::store::payments::NewEvent;
 
 /// Applies one chain event (already checked with [`check_event`]).
 pub(crate) async fn apply_event<S: MatchStore>(
@@ -217,14 +217,15 @@ async fn account_unmatched<S: MatchStore>(
     Ok(())
 }
 
-/// Re-derives an intent's state from its transfers and the clock, posting what became due.
+/// Re-derives an intent's state from its transfers and the clock, posting what became due:
+/// reads what [`decide`] needs, then applies what it decided.
 pub(crate) async fn evaluate_intent<S: MatchStore>(
     store: &mut S,
     policy: &MatchPolicy,
     intent_id: &str,
     now: DateTime<Utc>,
 ) -> Result<(), Error> {
-    let mut intent = store
+    let intent = store
         .intent(intent_id)
         .await?
         .ok_or_else(|| StoreError::Corrupt(format!("intent {intent_id} vanished")))?;
@@ -232,262 +233,84 @@ pub(crate) async fn evaluate_intent<S: MatchStore>(
         .lock_order(&intent.order_ref)
         .await?
         .ok_or_else(|| StoreError::Corrupt(format!("order {} vanished", intent.order_ref)))?;
-    let mut transfers = store.transfers_of_intent(intent_id).await?;
-    let before = intent.clone();
-    let required = policy.required(intent.network(), intent.usd);
-    let deadline_ms = intent.deadline.timestamp_millis();
-    let is_own_asset = |t: &StoredTransfer| {
-        t.asset
-            == (ReceivedAsset::Method {
-                method: intent.method,
-            })
-    };
+    let transfers = store.transfers_of_intent(intent_id).await?;
+    let decision = decide(&intent, &order, &transfers, policy, now)?;
+    apply(store, &intent, &order, transfers, decision, now).await
+}
+
+/// Writes a [`Decision`]: exceptions and the order's settlement in order, every booking under
+/// its resolved key in one post, the credited transfers, and the intent's new state.
+async fn apply<S: MatchStore>(
+    store: &mut S,
+    before: &PaymentIntent,
+    order: &Order,
+    mut transfers: Vec<StoredTransfer>,
+    decision: Decision,
+    now: DateTime<Utc>,
+) -> Result<(), Error> {
+    let intent = decision.intent;
     let mut entries = Vec::new();
     let mut credited = Vec::new();
-
-    for (index, transfer) in transfers.iter().enumerate() {
-        if transfer.removed {
-            continue;
-        }
-        let confirmed = transfer.confirmations >= required;
-        let uncredited = transfer.credited_entry.is_none();
-        if !is_own_asset(transfer) {
-            open_exception(
-                store,
-                "wrong_asset",
-                Some(&intent),
-                Some(&order),
-                Some(transfer),
-                format!(
-                    "{} sent to a {} intent: never credited as {}",
-                    describe(transfer),
-                    intent.method,
-                    intent.method
-                ),
-                now,
-            )
-            .await?;
-            if let (ReceivedAsset::Method { method }, true, true) =
-                (&transfer.asset, confirmed, uncredited)
-            {
-                let key = next_booking_key(store, &format!("wrong-asset:{}", transfer.id)).await?;
+    for step in decision.steps {
+        match step {
+            Step::Exception {
+                kind,
+                transfer,
+                detail,
+            } => {
                 let concerns = Concerns {
                     intent: Some(&intent),
-                    order: Some(&order),
-                    transfer: Some(transfer),
+                    order: Some(order),
+                    transfer: transfer.map(|i| &transfers[i]),
                 };
-                open_rebooking_exception(store, "wrong_asset", concerns, &key, now).await?;
-                entries.push(hold_entry(
-                    &key,
-                    *method,
-                    transfer.amount,
-                    SuspenseReason::WrongAsset,
-                    Some(&intent),
-                ));
-                credited.push((index, key));
+                let subject = concerns
+                    .transfer
+                    .map_or(intent.id.clone(), |t| t.id.to_string());
+                let record = concerns.exception(format!("{kind}:{subject}"), kind, detail, now);
+                store.open_exception(record).await?;
             }
-        } else if intent.status == IntentStatus::Settled {
-            if uncredited {
-                open_exception(
-                    store,
-                    "paid_after_settlement",
-                    Some(&intent),
-                    Some(&order),
-                    Some(transfer),
-                    format!(
-                        "{} arrived after the intent was settled",
-                        describe(transfer)
-                    ),
-                    now,
-                )
-                .await?;
-                if confirmed {
-                    let entry =
-                        book_after_settlement(store, transfer, &intent, &order, policy, now)
+            Step::Booking(Booking {
+                key,
+                mut entry,
+                credits,
+            }) => {
+                entry.idempotency_key = match key {
+                    BookingKey::Fixed(key) => key,
+                    BookingKey::Next {
+                        base,
+                        rebooking_kind,
+                    } => {
+                        let key = next_booking_key(store, &base).await?;
+                        let concerns = Concerns {
+                            intent: Some(&intent),
+                            order: Some(order),
+                            transfer: credits.first().map(|i| &transfers[*i]),
+                        };
+                        open_rebooking_exception(store, rebooking_kind, concerns, &key, now)
                             .await?;
-                    credited.push((index, entry.idempotency_key.clone()));
-                    entries.push(entry);
-                }
-            }
-        } else if transfer.seen_at_ms > deadline_ms && uncredited {
-            open_exception(
-                store,
-                "paid_late",
-                Some(&intent),
-                Some(&order),
-                Some(transfer),
-                format!(
-                    "{} first seen after the deadline {}",
-                    describe(transfer),
-                    intent.deadline.to_rfc3339()
-                ),
-                now,
-            )
-            .await?;
-            if confirmed {
-                let key = next_booking_key(store, &format!("late:{}", transfer.id)).await?;
-                let concerns = Concerns {
-                    intent: Some(&intent),
-                    order: Some(&order),
-                    transfer: Some(transfer),
+                        key
+                    }
                 };
-                open_rebooking_exception(store, "paid_late", concerns, &key, now).await?;
-                entries.push(extra_money_entry(
-                    &key,
-                    &intent,
-                    &order,
-                    transfer.amount,
-                    policy.late_payment,
-                    SuspenseReason::Late,
-                ));
-                credited.push((index, key));
+                credited.extend(
+                    credits
+                        .into_iter()
+                        .map(|i| (i, entry.idempotency_key.clone())),
+                );
+                entries.push(entry);
             }
+            Step::SettleOrder { key } => store.mark_settled(&order.reference, &key).await?,
         }
     }
-
-    let good: Vec<usize> = (0..transfers.len())
-        .filter(|i| !transfers[*i].removed && is_own_asset(&transfers[*i]))
-        .collect();
-    intent.first_seen_at = good
-        .iter()
-        .map(|i| transfers[*i].seen_at_ms)
-        .min()
-        .and_then(DateTime::from_timestamp_millis);
-    let on_time: Vec<usize> = good
-        .iter()
-        .copied()
-        .filter(|i| {
-            transfers[*i].seen_at_ms <= deadline_ms && transfers[*i].credited_entry.is_none()
-        })
-        .collect();
-
-    if intent.status != IntentStatus::Settled {
-        let confirmed: Vec<usize> = on_time
-            .iter()
-            .copied()
-            .filter(|i| transfers[*i].confirmations >= required)
-            .collect();
-        let received = sum(confirmed.iter().map(|i| transfers[*i].amount))?;
-        let tolerance =
-            intent.amount.base_units() * u128::from(policy.underpayment_tolerance_bps) / 10_000;
-        let threshold = Amount::from_base_units(intent.amount.base_units() - tolerance);
-        if !confirmed.is_empty() && received >= threshold {
-            if order.status == OrderStatus::Open {
-                let n = intent.settlement_count + 1;
-                let key = format!("settle:{}:{n}", intent.id);
-                let paid = received.min(intent.amount);
-                entries.push(settlement_entry(&key, &intent, &order, paid));
-                if let Some(excess) = received.checked_sub(intent.amount).filter(|e| !e.is_zero()) {
-                    let overpaid_key = format!("overpaid:{}:{n}", intent.id);
-                    entries.push(extra_money_entry(
-                        &overpaid_key,
-                        &intent,
-                        &order,
-                        excess,
-                        policy.overpayment,
-                        SuspenseReason::Overpaid,
-                    ));
-                    open_exception(
-                        store,
-                        "overpaid",
-                        Some(&intent),
-                        Some(&order),
-                        None,
-                        format!(
-                            "{} {} more than the {} asked",
-                            intent.method.format_amount(excess),
-                            intent.method.asset(),
-                            intent.amount_decimal()
-                        ),
-                        now,
-                    )
-                    .await?;
-                }
-                for index in &confirmed {
-                    credited.push((*index, key.clone()));
-                }
-                store.mark_settled(&order.reference, &key).await?;
-                intent.status = IntentStatus::Settled;
-                intent.settled_at = Some(now);
-                intent.settlement_count = n;
-            } else {
-                for index in confirmed {
-                    let transfer = &transfers[index];
-                    open_exception(
-                        store,
-                        "paid_after_settlement",
-                        Some(&intent),
-                        Some(&order),
-                        Some(transfer),
-                        format!(
-                            "{} paid an order that was already settled",
-                            describe(transfer)
-                        ),
-                        now,
-                    )
-                    .await?;
-                    let entry =
-                        book_after_settlement(store, transfer, &intent, &order, policy, now)
-                            .await?;
-                    credited.push((index, entry.idempotency_key.clone()));
-                    entries.push(entry);
-                }
-            }
-        }
-    }
-
-    if intent.status != IntentStatus::Settled {
-        let pending: Vec<usize> = on_time
-            .iter()
-            .copied()
-            .filter(|i| !credited.iter().any(|(c, _)| c == i))
-            .collect();
-        let all_confirmed = pending
-            .iter()
-            .all(|i| transfers[*i].confirmations >= required);
-        let past_deadline = now.timestamp_millis() > deadline_ms;
-        let late_money = good.iter().any(|i| transfers[*i].seen_at_ms > deadline_ms);
-        intent.status = if intent.settlement_count > 0 {
-            IntentStatus::ReorgedAfterCredit
-        } else if !pending.is_empty() {
-            match (past_deadline, all_confirmed) {
-                (true, true) => IntentStatus::Underpaid,
-                (false, true) => IntentStatus::Confirmed,
-                (_, false) => IntentStatus::Seen,
-            }
-        } else if late_money {
-            IntentStatus::PaidLate
-        } else if past_deadline {
-            IntentStatus::Expired
-        } else {
-            IntentStatus::AwaitingPayment
-        };
-        if intent.status == IntentStatus::Underpaid {
-            let received = sum(pending.iter().map(|i| transfers[*i].amount))?;
-            open_exception(
-                store,
-                "underpaid",
-                Some(&intent),
-                Some(&order),
-                None,
-                format!(
-                    "{} of {} {} received by the deadline",
-                    intent.method.format_amount(received),
-                    intent.amount_decimal(),
-                    intent.method.asset()
-                ),
-                now,
-            )
-            .await?;
-        }
-    }
-
     post(store, entries).await?;
     for (index, key) in credited {
+        debug_assert!(
+            transfers[index].credited_entry.is_none(),
+            "a transfer is credited once"
+        );
         transfers[index].credited_entry = Some(key);
         store.put_transfer(&transfers[index]).await?;
     }
-    if intent != before {
+    if intent != *before {
         store.put_intent_state(&intent).await?;
     }
     if intent.status != before.status {
@@ -631,125 +454,6 @@ async fn post<S: MatchStore>(store: &mut S, entries: Vec<NewEntry>) -> Result<()
     store.post(entries).await
 }
 
-/// Where an intent's USD goes: revenue for a rental, the customer's balance for a top-up.
-fn usd_target(order: &Order) -> Account {
-    match order.kind {
-        OrderKind::Rental(_) => Account::RevenueRentals,
-        OrderKind::Topup => Account::CustomerBalance(order.account_id.clone()),
-    }
-}
-
-/// The brief's settlement: crypto into custody, converted at the locked rate, USD to the order.
-fn settlement_entry(key: &str, intent: &PaymentIntent, order: &Order, paid: Amount) -> NewEntry {
-    let memo = format!(
-        "{} {} {} settles {} at {} USD/{}",
-        intent.id,
-        intent.method.format_amount(paid),
-        intent.method.asset(),
-        order.reference,
-        intent.rate.usd_per_unit,
-        intent.method.asset()
-    );
-    conversion_entry(
-        key,
-        memo,
-        intent,
-        paid,
-        intent.usd.cents(),
-        usd_target(order),
-    )
-}
-
-/// Crypto into custody, converted at the intent's locked rate in `fx:<method>`, and the USD
-/// credited to `credited`: the one shape every credit of a payment takes.
-fn conversion_entry(
-    key: &str,
-    memo: String,
-    intent: &PaymentIntent,
-    amount: Amount,
-    cents: i64,
-    credited: Account,
-) -> NewEntry {
-    let crypto = Currency::Crypto(intent.method);
-    let units = amount.base_units() as i128;
-    NewEntry {
-        idempotency_key: key.to_owned(),
-        kind: EntryKind::Payment,
-        reference: Some(intent.order_ref.to_string()),
-        memo,
-        postings: vec![
-            Posting::debit(Account::Custody(intent.method), crypto, units),
-            Posting::credit(Account::Fx(intent.method), crypto, units),
-            Posting::debit(Account::Fx(intent.method), Currency::Usd, i128::from(cents)),
-            Posting::credit(credited, Currency::Usd, i128::from(cents)),
-        ],
-    }
-}
-
-/// Money beyond what was asked or after the deadline: held in suspense, or (by policy) its
-/// USD value at the locked rate credited to the customer's balance.
-fn extra_money_entry(
-    key: &str,
-    intent: &PaymentIntent,
-    order: &Order,
-    amount: Amount,
-    policy: CreditPolicy,
-    reason: SuspenseReason,
-) -> NewEntry {
-    let cents = usd_value_of(amount, intent.rate.usd_per_unit, intent.method).unwrap_or(0);
-    if policy == CreditPolicy::Hold || cents == 0 {
-        return hold_entry(key, intent.method, amount, reason, Some(intent));
-    }
-    let memo = format!(
-        "{} {} credited to the balance at the locked rate",
-        intent.method.format_amount(amount),
-        intent.method.asset()
-    );
-    let customer = Account::CustomerBalance(order.account_id.clone());
-    conversion_entry(key, memo, intent, amount, cents, customer)
-}
-
-/// Money to an intent whose order is already paid: never absorbed into the order, treated as
-/// an overpayment under the overpayment policy.
-fn after_settlement_entry(
-    key: &str,
-    transfer: &StoredTransfer,
-    intent: &PaymentIntent,
-    order: &Order,
-    policy: &MatchPolicy,
-) -> NewEntry {
-    extra_money_entry(
-        key,
-        intent,
-        order,
-        transfer.amount,
-        policy.overpayment,
-        SuspenseReason::Overpaid,
-    )
-}
-
-/// Money to an intent whose order is already paid, booked under its next key (with its own
-/// exception when a reorg spent the earlier one).
-async fn book_after_settlement<S: MatchStore>(
-    store: &mut S,
-    transfer: &StoredTransfer,
-    intent: &PaymentIntent,
-    order: &Order,
-    policy: &MatchPolicy,
-    now: DateTime<Utc>,
-) -> Result<NewEntry, Error> {
-    let key = next_booking_key(store, &format!("after-settlement:{}", transfer.id)).await?;
-    let concerns = Concerns {
-        intent: Some(intent),
-        order: Some(order),
-        transfer: Some(transfer),
-    };
-    open_rebooking_exception(store, "paid_after_settlement", concerns, &key, now).await?;
-    Ok(after_settlement_entry(
-        &key, transfer, intent, order, policy,
-    ))
-}
-
 /// The key of a transfer's `n`th booking under `base` (1-based): `base`, then `base#2`, …
 ///
 /// A transfer that a reorg took out and the chain then put back is booked again: its first
@@ -781,33 +485,6 @@ async fn next_booking_key<S: MatchStore>(store: &mut S, base: &str) -> Result<St
 /// Bookings of one transfer a store accepts; each one past the first needs a reorg that
 /// removed the transfer and a chain that mined it again.
 const MAX_BOOKINGS: u32 = 1_000;
-
-/// Crypto into custody, held in suspense for an operator.
-fn hold_entry(
-    key: &str,
-    method: Method,
-    amount: Amount,
-    reason: SuspenseReason,
-    intent: Option<&PaymentIntent>,
-) -> NewEntry {
-    let crypto = Currency::Crypto(method);
-    let units = amount.base_units() as i128;
-    NewEntry {
-        idempotency_key: key.to_owned(),
-        kind: EntryKind::Payment,
-        reference: intent.map(|i| i.order_ref.to_string()),
-        memo: format!(
-            "{} {} held: {}",
-            method.format_amount(amount),
-            method.asset(),
-            reason.as_str()
-        ),
-        postings: vec![
-            Posting::debit(Account::Custody(method), crypto, units),
-            Posting::credit(Account::Suspense(reason), crypto, units),
-        ],
-    }
-}
 
 async fn open_exception<S: MatchStore>(
     store: &mut S,
@@ -907,25 +584,4 @@ async fn open_rebooking_exception<S: MatchStore>(
     store
         .open_exception(concerns.exception(id, kind, detail, now))
         .await
-}
-
-fn describe(transfer: &StoredTransfer) -> String {
-    match &transfer.asset {
-        ReceivedAsset::Method { method } => format!(
-            "{} {} ({})",
-            method.format_amount(transfer.amount),
-            method.asset(),
-            transfer.id
-        ),
-        ReceivedAsset::OtherToken { contract } => format!(
-            "{} units of token {contract} ({})",
-            transfer.amount, transfer.id
-        ),
-    }
-}
-
-fn sum(mut amounts: impl Iterator<Item = Amount>) -> Result<Amount, Error> {
-    amounts
-        .try_fold(Amount::ZERO, Amount::checked_add)
-        .ok_or_else(|| StoreError::Corrupt("received amounts overflow".into()).into())
 }

@@ -92,6 +92,12 @@ pub(crate) async fn read_changes(
 ) -> Result<FeedRead, StoreError> {
     let mut tx = snapshot(pool, backend).await?;
     let next_from = next_from(&mut tx, backend).await?;
+    // SQLite's counter only grows, and PostgreSQL's oldest running transaction only gets
+    // younger: a watcher never reads its feed from further back than before.
+    debug_assert!(
+        next_from >= from,
+        "the feed position moved back from {from} to {next_from}"
+    );
     let keys = sqlx::query(
         "SELECT watch_key, created_at_ms, monitor_until_ms FROM payment_intents WHERE network = $1 AND feed_pos >= $2",
     )

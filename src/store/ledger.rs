@@ -27,6 +27,10 @@ pub async fn post_batch(
     entries: &[NewEntry],
     now: DateTime<Utc>,
 ) -> Result<Result<Vec<PostOutcome>, LedgerError>, StoreError> {
+    debug_assert!(
+        entries.iter().all(NewEntry::balances),
+        "an entry balances before it is inserted"
+    );
     let hashes: Vec<String> = entries.iter().map(NewEntry::content_hash).collect();
     let mut first_of_key: HashMap<&str, usize> = HashMap::new();
     let mut outcomes = vec![PostOutcome::AlreadyPosted; entries.len()];
@@ -151,6 +155,7 @@ async fn check_customer_debits(
             let Some(balance) = balances.get_mut(customer) else {
                 continue;
             };
+            debug_assert!(*balance <= 0, "{customer}'s balance is never negative");
             if *net > 0 && *balance + net > 0 {
                 return Ok(Err(LedgerError::Overdraft {
                     account: customer.clone(),
@@ -385,7 +390,7 @@ fn decode_entry(
     header: &sqlx::any::AnyRow,
     postings: Vec<Posting>,
 ) -> Result<PostedEntry, StoreError> {
-    Ok(PostedEntry {
+    let posted = PostedEntry {
         seq: header.try_get("seq")?,
         posted_at: millis(header.try_get("posted_at_ms")?)?,
         entry: NewEntry {
@@ -398,7 +403,13 @@ fn decode_entry(
             memo: header.try_get("memo")?,
             postings,
         },
-    })
+    };
+    debug_assert!(
+        posted.entry.balances(),
+        "entry {} balances after it is read",
+        posted.entry.idempotency_key
+    );
+    Ok(posted)
 }
 
 /// The entries with these keys that exist, with their legs in order: two statements per
