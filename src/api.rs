@@ -45,7 +45,6 @@ const RECONCILE_PAGE: &str = include_str!("api/reconcile.html");
 pub use live::StreamLimits;
 #[cfg(feature = "test-utils")]
 pub use live::{LiveReads, StatusHub};
-pub(crate) use server::stopped;
 pub use server::{ServerLimits, serve};
 
 /// How the API is configured: limits, the webhook endpoints an operator may replay, and how

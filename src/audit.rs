@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 
-use futures_util::TryStreamExt;
 use payrecon_chain_bitcoin::{ElectrumScanner, NodeScanner};
 
 use crate::networks::UtxoSource;
@@ -15,14 +14,14 @@ use payrecon_chain_tron::TronScanner;
 use serde::Serialize;
 
 use crate::config::Config;
-use crate::engine::Engine;
 use crate::error::Error;
+use crate::matcher::MatchPolicy;
 use crate::money::Usd;
-use crate::report::{ReportFormat, ReportQuery, csv_line, html_table};
+use crate::report::{ReportFormat, csv_line, html_table};
 use crate::store::reports::ReportTransfer;
 
 /// Transfers rechecked per call to a node.
-const RECHECK_BATCH: usize = 200;
+pub(crate) const RECHECK_BATCH: usize = 200;
 
 /// A credited transfer the chain does not back any more.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -59,7 +58,7 @@ pub struct AuditReport {
 }
 
 /// A scanner of any chain, as the audit uses it.
-enum Rechecker {
+pub(crate) enum Rechecker {
     Electrum(Box<ElectrumScanner>),
     Node(Box<NodeScanner>),
     Ethereum(EthereumScanner),
@@ -69,7 +68,7 @@ enum Rechecker {
 
 impl Rechecker {
     /// The configured client of `network`, or why there is none.
-    fn for_network(config: &Config, network: Network) -> Result<Rechecker, String> {
+    pub(crate) fn for_network(config: &Config, network: Network) -> Result<Rechecker, String> {
         let missing = || format!("networks.{network} has no node configured");
         let configured = |e: Error| e.to_string();
         let networks = &config.networks;
@@ -134,101 +133,66 @@ impl Rechecker {
 }
 
 /// One network's credited transfers waiting for a recheck.
-struct Pending {
-    checker: Result<Rechecker, String>,
-    batch: Vec<ReportTransfer>,
+pub(crate) struct Pending {
+    pub(crate) checker: Result<Rechecker, String>,
+    pub(crate) batch: Vec<ReportTransfer>,
 }
 
-impl Engine {
-    /// Fetches every transfer credited in the query's period again from its chain, in
-    /// batches, and reports those the chain no longer backs. A node failing is an error, not a
-    /// clean audit.
-    pub async fn audit_credited(
-        &self,
-        config: &Config,
-        query: &ReportQuery,
-    ) -> Result<AuditReport, Error> {
-        let mut report = AuditReport::default();
-        let mut pending: BTreeMap<Network, Pending> = BTreeMap::new();
-        let mut rows = std::pin::pin!(crate::report::transfers_of(self, query));
-        while let Some(transfer) = rows.try_next().await? {
-            // Accounted for in the books: credited, held in suspense or resolved by an operator.
-            if transfer.removed || transfer.credited_entry.is_none() {
-                continue;
-            }
-            let network: Network = transfer
-                .network
-                .parse()
-                .map_err(|_| Error::Report(format!("unknown network {}", transfer.network)))?;
-            let entry = pending.entry(network).or_insert_with(|| Pending {
-                checker: Rechecker::for_network(config, network),
-                batch: Vec::new(),
-            });
-            entry.batch.push(transfer);
-            if entry.batch.len() >= RECHECK_BATCH {
-                self.recheck_batch(network, entry, &mut report).await?;
-            }
-        }
-        for (network, entry) in &mut pending {
-            self.recheck_batch(*network, entry, &mut report).await?;
-        }
-        Ok(report)
+/// Asks `pending`'s node about its batch of credited transfers and files what the chain no
+/// longer backs.
+pub(crate) async fn recheck_batch(
+    policy: &MatchPolicy,
+    network: Network,
+    pending: &mut Pending,
+    report: &mut AuditReport,
+) -> Result<(), Error> {
+    let batch = std::mem::take(&mut pending.batch);
+    if batch.is_empty() {
+        return Ok(());
     }
-
-    async fn recheck_batch(
-        &self,
-        network: Network,
-        pending: &mut Pending,
-        report: &mut AuditReport,
-    ) -> Result<(), Error> {
-        let batch = std::mem::take(&mut pending.batch);
-        if batch.is_empty() {
+    let checker = match &mut pending.checker {
+        Ok(checker) => checker,
+        Err(why) => {
+            report.unchecked.insert(network.to_string(), why.clone());
             return Ok(());
         }
-        let checker = match &mut pending.checker {
-            Ok(checker) => checker,
-            Err(why) => {
-                report.unchecked.insert(network.to_string(), why.clone());
-                return Ok(());
+    };
+    let rule = policy.confirmations.get(&network);
+    let settle_depth = rule.map_or(1, |r| {
+        r.tiers
+            .iter()
+            .map(|t| t.confirmations)
+            .fold(r.confirmations, u32::max)
+    });
+    let known: Vec<KnownTransfer> = batch.iter().map(|t| known(network, t)).collect();
+    let now = checker
+        .recheck(&known, settle_depth)
+        .await
+        .map_err(|e| Error::Report(format!("the {network} node: {e}")))?;
+    for (transfer, confirmations) in batch.into_iter().zip(now) {
+        report.checked += 1;
+        let usd = Usd::from_cents(transfer.intent_usd_cents.unwrap_or(0)).unwrap_or(Usd::ZERO);
+        let required = rule.map_or(1, |r| r.required(usd));
+        let problem = match confirmations {
+            None => "no longer on the chain".to_owned(),
+            Some(now) if now < required => {
+                format!("{now} confirmations, {required} required")
             }
+            Some(_) => continue,
         };
-        let rule = self.payment_settings().policy.confirmations.get(&network);
-        let settle_depth = rule.map_or(1, |r| {
-            r.tiers
-                .iter()
-                .map(|t| t.confirmations)
-                .fold(r.confirmations, u32::max)
+        report.findings.push(AuditFinding {
+            network: transfer.network,
+            txid: transfer.txid,
+            position: transfer.position,
+            order: transfer.order_ref,
+            ledger_entry: transfer.credited_entry.unwrap_or_default(),
+            recorded_confirmations: transfer.confirmations,
+            confirmations_now: confirmations,
+            required,
+            problem,
         });
-        let known: Vec<KnownTransfer> = batch.iter().map(|t| known(network, t)).collect();
-        let now = checker
-            .recheck(&known, settle_depth)
-            .await
-            .map_err(|e| Error::Report(format!("the {network} node: {e}")))?;
-        for (transfer, confirmations) in batch.into_iter().zip(now) {
-            report.checked += 1;
-            let usd = Usd::from_cents(transfer.intent_usd_cents.unwrap_or(0)).unwrap_or(Usd::ZERO);
-            let required = rule.map_or(1, |r| r.required(usd));
-            let problem = match confirmations {
-                None => "no longer on the chain".to_owned(),
-                Some(now) if now < required => {
-                    format!("{now} confirmations, {required} required")
-                }
-                Some(_) => continue,
-            };
-            report.findings.push(AuditFinding {
-                network: transfer.network,
-                txid: transfer.txid,
-                position: transfer.position,
-                order: transfer.order_ref,
-                ledger_entry: transfer.credited_entry.unwrap_or_default(),
-                recorded_confirmations: transfer.confirmations,
-                confirmations_now: confirmations,
-                required,
-                problem,
-            });
-        }
-        Ok(())
     }
+    Ok(())
 }
 
 fn known(network: Network, transfer: &ReportTransfer) -> KnownTransfer {

@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::money::Usd;
-use crate::order::{OrderRuleError, normalize_gpu_model};
 
 /// The most days one rental may run: a typo guard (10 years).
 const MAX_RENTAL_DAYS: u32 = 3_650;
@@ -48,6 +47,25 @@ impl Default for Catalog {
     }
 }
 
+/// Why an order's GPU model is refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum GpuRefusal {
+    /// Not a model name at all.
+    Malformed,
+    /// A model the shop does not rent.
+    NotRented(String),
+}
+
+/// Upper-cases and checks a GPU model name (`h100` and `H100` are one model).
+fn normalize_gpu_model(model: &str) -> Option<String> {
+    let model = model.trim().to_ascii_uppercase();
+    let well_formed = (1..=32).contains(&model.len())
+        && model
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, ' ' | '-' | '_' | '.'));
+    well_formed.then_some(model)
+}
+
 /// Why a catalog cannot be used; names the key.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("catalog.{key}: {problem}")]
@@ -70,7 +88,7 @@ impl Catalog {
     /// GPU kind names are normalised as orders' are (`h100` is `H100`).
     pub fn validated(mut self) -> Result<Catalog, CatalogError> {
         let model = |key, name: &str| {
-            normalize_gpu_model(name).map_err(|_| {
+            normalize_gpu_model(name).ok_or_else(|| {
                 refuse(
                     key,
                     format!(
@@ -143,13 +161,13 @@ impl Catalog {
         Ok(self)
     }
 
-    /// The normalised GPU kind, if the shop rents it.
-    pub(crate) fn gpu_kind(&self, model: &str) -> Result<String, OrderRuleError> {
-        let model = normalize_gpu_model(model)?;
+    /// The normalised GPU kind, if the name is one and the shop rents it.
+    pub(crate) fn gpu_kind(&self, model: &str) -> Result<String, GpuRefusal> {
+        let model = normalize_gpu_model(model).ok_or(GpuRefusal::Malformed)?;
         if self.gpu_kinds.is_empty() || self.gpu_kinds.contains(&model) {
             Ok(model)
         } else {
-            Err(OrderRuleError::GpuKind(model))
+            Err(GpuRefusal::NotRented(model))
         }
     }
 
@@ -230,7 +248,7 @@ mod tests {
         assert_eq!(catalog.gpu_kind("h100"), Ok("H100".into()));
         assert_eq!(
             catalog.gpu_kind("A100"),
-            Err(OrderRuleError::GpuKind("A100".into()))
+            Err(GpuRefusal::NotRented("A100".into()))
         );
     }
 }

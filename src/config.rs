@@ -543,7 +543,7 @@ impl Config {
             None => PathBuf::from(DEFAULT_CONFIG_FILE),
         };
         let mut config = Config::extract(
-            Figment::from(Serialized::defaults(Config::default()))
+            Figment::from(Config::defaults())
                 .merge(Toml::file(&file))
                 .merge(Env::prefixed("PAYRECON_").only(&ENV_KEYS)),
         )?;
@@ -560,9 +560,18 @@ impl Config {
     /// The configuration a shop embedding payrecon keeps as text: the same keys as the file,
     /// the same defaults and checks, no file and no environment.
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
-        Config::extract(
-            Figment::from(Serialized::defaults(Config::default())).merge(Toml::string(text)),
-        )
+        Config::extract(Figment::from(Config::defaults()).merge(Toml::string(text)))
+    }
+
+    /// Every default, as the first layer under the file. Figment merges tables key by key, so
+    /// the catalog's table of GPUs per lot is left out: a shop that lists its own replaces the
+    /// default's (B200 = 2) instead of adding to it (serde fills it in when the file is silent).
+    fn defaults() -> Serialized<serde_json::Value> {
+        let mut defaults = serde_json::to_value(Config::default()).expect("the defaults serialize");
+        if let Some(catalog) = defaults.get_mut("catalog").and_then(|c| c.as_object_mut()) {
+            catalog.remove("gpus_per_lot");
+        }
+        Serialized::defaults(defaults)
     }
 
     /// The configuration `figment` holds, its catalog checked.

@@ -103,3 +103,9 @@ impl From<sqlx::Error> for Error {
         Error::Store(StoreError::Database(error))
     }
 }
+
+impl crate::store::WriteError for Error {
+    fn is_retryable_conflict(&self) -> bool {
+        matches!(self, Error::Store(e) if e.is_retryable_conflict())
+    }
+}

@@ -6,12 +6,9 @@
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use crate::engine::Engine;
 use crate::error::Error;
-use crate::ledger::{Account, Currency};
 use crate::order::{AccountId, Order};
 use crate::payments::PaymentInstructions;
-use crate::store;
 
 /// Items per page when the caller does not say.
 pub(crate) const DEFAULT_HISTORY_PAGE: usize = 50;
@@ -74,19 +71,19 @@ pub struct AccountHistory {
 /// Where an item sits in the timeline: time, then orders before their payments before the
 /// balance movements they cause, then the item's own id.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct Position {
-    at_ms: i64,
-    rank: u8,
-    id: String,
+pub(crate) struct Position {
+    pub(crate) at_ms: i64,
+    pub(crate) rank: u8,
+    pub(crate) id: String,
 }
 
 impl Position {
-    fn cursor(&self) -> String {
+    pub(crate) fn cursor(&self) -> String {
         format!("{}.{}.{}", self.at_ms, self.rank, self.id)
     }
 
     /// A cursor given back by a caller: refused unless it is one this module wrote.
-    fn parse(text: &str) -> Result<Position, Error> {
+    pub(crate) fn parse(text: &str) -> Result<Position, Error> {
         let invalid = || Error::InvalidInput(format!("after: {text:?} is not a history cursor"));
         let mut parts = text.splitn(3, '.');
         let at_ms = parts
@@ -112,102 +109,6 @@ impl Position {
             at_ms,
             rank,
             id: id.to_owned(),
-        })
-    }
-}
-
-impl Engine {
-    /// One page of `account`'s history: up to `limit` items after the cursor `after` (from
-    /// the previous page's `next`), oldest first.
-    pub async fn account_history(
-        &self,
-        account: &AccountId,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<AccountHistory, Error> {
-        if !(1..=MAX_HISTORY_PAGE).contains(&limit) {
-            return Err(Error::InvalidInput(format!(
-                "limit: 1 to {MAX_HISTORY_PAGE} items per page"
-            )));
-        }
-        let after = after.map(Position::parse).transpose()?;
-        let mut conn = self.db().pool().acquire().await?;
-        let orders = store::orders::orders_of_account(&mut conn, account.as_str()).await?;
-        let intents = store::payments::intents_of_account(&mut conn, account.as_str()).await?;
-        let balance_account = Account::CustomerBalance(account.clone());
-        let movements =
-            store::ledger::movements(&mut conn, &balance_account, Currency::Usd).await?;
-        drop(conn);
-
-        let mut timeline: Vec<(Position, HistoryItem)> =
-            Vec::with_capacity(orders.len() + intents.len() + movements.len());
-        for stored in orders {
-            let order = stored.order;
-            timeline.push((
-                Position {
-                    at_ms: order.created_at.timestamp_millis(),
-                    rank: 0,
-                    id: order.reference.to_string(),
-                },
-                HistoryItem::Order {
-                    at: order.created_at,
-                    order: Box::new(order),
-                },
-            ));
-        }
-        for intent in intents {
-            let at = intent.created_at;
-            let id = intent.id.clone();
-            timeline.push((
-                Position {
-                    at_ms: at.timestamp_millis(),
-                    rank: 1,
-                    id,
-                },
-                HistoryItem::Payment {
-                    at,
-                    payment: Box::new(self.instructions(intent)),
-                },
-            ));
-        }
-        // The customer's balance is the negated sum of the postings (credits are negative).
-        let mut balance: i128 = 0;
-        for movement in movements {
-            balance -= movement.amount;
-            let at =
-                DateTime::<Utc>::from_timestamp_millis(movement.posted_at_ms).unwrap_or_default();
-            timeline.push((
-                Position {
-                    at_ms: movement.posted_at_ms,
-                    rank: 2,
-                    id: format!("{:020}", movement.seq),
-                },
-                HistoryItem::Balance {
-                    at,
-                    entry: movement.key,
-                    kind: movement.kind,
-                    reference: movement.reference,
-                    memo: movement.memo,
-                    change_usd: Currency::Usd.format(-movement.amount),
-                    balance_usd: Currency::Usd.format(balance),
-                },
-            ));
-        }
-        timeline.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut page: Vec<(Position, HistoryItem)> = timeline
-            .into_iter()
-            .filter(|(position, _)| after.as_ref().is_none_or(|after| position > after))
-            .take(limit + 1)
-            .collect();
-        let next = (page.len() > limit).then(|| {
-            page.truncate(limit);
-            page.last().map(|(position, _)| position.cursor())
-        });
-        Ok(AccountHistory {
-            account_id: account.clone(),
-            balance_usd: self.available_balance(account).await?.to_string(),
-            items: page.into_iter().map(|(_, item)| item).collect(),
-            next: next.flatten(),
         })
     }
 }

@@ -14,7 +14,7 @@ use crate::order::OrderRef;
 
 /// Where an intent stands. Exceptions that stop it from settling on its own are states
 /// too; the rest (overpaid, wrong asset, paid after settlement) are exception records beside
-/// the state, see `Engine::exceptions_for`.
+/// the state, see the engine's exception views.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum IntentStatus {

@@ -531,6 +531,48 @@ pub enum LedgerError {
     Identifier(#[from] OrderRuleError),
 }
 
+/// One line of the trial balance.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct AccountBalance {
+    /// Account name.
+    pub account: String,
+    /// Currency.
+    pub currency: Currency,
+    /// Signed, debit positive, as an exact decimal.
+    pub balance: String,
+    /// The same in minor units (cents or base units).
+    #[serde(with = "i128_as_string")]
+    pub balance_minor: i128,
+}
+
+/// Every account's balance and each currency's total, which must be zero.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TrialBalance {
+    /// Per account and currency.
+    pub accounts: Vec<AccountBalance>,
+    /// Per currency: the sum over all accounts.
+    pub totals: Vec<AccountBalance>,
+    /// Entries in the journal.
+    pub entries: u64,
+    /// Postings in the journal.
+    pub postings: u64,
+    /// Journal positions (`seq`) of entries that do not balance (always empty unless the
+    /// store was tampered with).
+    pub unbalanced_entries: Vec<i64>,
+    /// Customers whose balance is negative (always empty unless tampered with).
+    pub negative_balances: Vec<String>,
+}
+
+impl TrialBalance {
+    /// Whether every invariant holds: each entry and each currency sums to zero, no customer
+    /// balance is negative.
+    pub fn is_sound(&self) -> bool {
+        self.unbalanced_entries.is_empty()
+            && self.negative_balances.is_empty()
+            && self.totals.iter().all(|t| t.balance_minor == 0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

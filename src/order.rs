@@ -5,7 +5,7 @@ use std::fmt;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::catalog::Catalog;
+use crate::catalog::{Catalog, GpuRefusal};
 use crate::money::{Usd, UsdError};
 
 /// Longest account id or order reference accepted; identifiers are keys, not prose.
@@ -153,7 +153,12 @@ impl RentalOrderRequest {
     pub(crate) fn validate(&self, catalog: &Catalog) -> Result<ValidOrder, OrderRuleError> {
         let reference = OrderRef::new(self.reference.clone())?;
         let account_id = AccountId::new(self.account_id.clone())?;
-        let gpu_model = catalog.gpu_kind(&self.gpu_model)?;
+        let gpu_model = catalog
+            .gpu_kind(&self.gpu_model)
+            .map_err(|refusal| match refusal {
+                GpuRefusal::Malformed => OrderRuleError::GpuModel,
+                GpuRefusal::NotRented(model) => OrderRuleError::GpuKind(model),
+            })?;
         if !catalog.sells_duration(self.duration_days) {
             return Err(OrderRuleError::Duration {
                 got: self.duration_days,
@@ -201,20 +206,6 @@ impl TopupRequest {
             kind: OrderKind::Topup,
             total_usd: self.amount_usd,
         })
-    }
-}
-
-/// Upper-cases and checks a GPU model name (`h100` and `H100` are one model).
-pub(crate) fn normalize_gpu_model(model: &str) -> Result<String, OrderRuleError> {
-    let model = model.trim().to_ascii_uppercase();
-    let well_formed = (1..=32).contains(&model.len())
-        && model
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, ' ' | '-' | '_' | '.'));
-    if well_formed {
-        Ok(model)
-    } else {
-        Err(OrderRuleError::GpuModel)
     }
 }
 

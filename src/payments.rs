@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use payrecon_chain_bitcoin::{SegwitDeriver, UtxoChain};
 use payrecon_chain_core::{
     AccountXpub, AddressDeriver, BlockId, ChainCursor, ChainEvent, DeriveError, Lookahead,
-    MAX_CHECKPOINTS, Method, Network, WatchView,
+    MAX_CHECKPOINTS, Method, Network,
 };
 use payrecon_chain_ethereum::EthereumDeriver;
 use payrecon_chain_solana::SolanaPayDeriver;
@@ -16,16 +16,12 @@ use payrecon_chain_tron::TronDeriver;
 use serde::Serialize;
 
 use crate::config::{Config, EthereumFinality, NetworksConfig, RatesConfig, TronFinality};
-use crate::crash::crash_point;
-use crate::engine::Engine;
 use crate::error::Error;
-use crate::intent::{
-    IntentRate, IntentStatus, PaymentIntent, UriParams, crypto_amount_for, payment_uri, qr_svg,
-};
-use crate::matcher::{self, ConfirmationRule, MatchPolicy};
+use crate::intent::{IntentRate, IntentStatus, PaymentIntent, UriParams, crypto_amount_for};
+use crate::matcher::{ConfirmationRule, MatchPolicy};
 use crate::order::{OrderRef, OrderStatus};
 use crate::rates::{CoinGecko, Kraken, RateBook, RateSource, RecordedQuotes};
-use crate::store::payments::{self, ExceptionRecord, IntentEvent, NewEvent};
+use crate::store::payments::{self, NewEvent};
 use crate::store::{Answers, GroupWrite, WriteFuture, WriteTx};
 
 /// Intents evaluated per `tick` call at most, so one call stays short.
@@ -233,14 +229,14 @@ fn explicit_finality_depth(network: Network, confirmations: u32) -> Result<(), E
 
 /// An intent with its rate and dates, waiting for its order's total (read under the order's
 /// lock) and its address: what a group-committed write turns into a stored intent.
-struct IntentDraft {
-    order_ref: OrderRef,
-    method: Method,
-    deriver: Arc<dyn AddressDeriver>,
-    rate: IntentRate,
-    created_at: DateTime<Utc>,
-    deadline: DateTime<Utc>,
-    monitor_until: DateTime<Utc>,
+pub(crate) struct IntentDraft {
+    pub(crate) order_ref: OrderRef,
+    pub(crate) method: Method,
+    pub(crate) deriver: Arc<dyn AddressDeriver>,
+    pub(crate) rate: IntentRate,
+    pub(crate) created_at: DateTime<Utc>,
+    pub(crate) deadline: DateTime<Utc>,
+    pub(crate) monitor_until: DateTime<Utc>,
 }
 
 impl GroupWrite for IntentDraft {
@@ -447,7 +443,7 @@ async fn store_intent(tx: &mut WriteTx, draft: &IntentDraft) -> Result<PaymentIn
 }
 
 /// Records "I have paid" once, with its event; later calls keep the first time.
-async fn record_marked_paid(
+pub(crate) async fn record_marked_paid(
     tx: &mut WriteTx,
     intent_id: &str,
     now: DateTime<Utc>,
@@ -489,300 +485,13 @@ pub struct PaymentInstructions {
     pub checkout_path: String,
 }
 
-impl Engine {
-    /// Opens the database and builds payment settings from `config`; a configuration that a
-    /// network's watcher could not use is refused here, before anything runs on it.
-    pub async fn from_config(config: &Config) -> Result<Engine, Error> {
-        crate::networks::check(config)?;
-        let settings = PaymentSettings::from_config(config)?;
-        Engine::open_with(config.database_url.expose(), config.database_durability)
-            .await?
-            .with_payment_settings(settings)
-            .with_catalog(config.catalog.clone())
-    }
-
-    /// Creates payment instructions for an order or top-up in one method: a fresh address,
-    /// the amount at a freshly locked rate (rounded up), and a deadline. Refused, with nothing
-    /// stored, when the method is disabled, no fresh rate exists, or the order is unknown or
-    /// settled. A newer intent supersedes the order's older ones, which stay watched.
-    pub async fn create_payment(
-        &self,
-        order_ref: &OrderRef,
-        method: Method,
-    ) -> Result<PaymentInstructions, Error> {
-        let settings = self.payment_settings();
-        let deriver = settings
-            .derivers
-            .get(&method.network())
-            .filter(|_| settings.enabled.contains(&method))
-            .ok_or(Error::MethodDisabled(method))?
-            .clone();
-        let now = self.now();
-        let rate = match settings.rates.as_ref() {
-            Some(rates) => rates.rate(method.asset(), now).await,
-            None => Err(crate::rates::RateError::NoSources),
-        };
-        // Without a rate nothing is written: say first what is wrong with the order, if
-        // anything (the write checks the order again, under its lock).
-        let rate = match rate {
-            Ok(rate) => rate,
-            Err(no_rate) => {
-                let order = self.order(order_ref).await?;
-                if order.status != OrderStatus::Open {
-                    return Err(Error::AlreadySettled(order_ref.clone()));
-                }
-                return Err(no_rate.into());
-            }
-        };
-        let deadline = now
-            + settings
-                .deadlines
-                .get(&method)
-                .copied()
-                .unwrap_or(settings.default_deadline);
-
-        let draft = IntentDraft {
-            order_ref: order_ref.clone(),
-            method,
-            deriver,
-            rate: IntentRate {
-                usd_per_unit: rate.usd_per_unit,
-                source: rate.source,
-                fetched_at: rate.fetched_at,
-            },
-            created_at: now,
-            deadline,
-            monitor_until: deadline + settings.monitoring_window,
-        };
-        let intent = self.db().write_batched(draft).await?;
-        self.notify_events();
-        Ok(self.instructions(intent))
-    }
-
-    pub(crate) fn instructions(&self, intent: PaymentIntent) -> PaymentInstructions {
-        PaymentInstructions {
-            amount_decimal: intent.amount_decimal(),
-            asset: intent.method.asset().to_string(),
-            payment_uri: payment_uri(&intent, &self.payment_settings().uri),
-            customer_message: intent.status.customer_message().to_owned(),
-            checkout_path: format!("/pay/{}", intent.checkout_key),
-            intent,
-        }
-    }
-
-    /// A payment intent with its URI.
-    pub async fn payment(&self, intent_id: &str) -> Result<PaymentInstructions, Error> {
-        let mut conn = self.db().pool().acquire().await?;
-        let intent = payments::get_intent(&mut conn, intent_id)
-            .await?
-            .ok_or_else(|| Error::IntentNotFound(intent_id.to_owned()))?;
-        Ok(self.instructions(intent))
-    }
-
-    /// Every intent of an order, old and superseded ones too.
-    pub async fn payments_for(
-        &self,
-        order_ref: &OrderRef,
-    ) -> Result<Vec<PaymentInstructions>, Error> {
-        let mut conn = self.db().pool().acquire().await?;
-        let intents = payments::intents_of_order(&mut conn, order_ref.as_str()).await?;
-        Ok(intents.into_iter().map(|i| self.instructions(i)).collect())
-    }
-
-    /// The payment URI of an intent as a QR code (SVG).
-    pub async fn payment_qr_svg(&self, intent_id: &str) -> Result<String, Error> {
-        let instructions = self.payment(intent_id).await?;
-        qr_svg(&instructions.payment_uri).map_err(|e| Error::Config(format!("QR code: {e}")))
-    }
-
-    /// Records the customer's "I have paid". It confirms nothing and credits nothing; it is
-    /// shown in tracking and feeds the stuck-payment monitor. Marking twice keeps the first time.
-    pub async fn mark_paid(&self, intent_id: &str) -> Result<PaymentInstructions, Error> {
-        let now = self.now();
-        let id: Arc<str> = Arc::from(intent_id);
-        let recorded = self
-            .db()
-            .write(move |tx| {
-                let id = id.clone();
-                Box::pin(async move { record_marked_paid(tx, &id, now).await })
-            })
-            .await?;
-        // Only a new "I have paid" is news: one said again wakes no watcher and no page.
-        if recorded {
-            self.notify_events();
-        }
-        self.payment(intent_id).await
-    }
-
-    /// Applies chain events, in one transaction: all or none. The batch is matched set-based
-    /// (unless [`Engine::with_matcher_path`] says otherwise): its reads and writes take a
-    /// number of statements that does not grow with its length.
-    pub async fn apply_chain_events(&self, events: &[ChainEvent]) -> Result<(), Error> {
-        self.apply(events, None, None).await
-    }
-
-    /// Applies a watcher's events and moves its cursor in the same transaction: after a crash
-    /// the watcher resumes from the cursor and finds nothing missing and nothing doubled.
-    pub async fn apply_chain_events_at(
-        &self,
-        network: Network,
-        events: &[ChainEvent],
-        cursor: &ChainCursor,
-    ) -> Result<(), Error> {
-        check_batch(network, events, cursor)?;
-        self.apply(events, Some((network, cursor)), None).await
-    }
-
-    /// [`Engine::apply_chain_events_at`] for a watcher running under `lease`: refused with
-    /// [`Error::LeaseLost`], and nothing written, once another process holds the lease.
-    pub async fn apply_chain_events_fenced(
-        &self,
-        events: &[ChainEvent],
-        cursor: &ChainCursor,
-        lease: &crate::leases::Lease,
-    ) -> Result<(), Error> {
-        check_batch(lease.network, events, cursor)?;
-        self.apply(events, Some((lease.network, cursor)), Some(lease))
-            .await
-    }
-
-    async fn apply(
-        &self,
-        events: &[ChainEvent],
-        cursor: Option<(Network, &ChainCursor)>,
-        lease: Option<&crate::leases::Lease>,
-    ) -> Result<(), Error> {
-        let now = self.now();
-        let settings = self.payment_settings();
-        let mut tx = self.db().begin_write().await?;
-        if let Some(lease) = lease
-            && !crate::store::leases::check_fence(
-                &mut tx,
-                lease.network.as_str(),
-                &lease.holder,
-                lease.token,
-            )
-            .await?
-        {
-            return Err(Error::LeaseLost(lease.network));
-        }
-        matcher::apply_events(
-            self.matcher_path(),
-            &mut tx,
-            &settings.policy,
-            events,
-            now,
-            || crash_point("apply.after_event"),
-        )
-        .await?;
-        if let Some((network, cursor)) = cursor {
-            crate::store::cursors::put(tx.conn(), network, cursor, now).await?;
-        }
-        crash_point("apply.before_commit");
-        tx.commit().await?;
-        crash_point("apply.after_commit");
-        self.notify_events();
-        Ok(())
-    }
-
-    /// Where `network`'s watcher committed its last batch, if anywhere.
-    pub async fn watcher_cursor(&self, network: Network) -> Result<Option<ChainCursor>, Error> {
-        let mut conn = self.db().pool().acquire().await?;
-        Ok(crate::store::cursors::get(&mut conn, network).await?)
-    }
-
-    /// Moves intents whose deadline passed to expired or underpaid. Call it periodically;
-    /// returns how many intents it looked at.
-    pub async fn tick(&self) -> Result<usize, Error> {
-        let now = self.now();
-        let settings = self.payment_settings();
-        let mut tx = self.db().begin_write().await?;
-        let due = payments::due_intent_ids(tx.conn(), now, TICK_BATCH as i64).await?;
-        matcher::evaluate_due(self.matcher_path(), &mut tx, &settings.policy, &due, now).await?;
-        tx.commit().await?;
-        self.notify_events();
-        Ok(due.len())
-    }
-
-    /// Watch keys a network's watcher must follow now (monitoring windows included).
-    pub async fn watch_keys(&self, network: Network) -> Result<Vec<String>, Error> {
-        let mut conn = self.db().pool().acquire().await?;
-        Ok(payments::watch_keys(&mut conn, network, self.now()).await?)
-    }
-
-    /// What `network`'s watcher diffs the chain against, read whole in one snapshot: the keys
-    /// to follow, the transfers already recorded to them, its cursor and the engine's clock.
-    /// A running watcher reads this once and then only what changed ([`LiveView`]).
-    ///
-    /// [`LiveView`]: crate::watcher::LiveView
-    pub async fn watch_view(&self, network: Network) -> Result<WatchView, Error> {
-        Ok(crate::watcher::LiveView::load(self, network)
-            .await?
-            .view()
-            .clone())
-    }
-
-    /// Every transfer to any address of the order's intents, old and superseded ones too.
-    pub async fn transfers_for(
-        &self,
-        order_ref: &OrderRef,
-    ) -> Result<Vec<crate::records::StoredTransfer>, Error> {
-        let mut conn = self.db().pool().acquire().await?;
-        Ok(payments::transfers_of_order(&mut conn, order_ref.as_str()).await?)
-    }
-
-    /// Up to `limit` exceptions (only open ones with `open_only`) after `after`, a previous
-    /// page's `next`, oldest first.
-    pub async fn exceptions_page(
-        &self,
-        open_only: bool,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<crate::stuck::Page<ExceptionRecord>, Error> {
-        let limit = limit.clamp(1, crate::stuck::MAX_STUCK_PAGE);
-        let (opened_ms, id) = match after {
-            None => (i64::MIN, ""),
-            Some(text) => text
-                .split_once('.')
-                .and_then(|(ms, id)| Some((ms.parse().ok()?, id)))
-                .ok_or_else(|| Error::InvalidInput("after: not a cursor of exceptions".into()))?,
-        };
-        let mut conn = self.db().pool().acquire().await?;
-        let rows =
-            payments::exceptions_page(&mut conn, open_only, (opened_ms, id), limit as i64 + 1)
-                .await?;
-        Ok(crate::stuck::Page::of(rows, limit, |e| {
-            format!("{}.{}", e.opened_at.timestamp_millis(), e.id)
-        }))
-    }
-
-    /// Exceptions of one order, or all.
-    pub async fn exceptions(
-        &self,
-        order_ref: Option<&OrderRef>,
-    ) -> Result<Vec<ExceptionRecord>, Error> {
-        let mut conn = self.db().pool().acquire().await?;
-        Ok(payments::exceptions(&mut conn, order_ref.map(OrderRef::as_str)).await?)
-    }
-
-    /// Stream entries after `after_seq`, in commit order; resume from the last `seq` seen.
-    pub async fn events_after(
-        &self,
-        after_seq: i64,
-        limit: i64,
-    ) -> Result<Vec<IntentEvent>, Error> {
-        let mut conn = self.db().pool().acquire().await?;
-        Ok(payments::events_after(&mut conn, after_seq, limit).await?)
-    }
-
-    fn now(&self) -> DateTime<Utc> {
-        self.clock().now()
-    }
-}
-
 /// Refuses a watcher's batch that no chain could produce: a transfer of another network, a
 /// cursor without a usable tip or with too many or misplaced checkpoints.
-fn check_batch(network: Network, events: &[ChainEvent], cursor: &ChainCursor) -> Result<(), Error> {
+pub(crate) fn check_batch(
+    network: Network,
+    events: &[ChainEvent],
+    cursor: &ChainCursor,
+) -> Result<(), Error> {
     if let Some(stray) = events.iter().find(|e| e.transfer_id().network != network) {
         return Err(Error::InvalidEvent(format!(
             "the {network} watcher reported a transfer on {}",

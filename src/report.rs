@@ -12,17 +12,18 @@ use chrono::{DateTime, Utc};
 use futures_util::TryStreamExt;
 use payrecon_chain_core::{Amount, Method, ReceivedAsset};
 use serde::Serialize;
-use tokio::io::{AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 
-use crate::engine::{Engine, TrialBalance};
 use crate::error::Error;
+use crate::ledger::TrialBalance;
 use crate::ledger::{Account, Currency};
+use crate::store::Store;
 use crate::store::payments::{ExceptionRecord, asset_text};
 use crate::store::reports::{self, ReportTransfer};
 
 /// Bytes buffered before the report reaches its writer: a file written through tokio makes a
 /// trip to the blocking pool per write, so few large ones.
-const OUTPUT_BUFFER_BYTES: usize = 256 * 1024;
+pub(crate) const OUTPUT_BUFFER_BYTES: usize = 256 * 1024;
 
 /// Which period and method a report covers.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -172,365 +173,324 @@ pub struct ReportTotals {
 }
 
 /// What the first pass learns about the period.
-struct Folded {
-    methods: BTreeMap<Method, MethodSummary>,
+pub(crate) struct Folded {
+    pub(crate) methods: BTreeMap<Method, MethodSummary>,
     /// Received base units per day and method, for the chart.
-    per_day: BTreeMap<(String, Method), u128>,
+    pub(crate) per_day: BTreeMap<(String, Method), u128>,
 }
 
-impl Engine {
-    /// Writes the reconciliation report for `query` to `out`, streaming.
-    pub async fn write_reconciliation<W: AsyncWrite + Unpin + Send>(
-        &self,
-        query: &ReportQuery,
-        format: ReportFormat,
-        section: CsvSection,
-        out: W,
-    ) -> Result<ReportTotals, Error> {
-        if query.from >= query.to {
-            return Err(Error::InvalidInput(
-                "the report period is empty: --from must be before --to".into(),
-            ));
-        }
-        let mut out = BufWriter::with_capacity(OUTPUT_BUFFER_BYTES, out);
-        // The period's sums and the whole journal's trial balance are independent scans: run
-        // side by side, on connections of their own.
-        let (folded, trial) = tokio::try_join!(self.fold_period(query), self.trial_balance())?;
-        let mut totals = ReportTotals {
-            transfers: 0,
-            exceptions: 0,
-            methods: folded.methods.values().cloned().collect(),
-            trial_balance_sound: trial.is_sound(),
+/// The first pass: intents, transfers and postings of the period summed by the database
+/// (a few hundred rows come back, however long the period).
+pub(crate) async fn fold_period(store: &Store, query: &ReportQuery) -> Result<Folded, Error> {
+    let (from, to) = (query.from.timestamp_millis(), query.to.timestamp_millis());
+    let mut methods: BTreeMap<Method, MethodSummary> = Method::ALL
+        .into_iter()
+        .filter(|m| query.method.is_none_or(|q| q == *m))
+        .map(|m| {
+            let summary = MethodSummary {
+                method: m.id().to_owned(),
+                asset: m.asset().to_string(),
+                ..MethodSummary::default()
+            };
+            (m, summary)
+        })
+        .collect();
+    let mut per_day = BTreeMap::new();
+    let pool = store.pool();
+    let (mut conn, mut postings_conn) = (pool.acquire().await?, pool.acquire().await?);
+    let ((intent_sums, open_exceptions, transfer_sums), posting_sums) = tokio::try_join!(
+        async {
+            let intents = reports::intent_sums(&mut conn, from, to).await?;
+            let open = reports::intents_with_open_exceptions(&mut conn, from, to).await?;
+            let transfers = reports::transfer_sums(&mut conn, from, to).await?;
+            Ok::<_, crate::store::StoreError>((intents, open, transfers))
+        },
+        reports::posting_sums(&mut postings_conn, from, to),
+    )?;
+    let known = |text: &str| text.parse::<Method>().ok();
+    for intents in intent_sums {
+        let Some(summary) = known(&intents.method).and_then(|m| methods.get_mut(&m)) else {
+            continue;
         };
-        let io = Error::ReportOutput;
-        match format {
-            ReportFormat::Csv => {
-                self.write_csv(query, section, &folded, &trial, &mut out, &mut totals)
-                    .await?
-            }
-            ReportFormat::Json => {
-                self.write_json(query, &folded, &trial, &mut out, &mut totals)
-                    .await?
-            }
-            ReportFormat::Html => {
-                self.write_html(query, &folded, &trial, &mut out, &mut totals)
-                    .await?
-            }
+        if intents.superseded {
+            continue;
         }
-        out.flush().await.map_err(io)?;
-        Ok(totals)
+        let count = u64::try_from(intents.count).unwrap_or(0);
+        summary.intents_created += count;
+        match intents.status.as_str() {
+            "settled" => summary.intents_settled += count,
+            "expired" => summary.intents_expired += count,
+            "underpaid" | "paid_late" | "reorged_after_credit" => {
+                summary.intents_in_exception += count
+            }
+            _ => {}
+        }
+        summary.sums.expected += u128::try_from(intents.expected).unwrap_or(0);
     }
-
-    /// The first pass: intents, transfers and postings of the period summed by the database
-    /// (a few hundred rows come back, however long the period).
-    async fn fold_period(&self, query: &ReportQuery) -> Result<Folded, Error> {
-        let (from, to) = (query.from.timestamp_millis(), query.to.timestamp_millis());
-        let mut methods: BTreeMap<Method, MethodSummary> = Method::ALL
-            .into_iter()
-            .filter(|m| query.method.is_none_or(|q| q == *m))
-            .map(|m| {
-                let summary = MethodSummary {
-                    method: m.id().to_owned(),
-                    asset: m.asset().to_string(),
-                    ..MethodSummary::default()
-                };
-                (m, summary)
-            })
-            .collect();
-        let mut per_day = BTreeMap::new();
-        let pool = self.db().pool();
-        let (mut conn, mut postings_conn) = (pool.acquire().await?, pool.acquire().await?);
-        let ((intent_sums, open_exceptions, transfer_sums), posting_sums) = tokio::try_join!(
-            async {
-                let intents = reports::intent_sums(&mut conn, from, to).await?;
-                let open = reports::intents_with_open_exceptions(&mut conn, from, to).await?;
-                let transfers = reports::transfer_sums(&mut conn, from, to).await?;
-                Ok::<_, crate::store::StoreError>((intents, open, transfers))
-            },
-            reports::posting_sums(&mut postings_conn, from, to),
-        )?;
-        let known = |text: &str| text.parse::<Method>().ok();
-        for intents in intent_sums {
-            let Some(summary) = known(&intents.method).and_then(|m| methods.get_mut(&m)) else {
-                continue;
-            };
-            if intents.superseded {
-                continue;
-            }
-            let count = u64::try_from(intents.count).unwrap_or(0);
-            summary.intents_created += count;
-            match intents.status.as_str() {
-                "settled" => summary.intents_settled += count,
-                "expired" => summary.intents_expired += count,
-                "underpaid" | "paid_late" | "reorged_after_credit" => {
-                    summary.intents_in_exception += count
-                }
-                _ => {}
-            }
-            summary.sums.expected += u128::try_from(intents.expected).unwrap_or(0);
+    for (method, count) in open_exceptions {
+        if let Some(summary) = known(&method).and_then(|m| methods.get_mut(&m)) {
+            summary.intents_in_exception = summary.intents_in_exception.max(count as u64);
         }
-        for (method, count) in open_exceptions {
-            if let Some(summary) = known(&method).and_then(|m| methods.get_mut(&m)) {
-                summary.intents_in_exception = summary.intents_in_exception.max(count as u64);
-            }
-        }
-        for transfers in transfer_sums {
-            let Some(method) = known(&transfers.asset) else {
-                continue;
-            };
-            let Some(summary) = methods.get_mut(&method) else {
-                continue;
-            };
-            let units = u128::try_from(transfers.received).unwrap_or(0);
-            summary.sums.received += units;
-            if transfers.unbooked {
-                summary.sums.unbooked += units;
-            }
-            *per_day
-                .entry((day(transfers.day * DAY_MS), method))
-                .or_insert(0) += units;
-        }
-        for postings in posting_sums {
-            let (Ok(account), Ok(currency)) = (
-                postings.account.parse::<Account>(),
-                postings.currency.parse::<Currency>(),
-            ) else {
-                continue;
-            };
-            let method = match (&account, currency) {
-                (_, Currency::Crypto(m)) => m,
-                (Account::Fx(m), Currency::Usd) => *m,
-                _ => continue,
-            };
-            let Some(summary) = methods.get_mut(&method) else {
-                continue;
-            };
-            let amount = postings.sum;
-            let sums = &mut summary.sums;
-            // A refund is an operator's entry that takes crypto out of custody; a reorg's
-            // reversal takes back what was booked.
-            match (&account, currency) {
-                (Account::Custody(_), _) if postings.refund => sums.refunded -= amount,
-                (Account::Custody(_), _) => sums.booked += amount,
-                (Account::Fx(_), Currency::Crypto(_)) => sums.credited -= amount,
-                (Account::Fx(_), Currency::Usd) => sums.usd_cents += amount,
-                (Account::Suspense(_), Currency::Crypto(_)) => sums.held -= amount,
-                _ => {}
-            }
-        }
-        for (method, summary) in &mut methods {
-            let currency = Currency::Crypto(*method);
-            let s = &summary.sums;
-            summary.expected = currency.format(s.expected as i128);
-            summary.received = currency.format(s.received as i128);
-            summary.booked = currency.format(s.booked);
-            summary.credited = currency.format(s.credited);
-            summary.held = currency.format(s.held);
-            summary.refunded = currency.format(s.refunded);
-            summary.usd_credited = Currency::Usd.format(s.usd_cents);
-            summary.difference = currency.format(s.received as i128 - s.credited);
-            summary.why = format!(
-                "{} held in suspense, {} not booked yet (confirming, underpaid or unmatched), {} refunded",
-                currency.format(s.held),
-                currency.format(s.unbooked as i128),
-                currency.format(s.refunded)
-            );
-        }
-        Ok(Folded { methods, per_day })
     }
-
-    /// The period's exceptions.
-    async fn period_exceptions(&self, query: &ReportQuery) -> Result<Vec<ExceptionRecord>, Error> {
-        let mut conn = self.db().pool().acquire().await?;
-        Ok(reports::exceptions_in(
-            &mut conn,
-            query.from.timestamp_millis(),
-            query.to.timestamp_millis(),
-        )
-        .try_collect()
-        .await?)
-    }
-
-    async fn write_csv<W: AsyncWrite + Unpin + Send>(
-        &self,
-        query: &ReportQuery,
-        section: CsvSection,
-        folded: &Folded,
-        trial: &TrialBalance,
-        out: &mut W,
-        totals: &mut ReportTotals,
-    ) -> Result<(), Error> {
-        match section {
-            CsvSection::Transfers => {
-                put(out, &csv_line(&TRANSFER_COLUMNS)).await?;
-                let mut rows = std::pin::pin!(transfers_of(self, query));
-                let mut text = String::new();
-                while let Some(t) = rows.try_next().await? {
-                    push_csv_line(&mut text, &transfer_cells(&t));
-                    put_when_full(out, &mut text).await?;
-                    totals.transfers += 1;
-                }
-                put(out, &text).await?;
-            }
-            CsvSection::Summary => {
-                put(out, &csv_line(&SUMMARY_COLUMNS)).await?;
-                for s in folded.methods.values() {
-                    put(out, &csv_line(&summary_cells(s))).await?;
-                }
-            }
-            CsvSection::Exceptions => {
-                put(out, &csv_line(&EXCEPTION_COLUMNS)).await?;
-                for e in self.period_exceptions(query).await? {
-                    put(out, &csv_line(&exception_cells(&e))).await?;
-                    totals.exceptions += 1;
-                }
-            }
-            CsvSection::Balances => {
-                put(out, &csv_line(&["account", "currency", "balance"])).await?;
-                for line in trial.accounts.iter().chain(&trial.totals) {
-                    let currency = line.currency.to_string();
-                    put(out, &csv_line(&[&line.account, &currency, &line.balance])).await?;
-                }
-            }
+    for transfers in transfer_sums {
+        let Some(method) = known(&transfers.asset) else {
+            continue;
+        };
+        let Some(summary) = methods.get_mut(&method) else {
+            continue;
+        };
+        let units = u128::try_from(transfers.received).unwrap_or(0);
+        summary.sums.received += units;
+        if transfers.unbooked {
+            summary.sums.unbooked += units;
         }
-        Ok(())
+        *per_day
+            .entry((day(transfers.day * DAY_MS), method))
+            .or_insert(0) += units;
     }
-
-    async fn write_json<W: AsyncWrite + Unpin + Send>(
-        &self,
-        query: &ReportQuery,
-        folded: &Folded,
-        trial: &TrialBalance,
-        out: &mut W,
-        totals: &mut ReportTotals,
-    ) -> Result<(), Error> {
-        let head = serde_json::json!({
-            "from": query.from.to_rfc3339(),
-            "to": query.to.to_rfc3339(),
-            "method": query.method.map(|m| m.id()),
-        });
-        let summary: Vec<&MethodSummary> = folded.methods.values().collect();
-        put(
-            out,
-            &format!(
-                "{{\"period\":{head},\"summary\":{},\"transfers\":[",
-                json(&summary)?
-            ),
-        )
-        .await?;
-        let mut rows = std::pin::pin!(transfers_of(self, query));
-        let mut text = String::new();
-        while let Some(t) = rows.try_next().await? {
-            if totals.transfers > 0 {
-                text.push(',');
-            }
-            push_json_object(&mut text, &TRANSFER_COLUMNS, &transfer_cells(&t));
-            put_when_full(out, &mut text).await?;
-            totals.transfers += 1;
+    for postings in posting_sums {
+        let (Ok(account), Ok(currency)) = (
+            postings.account.parse::<Account>(),
+            postings.currency.parse::<Currency>(),
+        ) else {
+            continue;
+        };
+        let method = match (&account, currency) {
+            (_, Currency::Crypto(m)) => m,
+            (Account::Fx(m), Currency::Usd) => *m,
+            _ => continue,
+        };
+        let Some(summary) = methods.get_mut(&method) else {
+            continue;
+        };
+        let amount = postings.sum;
+        let sums = &mut summary.sums;
+        // A refund is an operator's entry that takes crypto out of custody; a reorg's
+        // reversal takes back what was booked.
+        match (&account, currency) {
+            (Account::Custody(_), _) if postings.refund => sums.refunded -= amount,
+            (Account::Custody(_), _) => sums.booked += amount,
+            (Account::Fx(_), Currency::Crypto(_)) => sums.credited -= amount,
+            (Account::Fx(_), Currency::Usd) => sums.usd_cents += amount,
+            (Account::Suspense(_), Currency::Crypto(_)) => sums.held -= amount,
+            _ => {}
         }
-        put(out, &text).await?;
-        let exceptions = self.period_exceptions(query).await?;
-        totals.exceptions = exceptions.len() as u64;
-        put(
-            out,
-            &format!(
-                "],\"exceptions\":{},\"trial_balance\":{},\"trial_balance_sound\":{}}}\n",
-                json(&exceptions)?,
-                json(trial)?,
-                trial.is_sound()
-            ),
-        )
-        .await
     }
-
-    async fn write_html<W: AsyncWrite + Unpin + Send>(
-        &self,
-        query: &ReportQuery,
-        folded: &Folded,
-        trial: &TrialBalance,
-        out: &mut W,
-        totals: &mut ReportTotals,
-    ) -> Result<(), Error> {
-        let title = format!(
-            "Reconciliation {} to {}{}",
-            query.from.format("%Y-%m-%d %H:%M"),
-            query.to.format("%Y-%m-%d %H:%M"),
-            query.method.map(|m| format!(", {m}")).unwrap_or_default()
+    for (method, summary) in &mut methods {
+        let currency = Currency::Crypto(*method);
+        let s = &summary.sums;
+        summary.expected = currency.format(s.expected as i128);
+        summary.received = currency.format(s.received as i128);
+        summary.booked = currency.format(s.booked);
+        summary.credited = currency.format(s.credited);
+        summary.held = currency.format(s.held);
+        summary.refunded = currency.format(s.refunded);
+        summary.usd_credited = Currency::Usd.format(s.usd_cents);
+        summary.difference = currency.format(s.received as i128 - s.credited);
+        summary.why = format!(
+            "{} held in suspense, {} not booked yet (confirming, underpaid or unmatched), {} refunded",
+            currency.format(s.held),
+            currency.format(s.unbooked as i128),
+            currency.format(s.refunded)
         );
-        let mut page = format!(
-            "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{t}</title>\n<style>{REPORT_CSS}</style></head>\n<body>\n<h1>{t}</h1>\n<p class=\"meta\">Generated {}. Times in UTC; amounts are exact, in each method's asset.</p>\n",
-            Utc::now().to_rfc3339(),
-            t = escape(&title)
-        );
-        page.push_str("<h2>Per method</h2>\n");
-        page.push_str(&html_table(
-            &SUMMARY_COLUMNS,
-            folded.methods.values().map(summary_cells),
-        ));
-        page.push_str("<h2>Received per day</h2>\n");
-        page.push_str(&chart(&folded.per_day));
-        put(out, &page).await?;
-        put(
-            out,
-            "<h2>Transfers</h2>\n<table id=\"transfers\"><thead><tr>",
-        )
-        .await?;
-        let header: String = TRANSFER_COLUMNS
-            .iter()
-            .map(|c| format!("<th>{}</th>", escape(c)))
-            .collect();
-        put(out, &format!("{header}</tr></thead><tbody>\n")).await?;
-        let mut rows = std::pin::pin!(transfers_of(self, query));
-        let mut text = String::new();
-        while let Some(t) = rows.try_next().await? {
-            push_html_row(&mut text, &transfer_cells(&t));
-            put_when_full(out, &mut text).await?;
-            totals.transfers += 1;
-        }
-        put(out, &text).await?;
-        let mut page = format!(
-            "</tbody></table>\n<p class=\"total\">{} transfers</p>\n<h2>Exceptions</h2>\n",
-            totals.transfers
-        );
-        let exceptions = self.period_exceptions(query).await?;
-        totals.exceptions = exceptions.len() as u64;
-        page.push_str(&html_table(
-            &EXCEPTION_COLUMNS,
-            exceptions.iter().map(exception_cells),
-        ));
-        page.push_str(&format!(
-            "<h2>Trial balance</h2>\n<p class=\"{}\">{}</p>\n",
-            if trial.is_sound() { "sound" } else { "broken" },
-            if trial.is_sound() {
-                "Every currency sums to zero."
-            } else {
-                "INVARIANTS BROKEN: a currency does not sum to zero."
-            }
-        ));
-        page.push_str(&html_table(
-            &["account", "currency", "balance"],
-            trial.accounts.iter().chain(&trial.totals).map(|line| {
-                vec![
-                    line.account.clone(),
-                    line.currency.to_string(),
-                    line.balance.clone(),
-                ]
-            }),
-        ));
-        page.push_str("</body></html>\n");
-        put(out, &page).await
     }
+    Ok(Folded { methods, per_day })
+}
+
+/// The period's exceptions.
+async fn period_exceptions(
+    store: &Store,
+    query: &ReportQuery,
+) -> Result<Vec<ExceptionRecord>, Error> {
+    let mut conn = store.pool().acquire().await?;
+    Ok(reports::exceptions_in(
+        &mut conn,
+        query.from.timestamp_millis(),
+        query.to.timestamp_millis(),
+    )
+    .try_collect()
+    .await?)
+}
+
+pub(crate) async fn write_csv<W: AsyncWrite + Unpin + Send>(
+    store: &Store,
+    query: &ReportQuery,
+    section: CsvSection,
+    folded: &Folded,
+    trial: &TrialBalance,
+    out: &mut W,
+    totals: &mut ReportTotals,
+) -> Result<(), Error> {
+    match section {
+        CsvSection::Transfers => {
+            put(out, &csv_line(&TRANSFER_COLUMNS)).await?;
+            let mut rows = std::pin::pin!(transfers_of(store, query));
+            let mut text = String::new();
+            while let Some(t) = rows.try_next().await? {
+                push_csv_line(&mut text, &transfer_cells(&t));
+                put_when_full(out, &mut text).await?;
+                totals.transfers += 1;
+            }
+            put(out, &text).await?;
+        }
+        CsvSection::Summary => {
+            put(out, &csv_line(&SUMMARY_COLUMNS)).await?;
+            for s in folded.methods.values() {
+                put(out, &csv_line(&summary_cells(s))).await?;
+            }
+        }
+        CsvSection::Exceptions => {
+            put(out, &csv_line(&EXCEPTION_COLUMNS)).await?;
+            for e in period_exceptions(store, query).await? {
+                put(out, &csv_line(&exception_cells(&e))).await?;
+                totals.exceptions += 1;
+            }
+        }
+        CsvSection::Balances => {
+            put(out, &csv_line(&["account", "currency", "balance"])).await?;
+            for line in trial.accounts.iter().chain(&trial.totals) {
+                let currency = line.currency.to_string();
+                put(out, &csv_line(&[&line.account, &currency, &line.balance])).await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+pub(crate) async fn write_json<W: AsyncWrite + Unpin + Send>(
+    store: &Store,
+    query: &ReportQuery,
+    folded: &Folded,
+    trial: &TrialBalance,
+    out: &mut W,
+    totals: &mut ReportTotals,
+) -> Result<(), Error> {
+    let head = serde_json::json!({
+        "from": query.from.to_rfc3339(),
+        "to": query.to.to_rfc3339(),
+        "method": query.method.map(|m| m.id()),
+    });
+    let summary: Vec<&MethodSummary> = folded.methods.values().collect();
+    put(
+        out,
+        &format!(
+            "{{\"period\":{head},\"summary\":{},\"transfers\":[",
+            json(&summary)?
+        ),
+    )
+    .await?;
+    let mut rows = std::pin::pin!(transfers_of(store, query));
+    let mut text = String::new();
+    while let Some(t) = rows.try_next().await? {
+        if totals.transfers > 0 {
+            text.push(',');
+        }
+        push_json_object(&mut text, &TRANSFER_COLUMNS, &transfer_cells(&t));
+        put_when_full(out, &mut text).await?;
+        totals.transfers += 1;
+    }
+    put(out, &text).await?;
+    let exceptions = period_exceptions(store, query).await?;
+    totals.exceptions = exceptions.len() as u64;
+    put(
+        out,
+        &format!(
+            "],\"exceptions\":{},\"trial_balance\":{},\"trial_balance_sound\":{}}}\n",
+            json(&exceptions)?,
+            json(trial)?,
+            trial.is_sound()
+        ),
+    )
+    .await
+}
+
+pub(crate) async fn write_html<W: AsyncWrite + Unpin + Send>(
+    store: &Store,
+    query: &ReportQuery,
+    folded: &Folded,
+    trial: &TrialBalance,
+    out: &mut W,
+    totals: &mut ReportTotals,
+) -> Result<(), Error> {
+    let title = format!(
+        "Reconciliation {} to {}{}",
+        query.from.format("%Y-%m-%d %H:%M"),
+        query.to.format("%Y-%m-%d %H:%M"),
+        query.method.map(|m| format!(", {m}")).unwrap_or_default()
+    );
+    let mut page = format!(
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{t}</title>\n<style>{REPORT_CSS}</style></head>\n<body>\n<h1>{t}</h1>\n<p class=\"meta\">Generated {}. Times in UTC; amounts are exact, in each method's asset.</p>\n",
+        Utc::now().to_rfc3339(),
+        t = escape(&title)
+    );
+    page.push_str("<h2>Per method</h2>\n");
+    page.push_str(&html_table(
+        &SUMMARY_COLUMNS,
+        folded.methods.values().map(summary_cells),
+    ));
+    page.push_str("<h2>Received per day</h2>\n");
+    page.push_str(&chart(&folded.per_day));
+    put(out, &page).await?;
+    put(
+        out,
+        "<h2>Transfers</h2>\n<table id=\"transfers\"><thead><tr>",
+    )
+    .await?;
+    let header: String = TRANSFER_COLUMNS
+        .iter()
+        .map(|c| format!("<th>{}</th>", escape(c)))
+        .collect();
+    put(out, &format!("{header}</tr></thead><tbody>\n")).await?;
+    let mut rows = std::pin::pin!(transfers_of(store, query));
+    let mut text = String::new();
+    while let Some(t) = rows.try_next().await? {
+        push_html_row(&mut text, &transfer_cells(&t));
+        put_when_full(out, &mut text).await?;
+        totals.transfers += 1;
+    }
+    put(out, &text).await?;
+    let mut page = format!(
+        "</tbody></table>\n<p class=\"total\">{} transfers</p>\n<h2>Exceptions</h2>\n",
+        totals.transfers
+    );
+    let exceptions = period_exceptions(store, query).await?;
+    totals.exceptions = exceptions.len() as u64;
+    page.push_str(&html_table(
+        &EXCEPTION_COLUMNS,
+        exceptions.iter().map(exception_cells),
+    ));
+    page.push_str(&format!(
+        "<h2>Trial balance</h2>\n<p class=\"{}\">{}</p>\n",
+        if trial.is_sound() { "sound" } else { "broken" },
+        if trial.is_sound() {
+            "Every currency sums to zero."
+        } else {
+            "INVARIANTS BROKEN: a currency does not sum to zero."
+        }
+    ));
+    page.push_str(&html_table(
+        &["account", "currency", "balance"],
+        trial.accounts.iter().chain(&trial.totals).map(|line| {
+            vec![
+                line.account.clone(),
+                line.currency.to_string(),
+                line.balance.clone(),
+            ]
+        }),
+    ));
+    page.push_str("</body></html>\n");
+    put(out, &page).await
 }
 
 /// The period's transfers of the query's method (paid in it, or to an intent of it).
 pub(crate) fn transfers_of(
-    engine: &Engine,
+    store: &Store,
     query: &ReportQuery,
 ) -> impl futures_util::Stream<Item = Result<ReportTransfer, crate::store::StoreError>> + Send + 'static
 {
     let method = query.method;
     reports::transfers_in(
-        engine.db().pool().clone(),
+        store.pool().clone(),
         query.from.timestamp_millis(),
         query.to.timestamp_millis(),
     )

@@ -7,9 +7,9 @@ use std::collections::BTreeSet;
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 
-use crate::engine::Engine;
 use crate::error::Error;
-use crate::store::operations::{self, FailingEndpoint, WatcherHealth};
+use crate::payments::PaymentSettings;
+use crate::store::operations::{FailingEndpoint, WatcherHealth};
 
 /// When waiting turns into stuck.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,14 +69,14 @@ pub const MAX_STUCK_PAGE: usize = 1_000;
 
 /// Where a page of the stuck view starts: after this category, time and subject.
 #[derive(Clone, Debug, PartialEq, Eq)]
-struct StuckCursor {
-    category: usize,
-    since_ms: i64,
-    subject: String,
+pub(crate) struct StuckCursor {
+    pub(crate) category: usize,
+    pub(crate) since_ms: i64,
+    pub(crate) subject: String,
 }
 
 impl StuckCursor {
-    fn first() -> StuckCursor {
+    pub(crate) fn first() -> StuckCursor {
         StuckCursor {
             category: 0,
             since_ms: i64::MIN,
@@ -84,7 +84,7 @@ impl StuckCursor {
         }
     }
 
-    fn after(item: &StuckItem) -> StuckCursor {
+    pub(crate) fn after(item: &StuckItem) -> StuckCursor {
         StuckCursor {
             category: CATEGORIES
                 .iter()
@@ -95,7 +95,7 @@ impl StuckCursor {
         }
     }
 
-    fn parse(text: &str) -> Result<StuckCursor, Error> {
+    pub(crate) fn parse(text: &str) -> Result<StuckCursor, Error> {
         let invalid = || Error::InvalidInput("after: not a cursor of the stuck view".into());
         let mut parts = text.splitn(3, '.');
         let (Some(category), Some(since), Some(subject)) =
@@ -110,12 +110,12 @@ impl StuckCursor {
         })
     }
 
-    fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         format!("{}.{}.{}", self.category, self.since_ms, self.subject)
     }
 
     /// Whether `item` of category `category` comes after this cursor.
-    fn precedes(&self, category: usize, item: &StuckItem) -> bool {
+    pub(crate) fn precedes(&self, category: usize, item: &StuckItem) -> bool {
         (
             category,
             item.since.timestamp_millis(),
@@ -125,7 +125,7 @@ impl StuckCursor {
 
     /// The keyset bound of `category`'s query: after the cursor inside its own category,
     /// from the start in a later one.
-    fn within(&self, category: usize) -> (i64, &str) {
+    pub(crate) fn within(&self, category: usize) -> (i64, &str) {
         if category == self.category {
             (self.since_ms, self.subject.as_str())
         } else {
@@ -157,159 +157,16 @@ impl<T> Page<T> {
     }
 }
 
-impl Engine {
-    /// Everything stuck now, oldest first within each category: the first
-    /// [`MAX_STUCK_PAGE`] items (`payrecon stuck`); [`Engine::stuck_page`] pages further.
-    pub async fn stuck(&self, options: &StuckOptions) -> Result<Vec<StuckItem>, Error> {
-        Ok(self.stuck_page(options, None, MAX_STUCK_PAGE).await?.items)
-    }
-
-    /// Up to `limit` stuck items after `after` (a previous page's `next`), each category
-    /// read with a bound, so a backlog of thousands costs one page.
-    pub async fn stuck_page(
-        &self,
-        options: &StuckOptions,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Page<StuckItem>, Error> {
-        let limit = limit.clamp(1, MAX_STUCK_PAGE);
-        let cursor = after
-            .map(StuckCursor::parse)
-            .transpose()?
-            .unwrap_or_else(StuckCursor::first);
-        let now = self.clock().now();
-        let mut conn = self.db().pool().acquire().await?;
-        let mut items = Vec::new();
-        let since = |ms: i64| DateTime::from_timestamp_millis(ms).unwrap_or(now);
-        // One more than the page: the extra item says a next page exists.
-        let wanted = |items: &Vec<StuckItem>| (limit + 1).saturating_sub(items.len()) as i64;
-        if cursor.category == 0 {
-            for intent in operations::marked_paid_unseen(
-                &mut conn,
-                (now - options.marked_paid_unseen).timestamp_millis(),
-                cursor.within(0),
-                wanted(&items),
-            )
-            .await?
-            {
-                items.push(StuckItem {
-                    category: "marked_paid_unseen",
-                    kind: intent.status.clone(),
-                    what: format!(
-                        "the customer marked {} ({}) paid; nothing arrived on chain",
-                        intent.id, intent.method
-                    ),
-                    subject: intent.id,
-                    order_ref: Some(intent.order_ref),
-                    since: since(intent.since_ms),
-                    actions: vec![
-                        "ask the customer for the transaction id and check it in a block explorer",
-                        "check that the watcher of the network is running",
-                    ],
-                });
-            }
-        }
-        if cursor.category <= 1 && wanted(&items) > 0 {
-            for intent in operations::seen_unconfirmed(
-                &mut conn,
-                (now - options.seen_unconfirmed).timestamp_millis(),
-                cursor.within(1),
-                wanted(&items),
-            )
-            .await?
-            {
-                items.push(StuckItem {
-                    category: "seen_unconfirmed",
-                    kind: intent.status.clone(),
-                    what: format!(
-                        "a payment to {} ({}) was seen but has not confirmed",
-                        intent.id, intent.method
-                    ),
-                    subject: intent.id,
-                    order_ref: Some(intent.order_ref),
-                    since: since(intent.since_ms),
-                    actions: vec![
-                        "wait: a low fee can keep a transaction unconfirmed for hours",
-                        "if it was dropped, the customer can pay again to the same instructions",
-                    ],
-                });
-            }
-        }
-        if cursor.category <= 2 && wanted(&items) > 0 {
-            let bound = cursor.within(2);
-            for exception in operations::open_exceptions(&mut conn, bound, wanted(&items)).await? {
-                items.push(StuckItem {
-                    category: "exception",
-                    actions: exception_actions(&exception.kind),
-                    kind: exception.kind,
-                    subject: exception.id,
-                    order_ref: exception.order_ref,
-                    what: exception.detail,
-                    since: exception.opened_at,
-                });
-            }
-        }
-        if wanted(&items) > 0 {
-            // The few rows of watchers, webhook endpoints and rates, ordered like the rest.
-            let mut few = Vec::new();
-            for health in operations::watcher_health(&mut conn).await? {
-                few.extend(watcher_item(&health, options, now));
-            }
-            for failing in operations::failing_endpoints(&mut conn).await? {
-                few.push(webhook_item(failing, now));
-            }
-            drop(conn);
-            few.extend(self.stale_rates(now).await);
-            let mut few: Vec<(usize, StuckItem)> = few
-                .into_iter()
-                .map(|item| (StuckCursor::after(&item).category, item))
-                .filter(|(category, item)| cursor.precedes(*category, item))
-                .collect();
-            few.sort_by(|(ca, a), (cb, b)| {
-                (ca, a.since, &a.subject).cmp(&(cb, b.since, &b.subject))
-            });
-            items.extend(few.into_iter().map(|(_, item)| item));
-        }
-        Ok(Page::of(items, limit, |item| {
-            StuckCursor::after(item).text()
-        }))
-    }
-
-    /// Every watcher's last written health.
-    pub async fn watcher_health(&self) -> Result<Vec<WatcherHealth>, Error> {
-        let mut conn = self.db().pool().acquire().await?;
-        Ok(operations::watcher_health(&mut conn).await?)
-    }
-
-    /// Payment intents per state.
-    pub async fn intents_by_status(&self) -> Result<Vec<(String, i64)>, Error> {
-        let mut conn = self.db().pool().acquire().await?;
-        Ok(operations::intents_by_status(&mut conn).await?)
-    }
-
-    /// Open exceptions per kind.
-    pub async fn open_exceptions_by_kind(&self) -> Result<Vec<(String, i64)>, Error> {
-        let mut conn = self.db().pool().acquire().await?;
-        Ok(operations::open_exceptions_by_kind(&mut conn).await?)
-    }
-
-    /// Records a watcher's health (the watcher loop calls it after every round).
-    pub async fn record_watcher_health(&self, health: &WatcherHealth) -> Result<(), Error> {
-        let mut conn = self.db().pool().acquire().await?;
-        Ok(operations::put_watcher_health(&mut conn, health).await?)
-    }
-
-    /// A row per enabled asset whose rate cannot be locked now.
-    async fn stale_rates(&self, now: DateTime<Utc>) -> Vec<StuckItem> {
-        let settings = self.payment_settings();
-        let Some(rates) = &settings.rates else {
-            return Vec::new();
-        };
-        let assets: BTreeSet<_> = settings.enabled.iter().map(|m| m.asset()).collect();
-        let mut items = Vec::new();
-        for asset in assets {
-            if let Err(error) = rates.rate(asset, now).await {
-                items.push(StuckItem {
+/// A row per enabled asset whose rate cannot be locked now.
+pub(crate) async fn stale_rates(settings: &PaymentSettings, now: DateTime<Utc>) -> Vec<StuckItem> {
+    let Some(rates) = &settings.rates else {
+        return Vec::new();
+    };
+    let assets: BTreeSet<_> = settings.enabled.iter().map(|m| m.asset()).collect();
+    let mut items = Vec::new();
+    for asset in assets {
+        if let Err(error) = rates.rate(asset, now).await {
+            items.push(StuckItem {
                     category: "rates",
                     kind: "stale".into(),
                     subject: asset.to_string(),
@@ -318,15 +175,14 @@ impl Engine {
                     since: now,
                     actions: vec!["check the rate sources and their API keys"],
                 });
-            }
         }
-        items
     }
+    items
 }
 
 /// A row for a webhook endpoint whose deliveries fail or were given up: the shop is not
 /// hearing about payments, so nothing it provisions on them happens.
-fn webhook_item(failing: FailingEndpoint, now: DateTime<Utc>) -> StuckItem {
+pub(crate) fn webhook_item(failing: FailingEndpoint, now: DateTime<Utc>) -> StuckItem {
     let kind = if failing.abandoned > 0 {
         "abandoned"
     } else {
@@ -360,7 +216,7 @@ fn webhook_item(failing: FailingEndpoint, now: DateTime<Utc>) -> StuckItem {
 }
 
 /// What an operator can do about an exception of `kind`.
-fn exception_actions(kind: &str) -> Vec<&'static str> {
+pub(crate) fn exception_actions(kind: &str) -> Vec<&'static str> {
     match kind {
         "underpaid" | "paid_late" => vec!["accept_as_paid", "credit_balance", "mark_refunded"],
         "overpaid" | "paid_after_settlement" | "wrong_asset" | "unmatched" => {
@@ -371,7 +227,7 @@ fn exception_actions(kind: &str) -> Vec<&'static str> {
 }
 
 /// A row for a watcher that is failing, silent or behind; `None` when it is healthy.
-fn watcher_item(
+pub(crate) fn watcher_item(
     health: &WatcherHealth,
     options: &StuckOptions,
     now: DateTime<Utc>,

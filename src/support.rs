@@ -2,15 +2,13 @@
 //! paid, their order reference, the intent id from the payment page) found in one call, with
 //! everything support needs to answer them.
 
-use payrecon_chain_core::Network;
 use serde::Serialize;
 
-use crate::engine::Engine;
 use crate::error::Error;
 use crate::ledger::PostedEntry;
-use crate::order::{Order, OrderRef};
+use crate::order::Order;
 use crate::payments::PaymentInstructions;
-use crate::store::payments::{self, ExceptionRecord, StoredTransfer};
+use crate::store::payments::{ExceptionRecord, StoredTransfer};
 
 /// Longest text a lookup takes: a transaction id is 64 hex digits, a Solana signature 88
 /// base58 characters, an order reference 64.
@@ -84,7 +82,7 @@ pub enum Finding {
 
 /// The text must look like one of the things a lookup finds; anything else is refused
 /// before it reaches the database.
-fn checked(text: &str) -> Result<&str, Error> {
+pub(crate) fn checked(text: &str) -> Result<&str, Error> {
     let text = text.trim();
     if text.is_empty() || text.chars().count() > MAX_LOOKUP_CHARS {
         return Err(Error::InvalidInput(format!(
@@ -100,111 +98,6 @@ fn checked(text: &str) -> Result<&str, Error> {
         ));
     }
     Ok(text)
-}
-
-impl Engine {
-    /// Everything about one order: the support view.
-    pub async fn order_view(&self, reference: &OrderRef) -> Result<OrderView, Error> {
-        Ok(OrderView {
-            order: self.order(reference).await?,
-            payment_intents: self.payments_for(reference).await?,
-            transfers: self.transfers_for(reference).await?,
-            exceptions: self.exceptions(Some(reference)).await?,
-            ledger_entries: self.entries_for(reference.as_str()).await?,
-        })
-    }
-
-    /// Finds what `text` names: a transaction id, an address, an order or top-up reference,
-    /// or a payment intent id, tried in that order. `None` when it names nothing payrecon
-    /// knows.
-    pub async fn find(&self, text: &str) -> Result<Option<Finding>, Error> {
-        let text = checked(text)?;
-        let mut conn = self.db().pool().acquire().await?;
-        let transfers = payments::transfers_by_txid(&mut conn, &Network::ALL, text).await?;
-        if !transfers.is_empty() {
-            let mut views = Vec::with_capacity(transfers.len());
-            for transfer in transfers {
-                views.push(self.transfer_view(&mut conn, transfer).await?);
-            }
-            return Ok(Some(Finding::Transfers { transfers: views }));
-        }
-        let intent_id =
-            payments::intent_id_by_any_watch_key(&mut conn, &Network::ALL, text).await?;
-        let to_address = payments::transfers_to_address(&mut conn, &Network::ALL, text).await?;
-        if intent_id.is_some() || !to_address.is_empty() {
-            drop(conn);
-            let intent = match &intent_id {
-                Some(id) => Some(self.payment(id).await?),
-                None => None,
-            };
-            let order = match &intent {
-                Some(intent) => Some(self.order(&intent.intent.order_ref).await?),
-                None => None,
-            };
-            return Ok(Some(Finding::Address(Box::new(AddressView {
-                address: text.to_owned(),
-                intent,
-                order,
-                transfers: to_address,
-            }))));
-        }
-        drop(conn);
-        if let Ok(reference) = OrderRef::new(text) {
-            match self.order_view(&reference).await {
-                Ok(view) => return Ok(Some(Finding::Order(Box::new(view)))),
-                Err(Error::OrderNotFound(_)) => {}
-                Err(error) => return Err(error),
-            }
-        }
-        match self.payment(text).await {
-            Ok(intent) => {
-                let order = self.order_view(&intent.intent.order_ref).await?;
-                Ok(Some(Finding::Intent {
-                    intent: Box::new(intent),
-                    order: Box::new(order),
-                }))
-            }
-            Err(Error::IntentNotFound(_)) => Ok(None),
-            Err(error) => Err(error),
-        }
-    }
-
-    async fn transfer_view(
-        &self,
-        conn: &mut sqlx::AnyConnection,
-        transfer: StoredTransfer,
-    ) -> Result<TransferView, Error> {
-        let id = transfer.id.to_string();
-        let exceptions = payments::exceptions_of_transfer(conn, &id).await?;
-        let mut ledger_entries = Vec::new();
-        if let Some(key) = &transfer.credited_entry {
-            for key in [key.clone(), format!("reverse:{key}")] {
-                if let Some(entry) = self.entry(&key).await? {
-                    ledger_entries.push(entry);
-                }
-            }
-        }
-        for key in crate::store::operations::action_entries_for_transfer(conn, &id).await? {
-            if let Some(entry) = self.entry(&key).await? {
-                ledger_entries.push(entry);
-            }
-        }
-        let intent = match &transfer.intent_id {
-            Some(id) => Some(self.payment(id).await?),
-            None => None,
-        };
-        let order = match &intent {
-            Some(intent) => Some(self.order(&intent.intent.order_ref).await?),
-            None => None,
-        };
-        Ok(TransferView {
-            transfer,
-            intent,
-            order,
-            exceptions,
-            ledger_entries,
-        })
-    }
 }
 
 #[cfg(test)]

@@ -17,19 +17,13 @@ use sha2::Sha256;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 
-use crate::api::stopped;
 use crate::config::WebhookConfig;
 use crate::engine::Engine;
 use crate::error::Error;
-use crate::store::operations::{self, DueDelivery};
+use crate::outbox::DISPATCH_BATCH;
+use crate::shutdown::stopped;
+use crate::store::operations::DueDelivery;
 
-/// Events copied into deliveries per transaction.
-const DISPATCH_BATCH: i64 = 500;
-/// Deliveries a lane reads per query.
-const SEND_BATCH: i64 = 100;
-/// First retry delay; doubled per failed attempt up to [`MAX_RETRY_DELAY`].
-const FIRST_RETRY_DELAY: chrono::Duration = chrono::Duration::seconds(1);
-const MAX_RETRY_DELAY: chrono::Duration = chrono::Duration::hours(1);
 /// Pause between passes when nothing woke the dispatcher or a lane.
 const IDLE_PAUSE: Duration = Duration::from_millis(500);
 /// Most of a receiver's answer read (and thrown away, so the connection can be reused): only
@@ -370,101 +364,6 @@ impl Lane {
     }
 }
 
-/// When to try again after `attempts` failed attempts.
-fn retry_at(now: DateTime<Utc>, attempts: i64) -> DateTime<Utc> {
-    let doublings = attempts.clamp(0, 20) as i32;
-    let delay = FIRST_RETRY_DELAY
-        .checked_mul(2i32.saturating_pow(doublings as u32))
-        .unwrap_or(MAX_RETRY_DELAY)
-        .min(MAX_RETRY_DELAY);
-    now + delay
-}
-
-impl Engine {
-    /// Copies undispatched outbox events into a delivery per endpoint, each given up after
-    /// that endpoint's own retry window. Returns how many events were dispatched.
-    pub(crate) async fn dispatch_outbox(
-        &self,
-        endpoints: &[(String, chrono::Duration)],
-    ) -> Result<usize, Error> {
-        let now = self.clock().now();
-        let mut tx = self.db().begin_write().await?;
-        let dispatched =
-            operations::dispatch_events(tx.conn(), endpoints, DISPATCH_BATCH, now).await?;
-        tx.commit().await?;
-        Ok(dispatched)
-    }
-
-    async fn due_deliveries(&self, endpoint: &str) -> Result<Vec<DueDelivery>, Error> {
-        let mut conn = self.db().pool().acquire().await?;
-        let now = self.clock().now();
-        Ok(operations::due_deliveries(&mut conn, endpoint, now, SEND_BATCH).await?)
-    }
-
-    async fn finish_delivery(
-        &self,
-        endpoint: &str,
-        delivery: &DueDelivery,
-        error: Option<&str>,
-        now: DateTime<Utc>,
-    ) -> Result<(), Error> {
-        let (state, next) = match error {
-            None => ("delivered", now),
-            Some(_) if now.timestamp_millis() >= delivery.give_up_at_ms => ("abandoned", now),
-            Some(_) => ("pending", retry_at(now, delivery.attempts)),
-        };
-        let mut tx = self.db().begin_write().await?;
-        operations::finish_delivery(
-            tx.conn(),
-            endpoint,
-            delivery.event_seq,
-            state,
-            next.timestamp_millis(),
-            error,
-            now,
-        )
-        .await?;
-        tx.commit().await?;
-        Ok(())
-    }
-
-    /// Queues an endpoint's deliveries from event `from_seq` on again, delivered or not (an
-    /// operator's replay; receivers deduplicate by event id). Returns how many.
-    pub async fn replay_webhooks(
-        &self,
-        endpoint: &str,
-        from_seq: i64,
-        retry_hours: u32,
-    ) -> Result<u64, Error> {
-        let now = self.clock().now();
-        let mut tx = self.db().begin_write().await?;
-        let queued = operations::replay_deliveries(
-            tx.conn(),
-            endpoint,
-            from_seq,
-            now,
-            chrono::Duration::hours(i64::from(retry_hours)),
-        )
-        .await?;
-        tx.commit().await?;
-        self.notify_events();
-        Ok(queued)
-    }
-
-    /// Deliveries per endpoint and state.
-    pub async fn webhook_counts(&self) -> Result<Vec<(String, String, i64)>, Error> {
-        let mut conn = self.db().pool().acquire().await?;
-        Ok(operations::delivery_counts(&mut conn).await?)
-    }
-
-    /// Endpoints with deliveries that failed and wait for their next attempt, or that were
-    /// given up: what operators see as a failing endpoint.
-    pub async fn failing_webhooks(&self) -> Result<Vec<crate::records::FailingEndpoint>, Error> {
-        let mut conn = self.db().pool().acquire().await?;
-        Ok(operations::failing_endpoints(&mut conn).await?)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -514,15 +413,5 @@ mod tests {
                 "{malformed}"
             );
         }
-    }
-
-    #[test]
-    fn retries_double_and_are_capped() {
-        let now = DateTime::from_timestamp(0, 0).unwrap();
-        let delays: Vec<i64> = (0..4)
-            .map(|n| (retry_at(now, n) - now).num_seconds())
-            .collect();
-        assert_eq!(delays, [1, 2, 4, 8]);
-        assert_eq!((retry_at(now, 40) - now).num_seconds(), 3600);
     }
 }

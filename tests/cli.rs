@@ -435,3 +435,141 @@ on_both_databases! {
         assert!(figures["p95_ratio"].as_f64().is_some_and(|r| r > 0.0), "{report}");
     }
 }
+
+/// The shop's catalog is configuration: another shop's durations, lots and top-ups are the
+/// rules its orders meet, and a catalog that cannot hold is refused at start, naming its key.
+#[test]
+fn the_catalog_comes_from_the_configuration() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/catalog.db", dir.path().display());
+    let config = dir.path().join("payrecon.toml");
+    std::fs::write(
+        &config,
+        "[catalog]\nrental_days = [1, 14]\nmax_lots = 4\ntopup_amounts_usd = [50]\ngpu_kinds = [\"H100\", \"B300\"]\ngpus_per_lot = { B300 = 8 }\n",
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    fn with<'a>(config: &'a str, args: &[&'a str]) -> Vec<&'a str> {
+        [&["--config", config][..], args].concat()
+    }
+    let order = json(
+        &url,
+        &with(
+            config,
+            &[
+                "order",
+                "create",
+                "--reference",
+                "R1",
+                "--account",
+                "42",
+                "--gpu",
+                "b300",
+                "--days",
+                "14",
+                "--lots",
+                "2",
+                "--total-usd",
+                "900",
+            ],
+        ),
+    );
+    assert_eq!(order["gpu_count"], 16, "{order}");
+    assert!(
+        refused(
+            &url,
+            &with(
+                config,
+                &[
+                    "order",
+                    "create",
+                    "--reference",
+                    "R2",
+                    "--account",
+                    "42",
+                    "--gpu",
+                    "H100",
+                    "--days",
+                    "7",
+                    "--lots",
+                    "1",
+                    "--total-usd",
+                    "1"
+                ]
+            )
+        )
+        .contains("must be 1 or 14 days, got 7")
+    );
+    assert!(
+        refused(
+            &url,
+            &with(
+                config,
+                &[
+                    "order",
+                    "create",
+                    "--reference",
+                    "R3",
+                    "--account",
+                    "42",
+                    "--gpu",
+                    "H100",
+                    "--days",
+                    "1",
+                    "--lots",
+                    "5",
+                    "--total-usd",
+                    "1"
+                ]
+            )
+        )
+        .contains("lots must be 1 to 4, got 5")
+    );
+    assert!(
+        refused(
+            &url,
+            &with(
+                config,
+                &[
+                    "order",
+                    "create",
+                    "--reference",
+                    "R4",
+                    "--account",
+                    "42",
+                    "--gpu",
+                    "A100",
+                    "--days",
+                    "1",
+                    "--lots",
+                    "1",
+                    "--total-usd",
+                    "1"
+                ]
+            )
+        )
+        .contains("does not rent A100")
+    );
+    assert!(
+        refused(
+            &url,
+            &with(
+                config,
+                &["topup", "create", "--account", "42", "--amount-usd", "100"]
+            )
+        )
+        .contains("exactly 50 USD, got 100.00")
+    );
+    json(
+        &url,
+        &with(
+            config,
+            &["topup", "create", "--account", "42", "--amount-usd", "50"],
+        ),
+    );
+
+    let broken = dir.path().join("broken.toml");
+    std::fs::write(&broken, "[catalog]\nmin_lots = 3\nmax_lots = 2\n").unwrap();
+    let refusal = refused(&url, &["--config", broken.to_str().unwrap(), "init"]);
+    assert!(refusal.contains("catalog.max_lots"), "{refusal}");
+}

@@ -275,7 +275,7 @@ impl LiveStatus {
                 true
             }
             () = tokio::time::sleep_until(self.ends_at) => false,
-            () = super::server::stopped(&mut self.shutdown) => false,
+            () = crate::shutdown::stopped(&mut self.shutdown) => false,
         }
     }
 }

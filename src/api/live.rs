@@ -243,7 +243,7 @@ impl StatusHub {
                 _ = commits.recv() => {}
                 _ = tokio::time::sleep(RECHECK), if open > 0 => {}
                 _ = self.first_open.notified(), if open == 0 => {}
-                () = super::server::stopped(&mut shutdown) => return,
+                () = crate::shutdown::stopped(&mut shutdown) => return,
             }
         }
     }

@@ -9,6 +9,7 @@
 //! - On shutdown the listener closes, every connection is asked to finish its request in
 //!   flight and close, and whatever is still open when `drain` has passed is dropped.
 
+use crate::shutdown::stopped;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -113,11 +114,6 @@ pub async fn serve(
         connections.shutdown().await;
     }
     Ok(())
-}
-
-/// Until `switch` turns true (or its sender is gone).
-pub(crate) async fn stopped(switch: &mut watch::Receiver<bool>) {
-    let _ = switch.wait_for(|on| *on).await;
 }
 
 /// A request's client address, as the server recorded it.

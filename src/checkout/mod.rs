@@ -10,11 +10,9 @@ pub(crate) mod page;
 use chrono::{DateTime, Utc};
 use payrecon_chain_core::ReceivedAsset;
 
-use crate::engine::Engine;
 use crate::error::Error;
 use crate::intent::{IntentStatus, PaymentIntent};
 use crate::payments::PaymentInstructions;
-use crate::store::feed::{self, ChangedIntents, LivePosition};
 use crate::store::payments::{self, StoredTransfer};
 
 /// A checkout key is 32 lowercase hexadecimal digits (a v4 UUID without dashes).
@@ -64,7 +62,7 @@ impl CheckoutStatus {
             )
     }
 
-    fn of(
+    pub(crate) fn of(
         intent: &PaymentIntent,
         transfers: &[StoredTransfer],
         required: u32,
@@ -113,51 +111,12 @@ fn check_key(key: &str) -> Result<(), Error> {
     }
 }
 
-impl Engine {
-    /// The checkout page's content for the intent whose link carries `key`.
-    pub async fn checkout(&self, key: &str) -> Result<Checkout, Error> {
-        let mut conn = self.db().pool().acquire().await?;
-        let intent = intent_by_key(&mut conn, key).await?;
-        let transfers = payments::transfers_of_intent(&mut conn, &intent.id).await?;
-        drop(conn);
-        let required = self
-            .payment_settings()
-            .policy
-            .confirmations
-            .get(&intent.network())
-            .map_or(1, |rule| rule.required(intent.usd));
-        let status = CheckoutStatus::of(&intent, &transfers, required, self.clock().now());
-        Ok(Checkout {
-            instructions: self.instructions(intent),
-            status,
-        })
-    }
-
-    /// The customer's "I have paid" from the checkout page: [`Engine::mark_paid`] by the
-    /// page's key. It confirms nothing and credits nothing; said again, it writes nothing.
-    pub async fn checkout_mark_paid(&self, key: &str) -> Result<(), Error> {
-        let mut conn = self.db().pool().acquire().await?;
-        let intent = intent_by_key(&mut conn, key).await?;
-        drop(conn);
-        if intent.marked_paid_at.is_none() {
-            self.mark_paid(&intent.id).await?;
-        }
-        Ok(())
-    }
-
-    /// The intents whose page may show something new since `from` (see `api::live`).
-    pub(crate) async fn live_changes(
-        &self,
-        from: Option<LivePosition>,
-    ) -> Result<ChangedIntents, Error> {
-        let store = self.db();
-        Ok(feed::changed_intents(store.pool(), store.backend(), from).await?)
-    }
-}
-
 /// The intent whose checkout link carries `key`; a key of the wrong shape never reaches the
 /// database.
-async fn intent_by_key(conn: &mut sqlx::AnyConnection, key: &str) -> Result<PaymentIntent, Error> {
+pub(crate) async fn intent_by_key(
+    conn: &mut sqlx::AnyConnection,
+    key: &str,
+) -> Result<PaymentIntent, Error> {
     check_key(key)?;
     payments::intent_by_checkout_key(conn, key)
         .await?

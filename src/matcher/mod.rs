@@ -43,6 +43,7 @@ use crate::store::WriteTx;
 use crate::store::payments::{ExceptionRecord, NewEvent, StoredTransfer};
 
 pub(crate) use batch::BatchStore;
+#[cfg(feature = "test-utils")]
 pub use decide::{Booking, BookingKey, Decision, Step, decide};
 pub(crate) use direct::DirectStore;
 pub(crate) use rules::booking_key;

@@ -52,12 +52,6 @@ pub(crate) trait WriteError: From<StoreError> + Send + 'static {
     fn is_retryable_conflict(&self) -> bool;
 }
 
-impl WriteError for crate::error::Error {
-    fn is_retryable_conflict(&self) -> bool {
-        matches!(self, crate::error::Error::Store(e) if e.is_retryable_conflict())
-    }
-}
-
 impl WriteError for StoreError {
     fn is_retryable_conflict(&self) -> bool {
         StoreError::is_retryable_conflict(self)

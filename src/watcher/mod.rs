@@ -350,7 +350,7 @@ impl<S: ChainScanner> Watcher<S> {
             let round = tokio::select! {
                 round = self.round() => round,
                 () = async {
-                    crate::api::stopped(&mut stopping).await;
+                    crate::shutdown::stopped(&mut stopping).await;
                     tokio::time::sleep(grace).await;
                 } => continue,
             };

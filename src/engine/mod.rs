@@ -1,5 +1,12 @@
-//! The library API the shop backend embeds. Each call is one database transaction: it
-//! either happens whole or not at all.
+//! The library API the shop backend embeds: the engine, its builder, and its methods grouped
+//! by who calls them (`shop`, `finance`, `operators`, `watchers`). Each call is one database
+//! transaction: it either happens whole or not at all. The domain modules it calls take a
+//! transaction or plain data and never name the engine.
+
+mod finance;
+mod operators;
+mod shop;
+mod watchers;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -10,16 +17,12 @@ use sha2::{Digest, Sha256};
 
 use crate::catalog::Catalog;
 use crate::clock::{Clock, SystemClock};
+use crate::config::Config;
 use crate::error::Error;
-use crate::ledger::{
-    Account, Currency, EntryKind, LedgerError, NewEntry, PostOutcome, PostedEntry, Posting,
-};
+use crate::ledger::{Account, Currency, EntryKind, LedgerError, NewEntry, Posting};
 use crate::matcher::MatcherPath;
 use crate::money::Usd;
-use crate::order::{
-    AccountId, Order, OrderKind, OrderRef, OrderStatus, RentalOrderRequest, SettledVia,
-    TopupRequest, ValidOrder,
-};
+use crate::order::{AccountId, Order, OrderKind, OrderRef, OrderStatus, SettledVia, ValidOrder};
 use crate::payments::PaymentSettings;
 use crate::store::{self, Answers, GroupWrite, Store, StoreError, WriteFuture, WriteTx};
 
@@ -60,49 +63,22 @@ pub struct BalancePayment {
     pub debited_now: bool,
 }
 
-/// One line of the trial balance.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct AccountBalance {
-    /// Account name.
-    pub account: String,
-    /// Currency.
-    pub currency: Currency,
-    /// Signed, debit positive, as an exact decimal.
-    pub balance: String,
-    /// The same in minor units (cents or base units).
-    #[serde(with = "crate::ledger::i128_as_string")]
-    pub balance_minor: i128,
-}
-
-/// Every account's balance and each currency's total, which must be zero.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct TrialBalance {
-    /// Per account and currency.
-    pub accounts: Vec<AccountBalance>,
-    /// Per currency: the sum over all accounts.
-    pub totals: Vec<AccountBalance>,
-    /// Entries in the journal.
-    pub entries: u64,
-    /// Postings in the journal.
-    pub postings: u64,
-    /// Journal positions (`seq`) of entries that do not balance (always empty unless the
-    /// store was tampered with).
-    pub unbalanced_entries: Vec<i64>,
-    /// Customers whose balance is negative (always empty unless tampered with).
-    pub negative_balances: Vec<String>,
-}
-
-impl TrialBalance {
-    /// Whether every invariant holds: each entry and each currency sums to zero, no customer
-    /// balance is negative.
-    pub fn is_sound(&self) -> bool {
-        self.unbalanced_entries.is_empty()
-            && self.negative_balances.is_empty()
-            && self.totals.iter().all(|t| t.balance_minor == 0)
-    }
-}
-
 impl Engine {
+    /// Opens the database and builds payment settings from `config`; a configuration that a
+    /// network's watcher could not use is refused here, before anything runs on it.
+    pub async fn from_config(config: &Config) -> Result<Engine, Error> {
+        crate::networks::check(config)?;
+        let settings = PaymentSettings::from_config(config)?;
+        Engine::open_with(config.database_url.expose(), config.database_durability)
+            .await?
+            .with_payment_settings(settings)
+            .with_catalog(config.catalog.clone())
+    }
+
+    fn now(&self) -> DateTime<Utc> {
+        self.clock().now()
+    }
+
     /// Opens the database at `url`, bringing its schema up to date. Every commit is durable
     /// before it is acknowledged.
     pub async fn open(url: &str) -> Result<Engine, Error> {
@@ -206,154 +182,6 @@ impl Engine {
     #[cfg(feature = "test-utils")]
     pub fn store(&self) -> &Store {
         &self.store
-    }
-
-    /// Records a rental order. Sending the same order again returns it unchanged; the same
-    /// reference with other content is [`Error::OrderConflict`].
-    pub async fn create_rental_order(
-        &self,
-        request: &RentalOrderRequest,
-    ) -> Result<Created<Order>, Error> {
-        self.create_order(request.validate(&self.catalog)?).await
-    }
-
-    /// Records a balance top-up (100, 500, 2000 or 10000 USD). Idempotent like orders.
-    pub async fn create_topup(&self, request: &TopupRequest) -> Result<Created<Order>, Error> {
-        self.create_order(request.validate(&self.catalog)?).await
-    }
-
-    async fn create_order(&self, order: ValidOrder) -> Result<Created<Order>, Error> {
-        let now = self.clock.now();
-        self.store.write_batched(NewOrder { order, now }).await
-    }
-
-    /// An order or top-up by reference.
-    pub async fn order(&self, reference: &OrderRef) -> Result<Order, Error> {
-        let mut conn = self.store.pool().acquire().await?;
-        store::orders::get_order(&mut conn, reference)
-            .await?
-            .map(|stored| stored.order)
-            .ok_or_else(|| Error::OrderNotFound(reference.clone()))
-    }
-
-    /// The USD the customer can spend now: confirmed credits minus debits. Money still
-    /// waiting for confirmation is not in it.
-    pub async fn available_balance(&self, account_id: &AccountId) -> Result<Usd, Error> {
-        let mut conn = self.store.pool().acquire().await?;
-        let account = Account::CustomerBalance(account_id.clone());
-        let sum = store::ledger::account_sum(&mut conn, &account, Currency::Usd).await?;
-        customer_balance(account_id, sum)
-    }
-
-    /// Settles a rental order by debiting the customer's balance, if it covers the whole
-    /// total. Refused otherwise, with nothing written. Calling it again for an order it
-    /// already paid returns that payment (a safe retry), never a second debit.
-    pub async fn pay_order_from_balance(
-        &self,
-        reference: &OrderRef,
-    ) -> Result<BalancePayment, Error> {
-        let now = self.clock.now();
-        let reference = Arc::new(reference.clone());
-        self.store
-            .write(move |tx| {
-                let reference = reference.clone();
-                Box::pin(async move { debit_for_order(tx, &reference, now).await })
-            })
-            .await
-    }
-
-    /// Posts a journal entry once per idempotency key; refuses entries that do not balance or
-    /// would take a customer balance below zero.
-    pub async fn post_entry(&self, entry: &NewEntry) -> Result<PostOutcome, Error> {
-        entry.validate()?;
-        Ok(self.post_entries(std::slice::from_ref(entry)).await?[0])
-    }
-
-    /// Posts many entries in one transaction: all or none. Each keeps its own idempotency.
-    pub async fn post_entries(&self, entries: &[NewEntry]) -> Result<Vec<PostOutcome>, Error> {
-        for entry in entries {
-            entry.validate()?;
-        }
-        let now = self.clock.now();
-        let mut tx = self.store.begin_write().await?;
-        let outcomes = store::ledger::post_batch(&mut tx, entries, now).await??;
-        tx.commit().await?;
-        Ok(outcomes)
-    }
-
-    /// Corrects an entry the only way an append-only journal allows: by posting its exact
-    /// opposite under `reverse:<key>`.
-    pub async fn reverse_entry(&self, key: &str, memo: &str) -> Result<PostOutcome, Error> {
-        let original = self
-            .entry(key)
-            .await?
-            .ok_or_else(|| LedgerError::EntryNotFound(key.to_owned()))?;
-        self.post_entry(&NewEntry::reversal_of(&original, memo))
-            .await
-    }
-
-    /// A journal entry by its idempotency key.
-    pub async fn entry(&self, key: &str) -> Result<Option<PostedEntry>, Error> {
-        let mut conn = self.store.pool().acquire().await?;
-        Ok(store::ledger::get_entry(&mut conn, key).await?)
-    }
-
-    /// Every journal entry that names `reference` (an order, top-up or intent), oldest first.
-    pub async fn entries_for(&self, reference: &str) -> Result<Vec<PostedEntry>, Error> {
-        let mut conn = self.store.pool().acquire().await?;
-        let keys = store::ledger::entry_keys_for_reference(&mut conn, reference).await?;
-        let mut entries = Vec::with_capacity(keys.len());
-        for key in keys {
-            if let Some(entry) = store::ledger::get_entry(&mut conn, &key).await? {
-                entries.push(entry);
-            }
-        }
-        Ok(entries)
-    }
-
-    /// The balance of any account in one currency, as a signed sum of its postings.
-    pub async fn account_balance(
-        &self,
-        account: &Account,
-        currency: Currency,
-    ) -> Result<i128, Error> {
-        let mut conn = self.store.pool().acquire().await?;
-        Ok(store::ledger::account_sum(&mut conn, account, currency).await?)
-    }
-
-    /// Re-derives every balance from the journal by aggregates in the database and checks the
-    /// invariants: each entry and each currency sums to zero, no customer balance below zero.
-    pub async fn trial_balance(&self) -> Result<TrialBalance, Error> {
-        let mut conn = self.store.pool().acquire().await?;
-        let totals = store::ledger::journal_totals(&mut conn).await?;
-        let negative_balances = totals
-            .by_account
-            .iter()
-            .filter(|((account, _), sum)| account.starts_with("customer:") && **sum > 0)
-            .map(|((account, _), _)| account.clone())
-            .collect();
-        let line = |account: String, currency: Currency, sum: i128| AccountBalance {
-            account,
-            currency,
-            balance: currency.format(sum),
-            balance_minor: sum,
-        };
-        Ok(TrialBalance {
-            accounts: totals
-                .by_account
-                .iter()
-                .map(|((account, currency), sum)| line(account.clone(), *currency, *sum))
-                .collect(),
-            totals: totals
-                .by_currency
-                .iter()
-                .map(|(currency, sum)| line("total".into(), *currency, *sum))
-                .collect(),
-            entries: totals.entries,
-            postings: totals.postings,
-            unbalanced_entries: totals.unbalanced_entries,
-            negative_balances,
-        })
     }
 }
 

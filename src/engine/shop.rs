@@ -1,0 +1,357 @@
+//! What the shop backend does: orders and top-ups, balances, payment instructions, the
+//! customer's checkout page and history, and the event stream it follows.
+
+use super::BalancePayment;
+use super::Created;
+use super::NewOrder;
+use super::customer_balance;
+use super::debit_for_order;
+use crate::checkout::Checkout;
+use crate::checkout::CheckoutStatus;
+use crate::checkout::intent_by_key;
+use crate::engine::Engine;
+use crate::error::Error;
+use crate::history::AccountHistory;
+use crate::history::HistoryItem;
+use crate::history::MAX_HISTORY_PAGE;
+use crate::history::Position;
+use crate::intent::IntentRate;
+use crate::intent::PaymentIntent;
+use crate::intent::payment_uri;
+use crate::intent::qr_svg;
+use crate::ledger::Account;
+use crate::ledger::Currency;
+use crate::money::Usd;
+use crate::order::AccountId;
+use crate::order::Order;
+use crate::order::OrderRef;
+use crate::order::OrderStatus;
+use crate::order::RentalOrderRequest;
+use crate::order::TopupRequest;
+use crate::order::ValidOrder;
+use crate::payments::IntentDraft;
+use crate::payments::PaymentInstructions;
+use crate::payments::record_marked_paid;
+use crate::store;
+use crate::store::feed;
+use crate::store::feed::ChangedIntents;
+use crate::store::feed::LivePosition;
+use crate::store::payments;
+use crate::store::payments::IntentEvent;
+use chrono::DateTime;
+use chrono::Utc;
+use payrecon_chain_core::Method;
+use std::sync::Arc;
+
+impl Engine {
+    /// Creates payment instructions for an order or top-up in one method: a fresh address,
+    /// the amount at a freshly locked rate (rounded up), and a deadline. Refused, with nothing
+    /// stored, when the method is disabled, no fresh rate exists, or the order is unknown or
+    /// settled. A newer intent supersedes the order's older ones, which stay watched.
+    pub async fn create_payment(
+        &self,
+        order_ref: &OrderRef,
+        method: Method,
+    ) -> Result<PaymentInstructions, Error> {
+        let settings = self.payment_settings();
+        let deriver = settings
+            .derivers
+            .get(&method.network())
+            .filter(|_| settings.enabled.contains(&method))
+            .ok_or(Error::MethodDisabled(method))?
+            .clone();
+        let now = self.now();
+        let rate = match settings.rates.as_ref() {
+            Some(rates) => rates.rate(method.asset(), now).await,
+            None => Err(crate::rates::RateError::NoSources),
+        };
+        // Without a rate nothing is written: say first what is wrong with the order, if
+        // anything (the write checks the order again, under its lock).
+        let rate = match rate {
+            Ok(rate) => rate,
+            Err(no_rate) => {
+                let order = self.order(order_ref).await?;
+                if order.status != OrderStatus::Open {
+                    return Err(Error::AlreadySettled(order_ref.clone()));
+                }
+                return Err(no_rate.into());
+            }
+        };
+        let deadline = now
+            + settings
+                .deadlines
+                .get(&method)
+                .copied()
+                .unwrap_or(settings.default_deadline);
+
+        let draft = IntentDraft {
+            order_ref: order_ref.clone(),
+            method,
+            deriver,
+            rate: IntentRate {
+                usd_per_unit: rate.usd_per_unit,
+                source: rate.source,
+                fetched_at: rate.fetched_at,
+            },
+            created_at: now,
+            deadline,
+            monitor_until: deadline + settings.monitoring_window,
+        };
+        let intent = self.db().write_batched(draft).await?;
+        self.notify_events();
+        Ok(self.instructions(intent))
+    }
+
+    pub(crate) fn instructions(&self, intent: PaymentIntent) -> PaymentInstructions {
+        PaymentInstructions {
+            amount_decimal: intent.amount_decimal(),
+            asset: intent.method.asset().to_string(),
+            payment_uri: payment_uri(&intent, &self.payment_settings().uri),
+            customer_message: intent.status.customer_message().to_owned(),
+            checkout_path: format!("/pay/{}", intent.checkout_key),
+            intent,
+        }
+    }
+
+    /// A payment intent with its URI.
+    pub async fn payment(&self, intent_id: &str) -> Result<PaymentInstructions, Error> {
+        let mut conn = self.db().pool().acquire().await?;
+        let intent = payments::get_intent(&mut conn, intent_id)
+            .await?
+            .ok_or_else(|| Error::IntentNotFound(intent_id.to_owned()))?;
+        Ok(self.instructions(intent))
+    }
+
+    /// Every intent of an order, old and superseded ones too.
+    pub async fn payments_for(
+        &self,
+        order_ref: &OrderRef,
+    ) -> Result<Vec<PaymentInstructions>, Error> {
+        let mut conn = self.db().pool().acquire().await?;
+        let intents = payments::intents_of_order(&mut conn, order_ref.as_str()).await?;
+        Ok(intents.into_iter().map(|i| self.instructions(i)).collect())
+    }
+
+    /// The payment URI of an intent as a QR code (SVG).
+    pub async fn payment_qr_svg(&self, intent_id: &str) -> Result<String, Error> {
+        let instructions = self.payment(intent_id).await?;
+        qr_svg(&instructions.payment_uri).map_err(|e| Error::Config(format!("QR code: {e}")))
+    }
+
+    /// Records the customer's "I have paid". It confirms nothing and credits nothing; it is
+    /// shown in tracking and feeds the stuck-payment monitor. Marking twice keeps the first time.
+    pub async fn mark_paid(&self, intent_id: &str) -> Result<PaymentInstructions, Error> {
+        let now = self.now();
+        let id: Arc<str> = Arc::from(intent_id);
+        let recorded = self
+            .db()
+            .write(move |tx| {
+                let id = id.clone();
+                Box::pin(async move { record_marked_paid(tx, &id, now).await })
+            })
+            .await?;
+        // Only a new "I have paid" is news: one said again wakes no watcher and no page.
+        if recorded {
+            self.notify_events();
+        }
+        self.payment(intent_id).await
+    }
+
+    /// Stream entries after `after_seq`, in commit order; resume from the last `seq` seen.
+    pub async fn events_after(
+        &self,
+        after_seq: i64,
+        limit: i64,
+    ) -> Result<Vec<IntentEvent>, Error> {
+        let mut conn = self.db().pool().acquire().await?;
+        Ok(payments::events_after(&mut conn, after_seq, limit).await?)
+    }
+
+    /// The checkout page's content for the intent whose link carries `key`.
+    pub async fn checkout(&self, key: &str) -> Result<Checkout, Error> {
+        let mut conn = self.db().pool().acquire().await?;
+        let intent = intent_by_key(&mut conn, key).await?;
+        let transfers = payments::transfers_of_intent(&mut conn, &intent.id).await?;
+        drop(conn);
+        let required = self
+            .payment_settings()
+            .policy
+            .confirmations
+            .get(&intent.network())
+            .map_or(1, |rule| rule.required(intent.usd));
+        let status = CheckoutStatus::of(&intent, &transfers, required, self.clock().now());
+        Ok(Checkout {
+            instructions: self.instructions(intent),
+            status,
+        })
+    }
+
+    /// The customer's "I have paid" from the checkout page: [`Engine::mark_paid`] by the
+    /// page's key. It confirms nothing and credits nothing; said again, it writes nothing.
+    pub async fn checkout_mark_paid(&self, key: &str) -> Result<(), Error> {
+        let mut conn = self.db().pool().acquire().await?;
+        let intent = intent_by_key(&mut conn, key).await?;
+        drop(conn);
+        if intent.marked_paid_at.is_none() {
+            self.mark_paid(&intent.id).await?;
+        }
+        Ok(())
+    }
+
+    /// The intents whose page may show something new since `from` (see `api::live`).
+    pub(crate) async fn live_changes(
+        &self,
+        from: Option<LivePosition>,
+    ) -> Result<ChangedIntents, Error> {
+        let store = self.db();
+        Ok(feed::changed_intents(store.pool(), store.backend(), from).await?)
+    }
+
+    /// One page of `account`'s history: up to `limit` items after the cursor `after` (from
+    /// the previous page's `next`), oldest first.
+    pub async fn account_history(
+        &self,
+        account: &AccountId,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<AccountHistory, Error> {
+        if !(1..=MAX_HISTORY_PAGE).contains(&limit) {
+            return Err(Error::InvalidInput(format!(
+                "limit: 1 to {MAX_HISTORY_PAGE} items per page"
+            )));
+        }
+        let after = after.map(Position::parse).transpose()?;
+        let mut conn = self.db().pool().acquire().await?;
+        let orders = store::orders::orders_of_account(&mut conn, account.as_str()).await?;
+        let intents = store::payments::intents_of_account(&mut conn, account.as_str()).await?;
+        let balance_account = Account::CustomerBalance(account.clone());
+        let movements =
+            store::ledger::movements(&mut conn, &balance_account, Currency::Usd).await?;
+        drop(conn);
+
+        let mut timeline: Vec<(Position, HistoryItem)> =
+            Vec::with_capacity(orders.len() + intents.len() + movements.len());
+        for stored in orders {
+            let order = stored.order;
+            timeline.push((
+                Position {
+                    at_ms: order.created_at.timestamp_millis(),
+                    rank: 0,
+                    id: order.reference.to_string(),
+                },
+                HistoryItem::Order {
+                    at: order.created_at,
+                    order: Box::new(order),
+                },
+            ));
+        }
+        for intent in intents {
+            let at = intent.created_at;
+            let id = intent.id.clone();
+            timeline.push((
+                Position {
+                    at_ms: at.timestamp_millis(),
+                    rank: 1,
+                    id,
+                },
+                HistoryItem::Payment {
+                    at,
+                    payment: Box::new(self.instructions(intent)),
+                },
+            ));
+        }
+        // The customer's balance is the negated sum of the postings (credits are negative).
+        let mut balance: i128 = 0;
+        for movement in movements {
+            balance -= movement.amount;
+            let at =
+                DateTime::<Utc>::from_timestamp_millis(movement.posted_at_ms).unwrap_or_default();
+            timeline.push((
+                Position {
+                    at_ms: movement.posted_at_ms,
+                    rank: 2,
+                    id: format!("{:020}", movement.seq),
+                },
+                HistoryItem::Balance {
+                    at,
+                    entry: movement.key,
+                    kind: movement.kind,
+                    reference: movement.reference,
+                    memo: movement.memo,
+                    change_usd: Currency::Usd.format(-movement.amount),
+                    balance_usd: Currency::Usd.format(balance),
+                },
+            ));
+        }
+        timeline.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut page: Vec<(Position, HistoryItem)> = timeline
+            .into_iter()
+            .filter(|(position, _)| after.as_ref().is_none_or(|after| position > after))
+            .take(limit + 1)
+            .collect();
+        let next = (page.len() > limit).then(|| {
+            page.truncate(limit);
+            page.last().map(|(position, _)| position.cursor())
+        });
+        Ok(AccountHistory {
+            account_id: account.clone(),
+            balance_usd: self.available_balance(account).await?.to_string(),
+            items: page.into_iter().map(|(_, item)| item).collect(),
+            next: next.flatten(),
+        })
+    }
+
+    /// Records a rental order. Sending the same order again returns it unchanged; the same
+    /// reference with other content is [`Error::OrderConflict`].
+    pub async fn create_rental_order(
+        &self,
+        request: &RentalOrderRequest,
+    ) -> Result<Created<Order>, Error> {
+        self.create_order(request.validate(&self.catalog)?).await
+    }
+
+    /// Records a balance top-up (100, 500, 2000 or 10000 USD). Idempotent like orders.
+    pub async fn create_topup(&self, request: &TopupRequest) -> Result<Created<Order>, Error> {
+        self.create_order(request.validate(&self.catalog)?).await
+    }
+
+    async fn create_order(&self, order: ValidOrder) -> Result<Created<Order>, Error> {
+        let now = self.clock.now();
+        self.store.write_batched(NewOrder { order, now }).await
+    }
+
+    /// An order or top-up by reference.
+    pub async fn order(&self, reference: &OrderRef) -> Result<Order, Error> {
+        let mut conn = self.store.pool().acquire().await?;
+        store::orders::get_order(&mut conn, reference)
+            .await?
+            .map(|stored| stored.order)
+            .ok_or_else(|| Error::OrderNotFound(reference.clone()))
+    }
+
+    /// The USD the customer can spend now: confirmed credits minus debits. Money still
+    /// waiting for confirmation is not in it.
+    pub async fn available_balance(&self, account_id: &AccountId) -> Result<Usd, Error> {
+        let mut conn = self.store.pool().acquire().await?;
+        let account = Account::CustomerBalance(account_id.clone());
+        let sum = store::ledger::account_sum(&mut conn, &account, Currency::Usd).await?;
+        customer_balance(account_id, sum)
+    }
+
+    /// Settles a rental order by debiting the customer's balance, if it covers the whole
+    /// total. Refused otherwise, with nothing written. Calling it again for an order it
+    /// already paid returns that payment (a safe retry), never a second debit.
+    pub async fn pay_order_from_balance(
+        &self,
+        reference: &OrderRef,
+    ) -> Result<BalancePayment, Error> {
+        let now = self.clock.now();
+        let reference = Arc::new(reference.clone());
+        self.store
+            .write(move |tx| {
+                let reference = reference.clone();
+                Box::pin(async move { debit_for_order(tx, &reference, now).await })
+            })
+            .await
+    }
+}

@@ -1,0 +1,220 @@
+//! What the background processes do: watchers apply chain events, hold their leases and
+//! report their health; the deadline ticker; the webhook sender's outbox.
+
+use crate::crash::crash_point;
+use crate::engine::Engine;
+use crate::error::Error;
+use crate::leases::Lease;
+use crate::leases::millis;
+use crate::matcher;
+use crate::outbox::{DISPATCH_BATCH, SEND_BATCH, retry_at};
+use crate::payments::TICK_BATCH;
+use crate::payments::check_batch;
+use crate::store::leases;
+use crate::store::operations;
+use crate::store::operations::DueDelivery;
+use crate::store::operations::WatcherHealth;
+use crate::store::payments;
+use chrono::DateTime;
+use chrono::Utc;
+use payrecon_chain_core::ChainCursor;
+use payrecon_chain_core::ChainEvent;
+use payrecon_chain_core::Network;
+use std::time::Duration;
+
+impl Engine {
+    /// Applies chain events, in one transaction: all or none. The batch is matched set-based
+    /// (unless [`Engine::with_matcher_path`] says otherwise): its reads and writes take a
+    /// number of statements that does not grow with its length.
+    pub async fn apply_chain_events(&self, events: &[ChainEvent]) -> Result<(), Error> {
+        self.apply(events, None, None).await
+    }
+
+    /// Applies a watcher's events and moves its cursor in the same transaction: after a crash
+    /// the watcher resumes from the cursor and finds nothing missing and nothing doubled.
+    pub async fn apply_chain_events_at(
+        &self,
+        network: Network,
+        events: &[ChainEvent],
+        cursor: &ChainCursor,
+    ) -> Result<(), Error> {
+        check_batch(network, events, cursor)?;
+        self.apply(events, Some((network, cursor)), None).await
+    }
+
+    /// [`Engine::apply_chain_events_at`] for a watcher running under `lease`: refused with
+    /// [`Error::LeaseLost`], and nothing written, once another process holds the lease.
+    pub async fn apply_chain_events_fenced(
+        &self,
+        events: &[ChainEvent],
+        cursor: &ChainCursor,
+        lease: &crate::leases::Lease,
+    ) -> Result<(), Error> {
+        check_batch(lease.network, events, cursor)?;
+        self.apply(events, Some((lease.network, cursor)), Some(lease))
+            .await
+    }
+
+    async fn apply(
+        &self,
+        events: &[ChainEvent],
+        cursor: Option<(Network, &ChainCursor)>,
+        lease: Option<&crate::leases::Lease>,
+    ) -> Result<(), Error> {
+        let now = self.now();
+        let settings = self.payment_settings();
+        let mut tx = self.db().begin_write().await?;
+        if let Some(lease) = lease
+            && !crate::store::leases::check_fence(
+                &mut tx,
+                lease.network.as_str(),
+                &lease.holder,
+                lease.token,
+            )
+            .await?
+        {
+            return Err(Error::LeaseLost(lease.network));
+        }
+        matcher::apply_events(
+            self.matcher_path(),
+            &mut tx,
+            &settings.policy,
+            events,
+            now,
+            || crash_point("apply.after_event"),
+        )
+        .await?;
+        if let Some((network, cursor)) = cursor {
+            crate::store::cursors::put(tx.conn(), network, cursor, now).await?;
+        }
+        crash_point("apply.before_commit");
+        tx.commit().await?;
+        crash_point("apply.after_commit");
+        self.notify_events();
+        Ok(())
+    }
+
+    /// Where `network`'s watcher committed its last batch, if anywhere.
+    pub async fn watcher_cursor(&self, network: Network) -> Result<Option<ChainCursor>, Error> {
+        let mut conn = self.db().pool().acquire().await?;
+        Ok(crate::store::cursors::get(&mut conn, network).await?)
+    }
+
+    /// Moves intents whose deadline passed to expired or underpaid. Call it periodically;
+    /// returns how many intents it looked at.
+    pub async fn tick(&self) -> Result<usize, Error> {
+        let now = self.now();
+        let settings = self.payment_settings();
+        let mut tx = self.db().begin_write().await?;
+        let due = payments::due_intent_ids(tx.conn(), now, TICK_BATCH as i64).await?;
+        matcher::evaluate_due(self.matcher_path(), &mut tx, &settings.policy, &due, now).await?;
+        tx.commit().await?;
+        self.notify_events();
+        Ok(due.len())
+    }
+
+    /// Watch keys a network's watcher must follow now (monitoring windows included).
+    pub async fn watch_keys(&self, network: Network) -> Result<Vec<String>, Error> {
+        let mut conn = self.db().pool().acquire().await?;
+        Ok(payments::watch_keys(&mut conn, network, self.now()).await?)
+    }
+
+    /// Takes `network`'s lease for `holder` for `ttl`, if no other holder's lease is live.
+    pub async fn acquire_lease(
+        &self,
+        network: Network,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, Error> {
+        let mut tx = self.db().begin_write().await?;
+        let token = leases::acquire(&mut tx, network.as_str(), holder, millis(ttl)).await?;
+        tx.commit().await?;
+        Ok(token.map(|token| Lease {
+            network,
+            holder: holder.to_owned(),
+            token,
+        }))
+    }
+
+    /// Extends a held lease by `ttl` from now; false when it was lost to another holder.
+    pub async fn renew_lease(&self, lease: &Lease, ttl: Duration) -> Result<bool, Error> {
+        let mut tx = self.db().begin_write().await?;
+        let renewed = leases::renew(
+            &mut tx,
+            lease.network.as_str(),
+            &lease.holder,
+            lease.token,
+            millis(ttl),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(renewed)
+    }
+
+    /// Who last took `network`'s lease, and its fencing token (operators, tests).
+    pub async fn lease_holder(&self, network: Network) -> Result<Option<(String, i64)>, Error> {
+        let mut conn = self.db().pool().acquire().await?;
+        Ok(leases::holder(&mut conn, network.as_str()).await?)
+    }
+
+    /// Gives a lease up now (a clean shutdown), so another process takes over at once.
+    pub async fn release_lease(&self, lease: &Lease) -> Result<(), Error> {
+        let mut tx = self.db().begin_write().await?;
+        leases::release(&mut tx, lease.network.as_str(), &lease.holder, lease.token).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Records a watcher's health (the watcher loop calls it after every round).
+    pub async fn record_watcher_health(&self, health: &WatcherHealth) -> Result<(), Error> {
+        let mut conn = self.db().pool().acquire().await?;
+        Ok(operations::put_watcher_health(&mut conn, health).await?)
+    }
+
+    /// Copies undispatched outbox events into a delivery per endpoint, each given up after
+    /// that endpoint's own retry window. Returns how many events were dispatched.
+    pub(crate) async fn dispatch_outbox(
+        &self,
+        endpoints: &[(String, chrono::Duration)],
+    ) -> Result<usize, Error> {
+        let now = self.clock().now();
+        let mut tx = self.db().begin_write().await?;
+        let dispatched =
+            operations::dispatch_events(tx.conn(), endpoints, DISPATCH_BATCH, now).await?;
+        tx.commit().await?;
+        Ok(dispatched)
+    }
+
+    pub(crate) async fn due_deliveries(&self, endpoint: &str) -> Result<Vec<DueDelivery>, Error> {
+        let mut conn = self.db().pool().acquire().await?;
+        let now = self.clock().now();
+        Ok(operations::due_deliveries(&mut conn, endpoint, now, SEND_BATCH).await?)
+    }
+
+    pub(crate) async fn finish_delivery(
+        &self,
+        endpoint: &str,
+        delivery: &DueDelivery,
+        error: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<(), Error> {
+        let (state, next) = match error {
+            None => ("delivered", now),
+            Some(_) if now.timestamp_millis() >= delivery.give_up_at_ms => ("abandoned", now),
+            Some(_) => ("pending", retry_at(now, delivery.attempts)),
+        };
+        let mut tx = self.db().begin_write().await?;
+        operations::finish_delivery(
+            tx.conn(),
+            endpoint,
+            delivery.event_seq,
+            state,
+            next.timestamp_millis(),
+            error,
+            now,
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}
