@@ -14,10 +14,10 @@ use payrecon_chain_core::{Amount, Method, ReceivedAsset};
 use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
-use crate::intent::{IntentStatus, PaymentIntent};
+use crate::intent::{IntentStatus, PaymentIntent, usd_value_of};
 use crate::ledger::{Account, Currency, EntryKind, NewEntry, Posting};
 use crate::money::Usd;
-use crate::order::{Order, SettledVia};
+use crate::order::{AccountId, Order, OrderKind, OrderStatus, SettledVia};
 use crate::store::operations::OperatorAction;
 use crate::store::payments::{self, ExceptionRecord, StoredTransfer};
 use crate::store::{StoreError, WriteTx, ledger, orders};
@@ -262,4 +262,157 @@ pub(crate) fn check_txid(txid: &str) -> Result<(), Error> {
         ));
     }
     Ok(())
+}
+
+/// What an operator's action books: the entry, if money moves, and the settlement it makes
+/// when money is accepted as an order's payment.
+pub(crate) struct Booking {
+    /// The entry to post.
+    pub(crate) entry: Option<NewEntry>,
+    /// The intent and order accepted as paid, and the settlement's number.
+    pub(crate) settles: Option<(PaymentIntent, Order, u32)>,
+}
+
+/// Decides what `action` on `exception` books, from the money it holds and the intent and
+/// order it concerns: reads nothing and writes nothing, and refuses what does not fit.
+pub(crate) fn book_action(
+    action: &Action,
+    exception: &ExceptionRecord,
+    held: Option<&Held>,
+    intent: Option<&PaymentIntent>,
+    order: Option<&Order>,
+) -> Result<Booking, Error> {
+    let refuse = |why: String| Error::ActionRefused {
+        exception: exception.id.clone(),
+        reason: why,
+    };
+    let key = format!("resolve:{}", exception.id);
+    let entry = match (action, held) {
+        (Action::Dismiss, Some(held)) => {
+            return Err(refuse(format!(
+                "it holds {} {}: accept it, credit it or refund it",
+                held.method
+                    .format_amount(Amount::from_base_units(held.units)),
+                held.method.asset()
+            )));
+        }
+        (Action::Dismiss, None) => None,
+        (Action::MarkRefunded { refund_txid }, held) => {
+            check_txid(refund_txid)?;
+            match held {
+                Some(Held {
+                    source: Some(source),
+                    method,
+                    units,
+                    ..
+                }) => Some(refund_entry(&key, source, *method, *units, refund_txid)),
+                Some(_) => None,
+                None if exception.transfer.is_some()
+                    && exception.kind != "reorged_after_credit" =>
+                {
+                    None
+                }
+                None => return Err(refuse("it holds no money to refund".into())),
+            }
+        }
+        (Action::CreditBalance { account, usd }, Some(held)) => Some(credit_entry(
+            &key,
+            held,
+            account.as_deref(),
+            *usd,
+            intent,
+            order,
+            &refuse,
+        )?),
+        (Action::AcceptAsPaid, Some(held)) => {
+            let (Some(intent), Some(order)) = (intent, order) else {
+                return Err(refuse("it belongs to no order".into()));
+            };
+            if order.status != OrderStatus::Open {
+                return Err(refuse(format!(
+                    "order {} is already settled",
+                    order.reference
+                )));
+            }
+            if intent.method != held.method {
+                return Err(refuse(format!(
+                    "the money is {}, the order asked for {}",
+                    held.method, intent.method
+                )));
+            }
+            let n = intent.settlement_count + 1;
+            let settle_key = format!("settle:{}:{n}", intent.id);
+            let target = match order.kind {
+                OrderKind::Rental(_) => Account::RevenueRentals,
+                OrderKind::Topup => Account::CustomerBalance(order.account_id.clone()),
+            };
+            let memo = format!(
+                "{} accepted as payment of {} by an operator",
+                describe(held),
+                order.reference
+            );
+            let entry = conversion(
+                &settle_key,
+                held,
+                intent.usd.cents(),
+                target,
+                memo,
+                Some(intent),
+            );
+            return Ok(Booking {
+                entry: Some(entry),
+                settles: Some((intent.clone(), order.clone(), n)),
+            });
+        }
+        (_, None) => return Err(refuse("it holds no money".into())),
+    };
+    Ok(Booking {
+        entry,
+        settles: None,
+    })
+}
+
+/// The held money credited to a customer's balance: the account named, else the order's; the
+/// USD given, else the value at the intent's locked rate.
+fn credit_entry(
+    key: &str,
+    held: &Held,
+    account: Option<&str>,
+    usd: Option<Usd>,
+    intent: Option<&PaymentIntent>,
+    order: Option<&Order>,
+    refuse: &dyn Fn(String) -> Error,
+) -> Result<NewEntry, Error> {
+    let account = match (account, order) {
+        (Some(account), _) => AccountId::new(account)?,
+        (None, Some(order)) => order.account_id.clone(),
+        (None, None) => return Err(refuse("name the customer account to credit".into())),
+    };
+    let cents = match (usd, intent) {
+        (Some(usd), _) => usd.cents(),
+        (None, Some(intent)) if intent.method == held.method => usd_value_of(
+            Amount::from_base_units(held.units),
+            intent.rate.usd_per_unit,
+            held.method,
+        )
+        .ok_or_else(|| refuse("its USD value overflows".into()))?,
+        (None, _) => {
+            return Err(refuse(format!(
+                "no locked {} rate applies: give the USD to credit",
+                held.method.asset()
+            )));
+        }
+    };
+    if cents <= 0 {
+        return Err(refuse("the USD to credit must be above zero".into()));
+    }
+    let memo = format!("{} credited to the balance by an operator", describe(held));
+    Ok(conversion(
+        key,
+        held,
+        cents,
+        Account::CustomerBalance(account),
+        memo,
+        intent,
+    ))
 }

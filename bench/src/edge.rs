@@ -55,21 +55,7 @@ pub(super) struct EdgeFigures {
 /// Creates the intents, serves the API, measures, and shuts down.
 pub(super) async fn edge(engine: &Engine, plan: &EdgePlan) -> anyhow::Result<EdgeFigures> {
     raise_file_limit();
-    let mut intents = Vec::with_capacity(plan.intents);
-    for i in 0..plan.intents {
-        let reference = OrderRef::new(format!("edge-{i}"))?;
-        engine
-            .create_topup(&TopupRequest {
-                reference: reference.to_string(),
-                account_id: format!("edge-customer-{}", i % 100),
-                amount_usd: "100".parse()?,
-            })
-            .await?;
-        let pay = engine
-            .create_payment(&reference, payrecon_chain_core::Method::Btc)
-            .await?;
-        intents.push((pay.intent.id.clone(), pay.checkout_path.clone()));
-    }
+    let intents = open_intents(engine, plan.intents).await?;
     let token = engine.create_api_token("edge-bench", Role::Shop).await?;
 
     let (stop, shutdown) = tokio::sync::watch::channel(false);
@@ -179,6 +165,26 @@ pub(super) async fn edge(engine: &Engine, plan: &EdgePlan) -> anyhow::Result<Edg
         change_page_reads: change_pages,
         shutdown_ms,
     })
+}
+
+/// `count` top-ups with BTC instructions each: their intent ids and checkout paths.
+async fn open_intents(engine: &Engine, count: usize) -> anyhow::Result<Vec<(String, String)>> {
+    let mut intents = Vec::with_capacity(count);
+    for i in 0..count {
+        let reference = OrderRef::new(format!("edge-{i}"))?;
+        engine
+            .create_topup(&TopupRequest {
+                reference: reference.to_string(),
+                account_id: format!("edge-customer-{}", i % 100),
+                amount_usd: "100".parse()?,
+            })
+            .await?;
+        let pay = engine
+            .create_payment(&reference, payrecon_chain_core::Method::Btc)
+            .await?;
+        intents.push((pay.intent.id.clone(), pay.checkout_path.clone()));
+    }
+    Ok(intents)
 }
 
 /// The shop API's answer times, sorted, in milliseconds: `requests` reads of payments.

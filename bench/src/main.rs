@@ -48,176 +48,220 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum BenchCommand {
     /// Journal posting: single entries, batches, balance-checked debits, concurrent debits.
-    Ledger {
-        /// Entries per workload.
-        #[arg(long, default_value_t = 20_000)]
-        entries: usize,
-        /// Entries per transaction in the batch workload.
-        #[arg(long, default_value_t = 500)]
-        batch_size: usize,
-        /// A database the benchmark may fill. Default: a fresh temporary SQLite file.
-        /// For PostgreSQL give an empty scratch database, never production.
-        #[arg(long)]
-        scratch_database: Option<String>,
-    },
+    Ledger(LedgerArgs),
     /// Payment instructions created, then one confirming transfer per intent matched and
     /// settled (events committed in watcher-sized batches).
-    Payments {
-        /// Intents (and transfers) created at the last caller count, then settled.
-        #[arg(long, default_value_t = 100_000)]
-        intents: usize,
-        /// Chain events per transaction, as a watcher commits a block's worth.
-        #[arg(long, default_value_t = 500)]
-        events_per_batch: usize,
-        /// Concurrent callers creating top-ups and intents, a measurement each (comma-separated).
-        #[arg(long, value_delimiter = ',', default_values_t = [1, 16, 64])]
-        concurrency: Vec<usize>,
-        /// Top-ups and intents created at each caller count but the last.
-        #[arg(long, default_value_t = 2_000)]
-        sweep_items: usize,
-        /// Events settled through the one-by-one reference path first, for comparison.
-        #[arg(long, default_value_t = 2_000)]
-        reference_events: usize,
-        /// A database the benchmark may fill. Default: a fresh temporary SQLite file.
-        #[arg(long)]
-        scratch_database: Option<String>,
-    },
+    Payments(PaymentsArgs),
     /// The Ethereum scanner over a real node that mines on request (anvil): fills blocks with
     /// ETH and token transfers, then times scanning them while watching many addresses.
-    Ethereum {
-        /// The node, e.g. http://127.0.0.1:8545 (scripts/devnet.sh up). It must accept
-        /// `eth_sendTransaction` from its first account and `anvil_mine`.
-        #[arg(long)]
-        rpc_url: String,
-        /// Watched addresses.
-        #[arg(long, default_value_t = 100_000)]
-        addresses: usize,
-        /// Busy blocks to scan.
-        #[arg(long, default_value_t = 5)]
-        blocks: usize,
-        /// ETH transfers and token transfers per block (each).
-        #[arg(long, default_value_t = 200)]
-        transfers_per_block: usize,
-    },
+    Ethereum(EthereumArgs),
     /// The Tron scanner over the built-in fake full node (blocks in java-tron's format, built
     /// from fixtures/tron): busy blocks of TRX and USDT transfers scanned while watching many
     /// addresses. The node runs in the same process, so its JSON encoding is in the figures.
-    Tron {
-        /// Watched addresses.
-        #[arg(long, default_value_t = 100_000)]
-        addresses: usize,
-        /// Busy blocks to scan.
-        #[arg(long, default_value_t = 20)]
-        blocks: usize,
-        /// TRX transfers and USDT transfers per block (each).
-        #[arg(long, default_value_t = 200)]
-        transfers_per_block: usize,
-    },
+    Tron(TronArgs),
     /// The Solana scanner over the built-in fake RPC node: one scan that checks every open
     /// reference (`getSignaturesForAddress` each) and verifies the payments found.
-    Solana {
-        /// Open intents (references).
-        #[arg(long, default_value_t = 10_000)]
-        references: usize,
-        /// Of which this many have been paid.
-        #[arg(long, default_value_t = 1_000)]
-        paid: usize,
-    },
+    Solana(SolanaArgs),
     /// Litecoin payments on a regtest node whose wallet pays (`scripts/devnet.sh up`): from
     /// broadcast to `seen` and from the confirming block to `settled`, on the full-node source
     /// with its P2P push and, given `--electrum-url`, on Electrum side by side in the same run.
-    NodeLatency {
-        /// The node's RPC with credentials, e.g. http://user:pass@127.0.0.1:19443.
-        #[arg(long)]
-        rpc_url: String,
-        /// The node's P2P host:port for announcements, e.g. 127.0.0.1:19444.
-        #[arg(long)]
-        push_peer: Option<String>,
-        /// An Electrum server over the same node, measured beside it.
-        #[arg(long)]
-        electrum_url: Option<String>,
-        /// The node's wallet that pays.
-        #[arg(long, default_value = "miner")]
-        wallet: String,
-        /// Payments measured (each waits for the one before).
-        #[arg(long, default_value_t = 20)]
-        payments: usize,
-        /// Each watcher's polling interval, the fallback to push, in milliseconds.
-        #[arg(long, default_value_t = 1000)]
-        poll_ms: u64,
-    },
+    NodeLatency(NodeLatencyArgs),
     /// The full-node scanner's cost per block against the size of the watch set: blocks of
     /// many outputs mined on a regtest node, scanned with each number of watched addresses.
-    NodeScale {
-        /// The node's RPC with credentials, e.g. http://user:pass@127.0.0.1:19443.
-        #[arg(long)]
-        rpc_url: String,
-        /// The node's wallet that pays.
-        #[arg(long, default_value = "miner")]
-        wallet: String,
-        /// Watched addresses per run (comma-separated).
-        #[arg(long, value_delimiter = ',', default_values_t = [1_000, 1_000_000])]
-        addresses: Vec<usize>,
-        /// Blocks mined and scanned.
-        #[arg(long, default_value_t = 5)]
-        blocks: usize,
-        /// Outputs per block.
-        #[arg(long, default_value_t = 2_000)]
-        outputs_per_block: usize,
-    },
+    NodeScale(NodeScaleArgs),
     /// The reconciliation report over a period of many transfers, each with its ledger entry:
     /// time per format and the process's peak memory while writing it (the report streams).
-    Report {
-        /// Transfers in the period.
-        #[arg(long, default_value_t = 100_000)]
-        transfers: usize,
-        /// A database the benchmark may fill. Default: a fresh temporary SQLite file.
-        #[arg(long)]
-        scratch_database: Option<String>,
-    },
+    Report(ReportArgs),
     /// The Litecoin watcher over a real Electrum server: addresses followed from a cold start
     /// (a restart's full resync) and a steady scan, for fresh intents below a random key.
-    Electrum {
-        /// The Electrum server, e.g. tcp://127.0.0.1:50001 (scripts/devnet.sh up).
-        #[arg(long)]
-        electrum_url: String,
-        /// Litecoin network the server serves: mainnet, testnet or regtest.
-        #[arg(long, default_value = "regtest")]
-        network: String,
-        /// Watched addresses (one open intent each).
-        #[arg(long, default_value_t = 10_000)]
-        addresses: usize,
-        /// A database the benchmark may fill. Default: a fresh temporary SQLite file.
-        #[arg(long)]
-        scratch_database: Option<String>,
-    },
+    Electrum(ElectrumArgs),
     /// The edge under load: the shop API's latency with and without many checkout pages
     /// holding their live status open (opened by a child process), the memory per stream, the
     /// database reads the streams cause while nothing changes, and a shutdown with all open.
-    Edge {
-        /// Live-status streams held open.
-        #[arg(long, default_value_t = 10_000)]
-        streams: usize,
-        /// Payment intents the streams are spread over.
-        #[arg(long, default_value_t = 1_000)]
-        intents: usize,
-        /// Shop API requests timed with and without the streams.
-        #[arg(long, default_value_t = 1_000)]
-        requests: usize,
-        /// Seconds of nothing changing, every stream open, over which reads are counted.
-        #[arg(long, default_value_t = 10)]
-        quiet_seconds: u64,
-        /// A database the benchmark may fill. Default: a fresh temporary SQLite file.
-        #[arg(long)]
-        scratch_database: Option<String>,
-    },
+    Edge(EdgeArgs),
     /// The stream clients of `bench edge`, in a process of their own (run by it).
     #[command(hide = true)]
-    EdgeClients {
-        /// The server the streams are opened against.
-        #[arg(long)]
-        url: String,
-    },
+    EdgeClients(EdgeClientsArgs),
+}
+
+/// The options of `ledger`.
+#[derive(Debug, clap::Args)]
+struct LedgerArgs {
+    /// Entries per workload.
+    #[arg(long, default_value_t = 20_000)]
+    entries: usize,
+    /// Entries per transaction in the batch workload.
+    #[arg(long, default_value_t = 500)]
+    batch_size: usize,
+    /// A database the benchmark may fill. Default: a fresh temporary SQLite file.
+    /// For PostgreSQL give an empty scratch database, never production.
+    #[arg(long)]
+    scratch_database: Option<String>,
+}
+
+/// The options of `payments`.
+#[derive(Debug, clap::Args)]
+struct PaymentsArgs {
+    /// Intents (and transfers) created at the last caller count, then settled.
+    #[arg(long, default_value_t = 100_000)]
+    intents: usize,
+    /// Chain events per transaction, as a watcher commits a block's worth.
+    #[arg(long, default_value_t = 500)]
+    events_per_batch: usize,
+    /// Concurrent callers creating top-ups and intents, a measurement each (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 16, 64])]
+    concurrency: Vec<usize>,
+    /// Top-ups and intents created at each caller count but the last.
+    #[arg(long, default_value_t = 2_000)]
+    sweep_items: usize,
+    /// Events settled through the one-by-one reference path first, for comparison.
+    #[arg(long, default_value_t = 2_000)]
+    reference_events: usize,
+    /// A database the benchmark may fill. Default: a fresh temporary SQLite file.
+    #[arg(long)]
+    scratch_database: Option<String>,
+}
+
+/// The options of `ethereum`.
+#[derive(Debug, clap::Args)]
+struct EthereumArgs {
+    /// The node, e.g. http://127.0.0.1:8545 (scripts/devnet.sh up). It must accept
+    /// `eth_sendTransaction` from its first account and `anvil_mine`.
+    #[arg(long)]
+    rpc_url: String,
+    /// Watched addresses.
+    #[arg(long, default_value_t = 100_000)]
+    addresses: usize,
+    /// Busy blocks to scan.
+    #[arg(long, default_value_t = 5)]
+    blocks: usize,
+    /// ETH transfers and token transfers per block (each).
+    #[arg(long, default_value_t = 200)]
+    transfers_per_block: usize,
+}
+
+/// The options of `tron`.
+#[derive(Debug, clap::Args)]
+struct TronArgs {
+    /// Watched addresses.
+    #[arg(long, default_value_t = 100_000)]
+    addresses: usize,
+    /// Busy blocks to scan.
+    #[arg(long, default_value_t = 20)]
+    blocks: usize,
+    /// TRX transfers and USDT transfers per block (each).
+    #[arg(long, default_value_t = 200)]
+    transfers_per_block: usize,
+}
+
+/// The options of `solana`.
+#[derive(Debug, clap::Args)]
+struct SolanaArgs {
+    /// Open intents (references).
+    #[arg(long, default_value_t = 10_000)]
+    references: usize,
+    /// Of which this many have been paid.
+    #[arg(long, default_value_t = 1_000)]
+    paid: usize,
+}
+
+/// The options of `node-latency`.
+#[derive(Debug, clap::Args)]
+struct NodeLatencyArgs {
+    /// The node's RPC with credentials, e.g. http://user:pass@127.0.0.1:19443.
+    #[arg(long)]
+    rpc_url: String,
+    /// The node's P2P host:port for announcements, e.g. 127.0.0.1:19444.
+    #[arg(long)]
+    push_peer: Option<String>,
+    /// An Electrum server over the same node, measured beside it.
+    #[arg(long)]
+    electrum_url: Option<String>,
+    /// The node's wallet that pays.
+    #[arg(long, default_value = "miner")]
+    wallet: String,
+    /// Payments measured (each waits for the one before).
+    #[arg(long, default_value_t = 20)]
+    payments: usize,
+    /// Each watcher's polling interval, the fallback to push, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    poll_ms: u64,
+}
+
+/// The options of `node-scale`.
+#[derive(Debug, clap::Args)]
+struct NodeScaleArgs {
+    /// The node's RPC with credentials, e.g. http://user:pass@127.0.0.1:19443.
+    #[arg(long)]
+    rpc_url: String,
+    /// The node's wallet that pays.
+    #[arg(long, default_value = "miner")]
+    wallet: String,
+    /// Watched addresses per run (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = [1_000, 1_000_000])]
+    addresses: Vec<usize>,
+    /// Blocks mined and scanned.
+    #[arg(long, default_value_t = 5)]
+    blocks: usize,
+    /// Outputs per block.
+    #[arg(long, default_value_t = 2_000)]
+    outputs_per_block: usize,
+}
+
+/// The options of `report`.
+#[derive(Debug, clap::Args)]
+struct ReportArgs {
+    /// Transfers in the period.
+    #[arg(long, default_value_t = 100_000)]
+    transfers: usize,
+    /// A database the benchmark may fill. Default: a fresh temporary SQLite file.
+    #[arg(long)]
+    scratch_database: Option<String>,
+}
+
+/// The options of `electrum`.
+#[derive(Debug, clap::Args)]
+struct ElectrumArgs {
+    /// The Electrum server, e.g. tcp://127.0.0.1:50001 (scripts/devnet.sh up).
+    #[arg(long)]
+    electrum_url: String,
+    /// Litecoin network the server serves: mainnet, testnet or regtest.
+    #[arg(long, default_value = "regtest")]
+    network: String,
+    /// Watched addresses (one open intent each).
+    #[arg(long, default_value_t = 10_000)]
+    addresses: usize,
+    /// A database the benchmark may fill. Default: a fresh temporary SQLite file.
+    #[arg(long)]
+    scratch_database: Option<String>,
+}
+
+/// The options of `edge`.
+#[derive(Debug, clap::Args)]
+struct EdgeArgs {
+    /// Live-status streams held open.
+    #[arg(long, default_value_t = 10_000)]
+    streams: usize,
+    /// Payment intents the streams are spread over.
+    #[arg(long, default_value_t = 1_000)]
+    intents: usize,
+    /// Shop API requests timed with and without the streams.
+    #[arg(long, default_value_t = 1_000)]
+    requests: usize,
+    /// Seconds of nothing changing, every stream open, over which reads are counted.
+    #[arg(long, default_value_t = 10)]
+    quiet_seconds: u64,
+    /// A database the benchmark may fill. Default: a fresh temporary SQLite file.
+    #[arg(long)]
+    scratch_database: Option<String>,
+}
+
+/// The options of `edge-clients`.
+#[derive(Debug, clap::Args)]
+struct EdgeClientsArgs {
+    /// The server the streams are opened against.
+    #[arg(long)]
+    url: String,
 }
 
 /// One measured workload.
@@ -283,270 +327,328 @@ fn emit<T: Serialize>(
 /// Runs a benchmark and prints its figures.
 async fn run(command: BenchCommand, json: bool) -> anyhow::Result<()> {
     match command {
-        BenchCommand::Payments {
-            intents,
-            events_per_batch,
-            concurrency,
-            sweep_items,
-            reference_events,
-            scratch_database,
-        } => {
-            anyhow::ensure!(
-                intents > 0
-                    && events_per_batch > 0
-                    && !concurrency.is_empty()
-                    && concurrency.iter().all(|c| *c > 0),
-                "counts must be positive"
-            );
-            let (scratch_dir, url) = scratch(scratch_database)?;
-            let engine = payments_engine(&url, scratch_dir.path()).await?;
-            let plan = PaymentsPlan {
-                intents,
-                events_per_batch,
-                concurrency,
-                sweep_items,
-                reference_events,
-            };
-            let lines = payments(&engine, &plan).await?;
-            let backend = format!("{:?}", engine.store().backend()).to_lowercase();
-            report(
-                json,
-                Some(&backend),
-                format!(
-                    "payments on {backend} ({})",
-                    payrecon_chain_core::SecretUrl::from(url.as_str())
-                ),
-                &lines,
-                ITEMS,
-            )
-        }
-        BenchCommand::Ethereum {
-            rpc_url,
-            addresses,
-            blocks,
-            transfers_per_block,
-        } => {
-            anyhow::ensure!(
-                addresses > 0 && blocks > 0 && transfers_per_block > 0,
-                "counts must be positive"
-            );
-            let lines = ethereum(&rpc_url, addresses, blocks, transfers_per_block).await?;
-            report(
-                json,
-                None,
-                format!("ethereum scanner against {rpc_url}"),
-                &lines,
-                ITEMS,
-            )
-        }
-        BenchCommand::Tron {
-            addresses,
-            blocks,
-            transfers_per_block,
-        } => {
-            anyhow::ensure!(
-                addresses > 0 && blocks > 0 && transfers_per_block > 0,
-                "counts must be positive"
-            );
-            let lines = tron(addresses, blocks, transfers_per_block).await?;
-            report(
-                json,
-                None,
-                "tron scanner against the built-in fake full node".into(),
-                &lines,
-                ITEMS,
-            )
-        }
-        BenchCommand::Solana { references, paid } => {
-            anyhow::ensure!(
-                references > 0 && paid <= references,
-                "--references must be positive and --paid at most --references"
-            );
-            let lines = solana(references, paid).await?;
-            report(
-                json,
-                None,
-                "solana scanner against the built-in fake RPC node".into(),
-                &lines,
-                ITEMS,
-            )
-        }
-        BenchCommand::Electrum {
-            electrum_url,
-            network,
-            addresses,
-            scratch_database,
-        } => {
-            anyhow::ensure!(addresses > 0, "--addresses must be positive");
-            let (scratch_dir, url) = scratch(scratch_database)?;
-            let config = electrum_config(&url, scratch_dir.path(), &electrum_url, &network)?;
-            let engine = Engine::from_config(&config).await?;
-            let lines = electrum(&engine, &config, addresses).await?;
-            let backend = format!("{:?}", engine.store().backend()).to_lowercase();
-            report(
-                json,
-                Some(&backend),
-                format!(
-                    "electrum watcher on {backend} ({}), server {electrum_url}",
-                    payrecon_chain_core::SecretUrl::from(url.as_str())
-                ),
-                &lines,
-                ITEMS,
-            )
-        }
-        BenchCommand::NodeLatency {
-            rpc_url,
-            push_peer,
-            electrum_url,
-            wallet,
-            payments,
-            poll_ms,
-        } => {
-            anyhow::ensure!(payments > 0, "--payments must be positive");
-            let node =
-                utxo_node::RegtestNode::connect(&rpc_url, &wallet, UtxoChain::Litecoin).await?;
-            let scratch = tempfile::tempdir()?;
-            let lines = utxo_node::latency(
-                &node,
-                push_peer,
-                electrum_url,
-                payments,
-                Duration::from_millis(poll_ms),
-                scratch.path(),
-            )
-            .await?;
-            report(
-                json,
-                None,
-                format!("litecoin payment latency, polling every {poll_ms} ms as the fallback"),
-                &lines,
-                ("payments", "/s"),
-            )
-        }
-        BenchCommand::NodeScale {
-            rpc_url,
-            wallet,
-            addresses,
-            blocks,
-            outputs_per_block,
-        } => {
-            anyhow::ensure!(
-                blocks > 0 && outputs_per_block > 0 && !addresses.is_empty(),
-                "counts must be positive"
-            );
-            let node =
-                utxo_node::RegtestNode::connect(&rpc_url, &wallet, UtxoChain::Litecoin).await?;
-            let lines = utxo_node::scale(&node, &addresses, blocks, outputs_per_block).await?;
-            report(
-                json,
-                None,
-                "litecoin full-node scanner against the watch set's size".into(),
-                &lines,
-                ("blocks", "blocks/s"),
-            )
-        }
-        BenchCommand::Report {
-            transfers,
-            scratch_database,
-        } => {
-            anyhow::ensure!(transfers > 0, "--transfers must be positive");
-            let (_scratch_dir, url) = scratch(scratch_database)?;
-            let engine = Engine::open(&url)
-                .await
-                .context("opening the scratch database")?;
-            let lines = reconciliation(&engine, transfers).await?;
-            let backend = format!("{:?}", engine.store().backend()).to_lowercase();
-            report(
-                json,
-                Some(&backend),
-                format!(
-                    "reconciliation report on {backend} ({})",
-                    payrecon_chain_core::SecretUrl::from(url.as_str())
-                ),
-                &lines,
-                ITEMS,
-            )
-        }
-        BenchCommand::Edge {
-            streams,
-            intents,
-            requests,
-            quiet_seconds,
-            scratch_database,
-        } => {
-            anyhow::ensure!(
-                streams > 0 && intents > 0 && requests > 0,
-                "--streams, --intents and --requests must be positive"
-            );
-            let (scratch_dir, url) = scratch(scratch_database)?;
-            let engine = payments_engine(&url, scratch_dir.path()).await?;
-            let plan = edge::EdgePlan {
-                streams,
-                intents,
-                requests,
-                quiet: Duration::from_secs(quiet_seconds.max(1)),
-            };
-            let figures = edge::edge(&engine, &plan).await?;
-            let backend = format!("{:?}", engine.store().backend()).to_lowercase();
-            emit(
-                json,
-                &serde_json::json!({ "backend": backend, "results": figures }),
-                || {
-                    let f = &figures;
-                    format!(
-                        "the edge on {backend}: {} live statuses over {} intents, one process\n\
+        BenchCommand::Payments(args) => payments_workload(args, json).await,
+        BenchCommand::Ethereum(args) => ethereum_workload(args, json).await,
+        BenchCommand::Tron(args) => tron_workload(args, json).await,
+        BenchCommand::Solana(args) => solana_workload(args, json).await,
+        BenchCommand::Electrum(args) => electrum_workload(args, json).await,
+        BenchCommand::NodeLatency(args) => node_latency_workload(args, json).await,
+        BenchCommand::NodeScale(args) => node_scale_workload(args, json).await,
+        BenchCommand::Report(args) => report_workload(args, json).await,
+        BenchCommand::Edge(args) => edge_workload(args, json).await,
+        BenchCommand::EdgeClients(EdgeClientsArgs { url }) => edge::clients(&url).await,
+        BenchCommand::Ledger(args) => ledger_workload(args, json).await,
+    }
+}
+
+/// `payments`.
+async fn payments_workload(
+    PaymentsArgs {
+        intents,
+        events_per_batch,
+        concurrency,
+        sweep_items,
+        reference_events,
+        scratch_database,
+    }: PaymentsArgs,
+    json: bool,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        intents > 0
+            && events_per_batch > 0
+            && !concurrency.is_empty()
+            && concurrency.iter().all(|c| *c > 0),
+        "counts must be positive"
+    );
+    let (scratch_dir, url) = scratch(scratch_database)?;
+    let engine = payments_engine(&url, scratch_dir.path()).await?;
+    let plan = PaymentsPlan {
+        intents,
+        events_per_batch,
+        concurrency,
+        sweep_items,
+        reference_events,
+    };
+    let lines = payments(&engine, &plan).await?;
+    let backend = format!("{:?}", engine.store().backend()).to_lowercase();
+    report(
+        json,
+        Some(&backend),
+        format!(
+            "payments on {backend} ({})",
+            payrecon_chain_core::SecretUrl::from(url.as_str())
+        ),
+        &lines,
+        ITEMS,
+    )
+}
+
+/// `ethereum`.
+async fn ethereum_workload(
+    EthereumArgs {
+        rpc_url,
+        addresses,
+        blocks,
+        transfers_per_block,
+    }: EthereumArgs,
+    json: bool,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        addresses > 0 && blocks > 0 && transfers_per_block > 0,
+        "counts must be positive"
+    );
+    let lines = ethereum(&rpc_url, addresses, blocks, transfers_per_block).await?;
+    report(
+        json,
+        None,
+        format!("ethereum scanner against {rpc_url}"),
+        &lines,
+        ITEMS,
+    )
+}
+
+/// `tron`.
+async fn tron_workload(
+    TronArgs {
+        addresses,
+        blocks,
+        transfers_per_block,
+    }: TronArgs,
+    json: bool,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        addresses > 0 && blocks > 0 && transfers_per_block > 0,
+        "counts must be positive"
+    );
+    let lines = tron(addresses, blocks, transfers_per_block).await?;
+    report(
+        json,
+        None,
+        "tron scanner against the built-in fake full node".into(),
+        &lines,
+        ITEMS,
+    )
+}
+
+/// `solana`.
+async fn solana_workload(
+    SolanaArgs { references, paid }: SolanaArgs,
+    json: bool,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        references > 0 && paid <= references,
+        "--references must be positive and --paid at most --references"
+    );
+    let lines = solana(references, paid).await?;
+    report(
+        json,
+        None,
+        "solana scanner against the built-in fake RPC node".into(),
+        &lines,
+        ITEMS,
+    )
+}
+
+/// `electrum`.
+async fn electrum_workload(
+    ElectrumArgs {
+        electrum_url,
+        network,
+        addresses,
+        scratch_database,
+    }: ElectrumArgs,
+    json: bool,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(addresses > 0, "--addresses must be positive");
+    let (scratch_dir, url) = scratch(scratch_database)?;
+    let config = electrum_config(&url, scratch_dir.path(), &electrum_url, &network)?;
+    let engine = Engine::from_config(&config).await?;
+    let lines = electrum(&engine, &config, addresses).await?;
+    let backend = format!("{:?}", engine.store().backend()).to_lowercase();
+    report(
+        json,
+        Some(&backend),
+        format!(
+            "electrum watcher on {backend} ({}), server {electrum_url}",
+            payrecon_chain_core::SecretUrl::from(url.as_str())
+        ),
+        &lines,
+        ITEMS,
+    )
+}
+
+/// `node-latency`.
+async fn node_latency_workload(
+    NodeLatencyArgs {
+        rpc_url,
+        push_peer,
+        electrum_url,
+        wallet,
+        payments,
+        poll_ms,
+    }: NodeLatencyArgs,
+    json: bool,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(payments > 0, "--payments must be positive");
+    let node = utxo_node::RegtestNode::connect(&rpc_url, &wallet, UtxoChain::Litecoin).await?;
+    let scratch = tempfile::tempdir()?;
+    let lines = utxo_node::latency(
+        &node,
+        push_peer,
+        electrum_url,
+        payments,
+        Duration::from_millis(poll_ms),
+        scratch.path(),
+    )
+    .await?;
+    report(
+        json,
+        None,
+        format!("litecoin payment latency, polling every {poll_ms} ms as the fallback"),
+        &lines,
+        ("payments", "/s"),
+    )
+}
+
+/// `node-scale`.
+async fn node_scale_workload(
+    NodeScaleArgs {
+        rpc_url,
+        wallet,
+        addresses,
+        blocks,
+        outputs_per_block,
+    }: NodeScaleArgs,
+    json: bool,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        blocks > 0 && outputs_per_block > 0 && !addresses.is_empty(),
+        "counts must be positive"
+    );
+    let node = utxo_node::RegtestNode::connect(&rpc_url, &wallet, UtxoChain::Litecoin).await?;
+    let lines = utxo_node::scale(&node, &addresses, blocks, outputs_per_block).await?;
+    report(
+        json,
+        None,
+        "litecoin full-node scanner against the watch set's size".into(),
+        &lines,
+        ("blocks", "blocks/s"),
+    )
+}
+
+/// `report`.
+async fn report_workload(
+    ReportArgs {
+        transfers,
+        scratch_database,
+    }: ReportArgs,
+    json: bool,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(transfers > 0, "--transfers must be positive");
+    let (_scratch_dir, url) = scratch(scratch_database)?;
+    let engine = Engine::open(&url)
+        .await
+        .context("opening the scratch database")?;
+    let lines = reconciliation(&engine, transfers).await?;
+    let backend = format!("{:?}", engine.store().backend()).to_lowercase();
+    report(
+        json,
+        Some(&backend),
+        format!(
+            "reconciliation report on {backend} ({})",
+            payrecon_chain_core::SecretUrl::from(url.as_str())
+        ),
+        &lines,
+        ITEMS,
+    )
+}
+
+/// `edge`.
+async fn edge_workload(
+    EdgeArgs {
+        streams,
+        intents,
+        requests,
+        quiet_seconds,
+        scratch_database,
+    }: EdgeArgs,
+    json: bool,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        streams > 0 && intents > 0 && requests > 0,
+        "--streams, --intents and --requests must be positive"
+    );
+    let (scratch_dir, url) = scratch(scratch_database)?;
+    let engine = payments_engine(&url, scratch_dir.path()).await?;
+    let plan = edge::EdgePlan {
+        streams,
+        intents,
+        requests,
+        quiet: Duration::from_secs(quiet_seconds.max(1)),
+    };
+    let figures = edge::edge(&engine, &plan).await?;
+    let backend = format!("{:?}", engine.store().backend()).to_lowercase();
+    emit(
+        json,
+        &serde_json::json!({ "backend": backend, "results": figures }),
+        || {
+            let f = &figures;
+            format!(
+                "the edge on {backend}: {} live statuses over {} intents, one process\n\
                          shop API (GET /v1/payments/{{id}})  without streams  p50 {:.2} ms  p95 {:.2} ms\n\
                          shop API (GET /v1/payments/{{id}})  with streams     p50 {:.2} ms  p95 {:.2} ms  ({:.2}x the p95 without)\n\
                          memory per open stream            {:.1} KiB\n\
                          database reads, nothing changing  {:.2}/s by the fan-out, {:.2}/s by the pages (over {:.0} s)\n\
                          one intent marked paid            {} fan-out reads, {} page reads\n\
                          shutdown with every stream open   {} ms",
-                        f.streams,
-                        f.intents,
-                        f.p50_ms_without,
-                        f.p95_ms_without,
-                        f.p50_ms_with,
-                        f.p95_ms_with,
-                        f.p95_ratio,
-                        f.kib_per_stream,
-                        f.fan_out_reads_per_second,
-                        f.page_reads_per_second,
-                        f.quiet_seconds,
-                        f.change_fan_out_reads,
-                        f.change_page_reads,
-                        f.shutdown_ms
-                    )
-                },
+                f.streams,
+                f.intents,
+                f.p50_ms_without,
+                f.p95_ms_without,
+                f.p50_ms_with,
+                f.p95_ms_with,
+                f.p95_ratio,
+                f.kib_per_stream,
+                f.fan_out_reads_per_second,
+                f.page_reads_per_second,
+                f.quiet_seconds,
+                f.change_fan_out_reads,
+                f.change_page_reads,
+                f.shutdown_ms
             )
-        }
-        BenchCommand::EdgeClients { url } => edge::clients(&url).await,
-        BenchCommand::Ledger {
-            entries,
-            batch_size,
-            scratch_database,
-        } => {
-            anyhow::ensure!(
-                entries > 0 && batch_size > 0,
-                "--entries and --batch-size must be positive"
-            );
-            let (_scratch_dir, url) = scratch(scratch_database)?;
-            let engine = Engine::open(&url)
-                .await
-                .context("opening the scratch database")?;
-            let lines = ledger(&engine, entries, batch_size).await?;
-            let backend = format!("{:?}", engine.store().backend()).to_lowercase();
-            report(
-                json,
-                Some(&backend),
-                format!(
-                    "ledger posting on {backend} ({})",
-                    payrecon_chain_core::SecretUrl::from(url.as_str())
-                ),
-                &lines,
-                ("entries", "entries/s"),
-            )
-        }
-    }
+        },
+    )
+}
+
+/// `ledger`.
+async fn ledger_workload(
+    LedgerArgs {
+        entries,
+        batch_size,
+        scratch_database,
+    }: LedgerArgs,
+    json: bool,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        entries > 0 && batch_size > 0,
+        "--entries and --batch-size must be positive"
+    );
+    let (_scratch_dir, url) = scratch(scratch_database)?;
+    let engine = Engine::open(&url)
+        .await
+        .context("opening the scratch database")?;
+    let lines = ledger(&engine, entries, batch_size).await?;
+    let backend = format!("{:?}", engine.store().backend()).to_lowercase();
+    report(
+        json,
+        Some(&backend),
+        format!(
+            "ledger posting on {backend} ({})",
+            payrecon_chain_core::SecretUrl::from(url.as_str())
+        ),
+        &lines,
+        ("entries", "entries/s"),
+    )
 }
 
 async fn ledger(
@@ -702,15 +804,16 @@ struct PaymentsPlan {
     reference_events: usize,
 }
 
-async fn payments(engine: &Engine, plan: &PaymentsPlan) -> anyhow::Result<Vec<BenchLine>> {
-    let run_id = uuid::Uuid::new_v4().simple().to_string();
-    let run = run_id[..8].to_owned();
+/// API writes at each caller count, each beside the line: the same rows in batches of as many
+/// per commit. Returns the lines and every intent's instructions.
+async fn api_write_sweep(
+    engine: &Engine,
+    plan: &PaymentsPlan,
+    run: &str,
+) -> anyhow::Result<(Vec<BenchLine>, Vec<PaidIntent>)> {
     let mut lines = Vec::new();
     let mut next_item = 0;
     let mut instructions = Vec::new();
-
-    // API writes at each caller count, each beside the line: the same rows in batches of as
-    // many per commit.
     for (level, &callers) in plan.concurrency.iter().enumerate() {
         let count = if level + 1 == plan.concurrency.len() {
             plan.intents
@@ -719,7 +822,7 @@ async fn payments(engine: &Engine, plan: &PaymentsPlan) -> anyhow::Result<Vec<Be
         };
         let items = next_item..next_item + count;
         next_item += count;
-        let (topups, made) = api_writes(engine, &run, items.clone(), callers).await?;
+        let (topups, made) = api_writes(engine, run, items.clone(), callers).await?;
         instructions.extend(made.1);
         let line_run = format!("{run}-{callers}");
         let topup_line = timed_line(engine, count, callers, |tx, rows, now| {
@@ -748,9 +851,12 @@ async fn payments(engine: &Engine, plan: &PaymentsPlan) -> anyhow::Result<Vec<Be
         lines.push(beside(made.0, &intent_line));
         lines.push(with_line_figure(intent_line, callers));
     }
-    let total = instructions.len();
+    Ok((lines, instructions))
+}
 
-    // The watcher's view over every open intent: read whole once, then rounds with nothing new.
+/// The watcher's view over every open intent: read whole once, then rounds with nothing new.
+async fn watcher_view(engine: &Engine, total: usize) -> anyhow::Result<Vec<BenchLine>> {
+    let mut lines = Vec::new();
     let network = Network::Bitcoin;
     let started = Instant::now();
     let mut live = payrecon::test_utils::watcher::LiveView::load(engine, network).await?;
@@ -778,6 +884,16 @@ async fn payments(engine: &Engine, plan: &PaymentsPlan) -> anyhow::Result<Vec<Be
             database_time,
         )
     });
+
+    Ok(lines)
+}
+
+async fn payments(engine: &Engine, plan: &PaymentsPlan) -> anyhow::Result<Vec<BenchLine>> {
+    let run_id = uuid::Uuid::new_v4().simple().to_string();
+    let run = run_id[..8].to_owned();
+    let (mut lines, instructions) = api_write_sweep(engine, plan, &run).await?;
+    let total = instructions.len();
+    lines.extend(watcher_view(engine, total).await?);
 
     // Settling: the reference path on the first events, the batched path on the rest.
     let reference = engine

@@ -300,6 +300,31 @@ async fn wait_all(
     Ok(())
 }
 
+/// Mines `blocks` blocks of `outputs_per_block` outputs to fresh random addresses each: the
+/// addresses paid, in order.
+async fn mine_outputs(
+    node: &RegtestNode,
+    hrp: Hrp,
+    blocks: usize,
+    outputs_per_block: usize,
+) -> anyhow::Result<Vec<String>> {
+    let progress = super::progress_bar(blocks as u64, "blocks");
+    let mut paid = Vec::with_capacity(blocks * outputs_per_block);
+    for _ in 0..blocks {
+        let mut outputs = serde_json::Map::new();
+        for _ in 0..outputs_per_block {
+            let address = random_address(hrp)?;
+            outputs.insert(address.clone(), json!("0.0001"));
+            paid.push(address);
+        }
+        node.call(true, "sendmany", json!(["", outputs])).await?;
+        node.mine(1).await?;
+        progress.inc(1);
+    }
+    progress.finish_and_clear();
+    Ok(paid)
+}
+
 /// Mines `blocks` blocks of `outputs_per_block` outputs each to random addresses, then scans
 /// them with each of `watched` addresses watched (a thousandth of the outputs' addresses
 /// among them, so every run finds the same payments): the cost of a block against the size
@@ -315,20 +340,7 @@ pub async fn scale(
     let paid_watched =
         (blocks * outputs_per_block / 10).min(watched.iter().copied().min().unwrap_or(0));
     let start = node.height().await? + 1;
-    let progress = super::progress_bar(blocks as u64, "blocks");
-    let mut paid = Vec::with_capacity(blocks * outputs_per_block);
-    for _ in 0..blocks {
-        let mut outputs = serde_json::Map::new();
-        for _ in 0..outputs_per_block {
-            let address = random_address(hrp)?;
-            outputs.insert(address.clone(), json!("0.0001"));
-            paid.push(address);
-        }
-        node.call(true, "sendmany", json!(["", outputs])).await?;
-        node.mine(1).await?;
-        progress.inc(1);
-    }
-    progress.finish_and_clear();
+    let paid = mine_outputs(node, hrp, blocks, outputs_per_block).await?;
     let anchor = node.call(false, "getblockhash", json!([start - 1])).await?;
     let cursor = ChainCursor {
         tip: BlockId {

@@ -3,24 +3,15 @@
 
 use crate::engine::Engine;
 use crate::error::Error;
-use crate::intent::usd_value_of;
-use crate::ledger::Account;
 use crate::operator::Action;
-use crate::operator::Held;
 use crate::operator::MAX_ACTOR_LEN;
 use crate::operator::MAX_REASON_LEN;
 use crate::operator::Resolved;
 use crate::operator::check_text;
-use crate::operator::check_txid;
-use crate::operator::conversion;
-use crate::operator::describe;
 use crate::operator::held_money;
-use crate::operator::refund_entry;
 use crate::operator::settle;
-use crate::order::AccountId;
-use crate::order::OrderKind;
+use crate::operator::{Booking, book_action};
 use crate::order::OrderRef;
-use crate::order::OrderStatus;
 use crate::store::StoreError;
 use crate::store::ledger;
 use crate::store::operations;
@@ -49,7 +40,6 @@ use crate::tokens::Role;
 use crate::tokens::digest;
 use crate::tokens::fresh_token;
 use chrono::DateTime;
-use payrecon_chain_core::Amount;
 use payrecon_chain_core::Network;
 
 impl Engine {
@@ -131,108 +121,13 @@ impl Engine {
         };
         let held = held_money(&mut tx, &exception, intent.as_ref()).await?;
         let key = format!("resolve:{}", exception.id);
-        let mut settles = None;
-        let entry = match (action, &held) {
-            (Action::Dismiss, Some(held)) => {
-                return Err(refuse(format!(
-                    "it holds {} {}: accept it, credit it or refund it",
-                    held.method
-                        .format_amount(Amount::from_base_units(held.units)),
-                    held.method.asset()
-                )));
-            }
-            (Action::Dismiss, None) => None,
-            (Action::MarkRefunded { refund_txid }, held) => {
-                check_txid(refund_txid)?;
-                match held {
-                    Some(Held {
-                        source: Some(source),
-                        method,
-                        units,
-                        ..
-                    }) => Some(refund_entry(&key, source, *method, *units, refund_txid)),
-                    Some(_) => None,
-                    None if exception.transfer.is_some()
-                        && exception.kind != "reorged_after_credit" =>
-                    {
-                        None
-                    }
-                    None => return Err(refuse("it holds no money to refund".into())),
-                }
-            }
-            (Action::CreditBalance { account, usd }, Some(held)) => {
-                let account = match (account, &order) {
-                    (Some(account), _) => AccountId::new(account.clone())?,
-                    (None, Some(order)) => order.account_id.clone(),
-                    (None, None) => {
-                        return Err(refuse("name the customer account to credit".into()));
-                    }
-                };
-                let cents = match (usd, &intent) {
-                    (Some(usd), _) => usd.cents(),
-                    (None, Some(intent)) if intent.method == held.method => usd_value_of(
-                        Amount::from_base_units(held.units),
-                        intent.rate.usd_per_unit,
-                        held.method,
-                    )
-                    .ok_or_else(|| refuse("its USD value overflows".into()))?,
-                    (None, _) => {
-                        return Err(refuse(format!(
-                            "no locked {} rate applies: give the USD to credit",
-                            held.method.asset()
-                        )));
-                    }
-                };
-                if cents <= 0 {
-                    return Err(refuse("the USD to credit must be above zero".into()));
-                }
-                Some(conversion(
-                    &key,
-                    held,
-                    cents,
-                    Account::CustomerBalance(account),
-                    format!("{} credited to the balance by an operator", describe(held)),
-                    intent.as_ref(),
-                ))
-            }
-            (Action::AcceptAsPaid, Some(held)) => {
-                let (Some(intent), Some(order)) = (&intent, &order) else {
-                    return Err(refuse("it belongs to no order".into()));
-                };
-                if order.status != OrderStatus::Open {
-                    return Err(refuse(format!(
-                        "order {} is already settled",
-                        order.reference
-                    )));
-                }
-                if intent.method != held.method {
-                    return Err(refuse(format!(
-                        "the money is {}, the order asked for {}",
-                        held.method, intent.method
-                    )));
-                }
-                let n = intent.settlement_count + 1;
-                let settle_key = format!("settle:{}:{n}", intent.id);
-                let target = match order.kind {
-                    OrderKind::Rental(_) => Account::RevenueRentals,
-                    OrderKind::Topup => Account::CustomerBalance(order.account_id.clone()),
-                };
-                settles = Some((intent.clone(), order.clone(), n));
-                Some(conversion(
-                    &settle_key,
-                    held,
-                    intent.usd.cents(),
-                    target,
-                    format!(
-                        "{} accepted as payment of {} by an operator",
-                        describe(held),
-                        order.reference
-                    ),
-                    Some(intent),
-                ))
-            }
-            (_, None) => return Err(refuse("it holds no money".into())),
-        };
+        let Booking { entry, settles } = book_action(
+            action,
+            &exception,
+            held.as_ref(),
+            intent.as_ref(),
+            order.as_ref(),
+        )?;
         if let Some(entry) = &entry {
             entry.validate()?;
             ledger::post_batch(&mut tx, std::slice::from_ref(entry), now).await??;

@@ -254,6 +254,51 @@ pub async fn settlements(
         }
         query.execute(tx.conn()).await?;
     }
+    settlement_journal(tx, run, &all, customers, now_ms).await?;
+    for chunk in all.chunks(rows_per_statement(4)) {
+        let sql = format!(
+            "WITH v (reference, settled_via, settlement_entry, settled_at_ms) AS (VALUES {}) \
+             UPDATE orders SET status = 'settled', settled_via = v.settled_via, \
+             settlement_entry = v.settlement_entry, settled_at_ms = v.settled_at_ms \
+             FROM v WHERE orders.reference = v.reference",
+            values_placeholders(tx.backend(), 4, chunk.len())
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for i in chunk {
+            query = query
+                .bind(name(run, *i))
+                .bind("payment")
+                .bind(format!("settle:{}:1", name(run, *i)))
+                .bind(now_ms);
+        }
+        query.execute(tx.conn()).await?;
+    }
+    insert_rows(
+        tx,
+        "INSERT INTO intent_events (intent_id, order_ref, kind, detail, at_ms) VALUES",
+        "",
+        5,
+        rows,
+        |q, i| {
+            q.bind(name(run, i))
+                .bind(name(run, i))
+                .bind("status_changed")
+                .bind(r#"{"from":"awaiting_payment","to":"settled"}"#)
+                .bind(now_ms)
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// The settlements' journal entries and their four legs each.
+async fn settlement_journal(
+    tx: &mut WriteTx,
+    run: &str,
+    all: &[usize],
+    customers: usize,
+    now_ms: i64,
+) -> Result<(), StoreError> {
     let mut seqs = Vec::with_capacity(all.len());
     for chunk in all.chunks(rows_per_statement(6)) {
         let sql = format!(
@@ -301,39 +346,6 @@ pub async fn settlements(
                 .bind(account)
                 .bind(currency)
                 .bind(amount)
-        },
-    )
-    .await?;
-    for chunk in all.chunks(rows_per_statement(4)) {
-        let sql = format!(
-            "WITH v (reference, settled_via, settlement_entry, settled_at_ms) AS (VALUES {}) \
-             UPDATE orders SET status = 'settled', settled_via = v.settled_via, \
-             settlement_entry = v.settlement_entry, settled_at_ms = v.settled_at_ms \
-             FROM v WHERE orders.reference = v.reference",
-            values_placeholders(tx.backend(), 4, chunk.len())
-        );
-        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-        for i in chunk {
-            query = query
-                .bind(name(run, *i))
-                .bind("payment")
-                .bind(format!("settle:{}:1", name(run, *i)))
-                .bind(now_ms);
-        }
-        query.execute(tx.conn()).await?;
-    }
-    insert_rows(
-        tx,
-        "INSERT INTO intent_events (intent_id, order_ref, kind, detail, at_ms) VALUES",
-        "",
-        5,
-        rows,
-        |q, i| {
-            q.bind(name(run, i))
-                .bind(name(run, i))
-                .bind("status_changed")
-                .bind(r#"{"from":"awaiting_payment","to":"settled"}"#)
-                .bind(now_ms)
         },
     )
     .await?;

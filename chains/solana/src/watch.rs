@@ -98,6 +98,128 @@ pub struct SolanaScanner {
 }
 
 impl SolanaScanner {
+    /// Brings the watched references up to date with the view, keeping the sweep's order.
+    fn follow_references(&mut self, view: &WatchView) -> Result<(), ScanError> {
+        let changes = self
+            .references
+            .sync(&view.watch_keys, Pubkey::from_str)
+            .map_err(|(key, e)| {
+                ScanError::Fatal(format!("watch key {key:?} is not a Solana public key: {e}"))
+            })?;
+        if changes.rebuilt {
+            self.sweep_order.clear();
+        }
+        self.sweep_order
+            .extend(changes.added.iter().map(|(reference, _)| *reference));
+        for (reference, _) in &changes.removed {
+            self.sweep_order.remove(reference);
+        }
+        Ok(())
+    }
+
+    /// What to look at this round: the recipient's new signatures (back to `oldest_slot`
+    /// after a restart), and a slice of the references in turn; with where the next slice
+    /// starts.
+    async fn listings(
+        &self,
+        client: &RpcClient,
+        oldest_slot: Option<u64>,
+    ) -> Result<(Listings, Option<Pubkey>), ScanError> {
+        let recipient = self.settings.recipient;
+        let mut listed: Listings = vec![(
+            recipient,
+            self.new_signatures(client, &recipient, oldest_slot).await?,
+        )];
+        let budget = self
+            .settings
+            .references_per_scan
+            .min(self.sweep_order.len());
+        let start = self.next_swept.map_or(Bound::Unbounded, Bound::Included);
+        let due: Vec<Pubkey> = self
+            .sweep_order
+            .range((start, Bound::Unbounded))
+            .chain(self.sweep_order.range((Bound::Unbounded, start)))
+            .take(budget)
+            .copied()
+            .collect();
+        let next_swept = due.last().and_then(|last| {
+            self.sweep_order
+                .range((Bound::Excluded(*last), Bound::Unbounded))
+                .next()
+                .or_else(|| self.sweep_order.first())
+                .copied()
+        });
+        let swept: Listings = futures_util::stream::iter(due)
+            .map(|reference| async move {
+                let signatures = self.new_signatures(client, &reference, None).await?;
+                Ok::<_, ScanError>((reference, signatures))
+            })
+            .buffered(REQUESTS_IN_FLIGHT)
+            .try_collect()
+            .await?;
+        listed.extend(swept);
+        Ok((listed, next_swept))
+    }
+
+    /// Every listed transaction not recorded yet, fetched and verified: what it moved to the
+    /// recipient under a known reference, with its finality, slot and time.
+    async fn verified(
+        &self,
+        client: &RpcClient,
+        view: &WatchView,
+        listed: &Listings,
+    ) -> Result<Vec<(Transfer, u32, Option<u64>, i64)>, ScanError> {
+        let known: HashSet<&str> = view.known.keys().map(|id| id.txid.as_str()).collect();
+        let mut found = Vec::new();
+        let mut looked_at: HashSet<&str> = HashSet::new();
+        for status in listed.iter().flat_map(|(_, signatures)| signatures) {
+            // A failed transaction moves no SOL to anyone: nothing to verify. One already
+            // recorded only moves in finality, followed by `finality`.
+            if status.err.is_some()
+                || !looked_at.insert(status.signature.as_str())
+                || known.contains(status.signature.as_str())
+            {
+                continue;
+            }
+            let finalized = matches!(
+                status.confirmation_status,
+                Some(TransactionConfirmationStatus::Finalized)
+            );
+            let config = RpcTransactionConfig {
+                encoding: Some(UiTransactionEncoding::JsonParsed),
+                commitment: Some(CommitmentConfig::confirmed()),
+                max_supported_transaction_version: Some(0),
+            };
+            let tx: Option<EncodedConfirmedTransactionWithStatusMeta> = client
+                .send(
+                    RpcRequest::GetTransaction,
+                    serde_json::json!([status.signature, config]),
+                )
+                .await
+                .map_err(|e| classify("getTransaction", e))?;
+            // Listed but not served yet by this node: ask again next scan.
+            let tx = tx.ok_or_else(|| {
+                ScanError::Transient(format!("getTransaction {} answered null", status.signature))
+            })?;
+            if let Some(transfer) = verify(
+                &status.signature,
+                &tx,
+                &self.settings.recipient,
+                &self.references,
+            )? {
+                let (confirmations, block) = if finalized {
+                    (1, Some(tx.slot))
+                } else {
+                    (0, None)
+                };
+                let seen = status
+                    .block_time
+                    .map_or(view.now_ms, |t| t.saturating_mul(1000).min(view.now_ms));
+                found.push((transfer, confirmations, block, seen));
+            }
+        }
+        Ok(found)
+    }
     /// A scanner that connects on its first scan.
     pub fn new(settings: SolanaSettings) -> SolanaScanner {
         SolanaScanner {
@@ -178,21 +300,8 @@ impl ChainScanner for SolanaScanner {
     async fn scan(&mut self, view: &WatchView) -> Result<ScanBatch, ScanError> {
         let client = self.client()?;
         let recipient = self.settings.recipient;
-        let changes = self
-            .references
-            .sync(&view.watch_keys, Pubkey::from_str)
-            .map_err(|(key, e)| {
-                ScanError::Fatal(format!("watch key {key:?} is not a Solana public key: {e}"))
-            })?;
-        if changes.rebuilt {
-            self.sweep_order.clear();
-        }
-        self.sweep_order
-            .extend(changes.added.iter().map(|(reference, _)| *reference));
-        for (reference, _) in &changes.removed {
-            self.sweep_order.remove(reference);
-        }
-        let mut tip = client
+        self.follow_references(view)?;
+        let tip = client
             .get_slot_with_commitment(CommitmentConfig::confirmed())
             .await
             .map_err(|e| classify("getSlot", e))?;
@@ -209,100 +318,11 @@ impl ChainScanner for SolanaScanner {
         }
         let oldest_slot = resumed.map(|(_, slot)| slot.saturating_sub(RESUME_MARGIN_SLOTS));
 
-        // What to look at: what touched the recipient, and a slice of the references.
-        let mut listed: Vec<(Pubkey, Vec<RpcConfirmedTransactionStatusWithSignature>)> = vec![(
-            recipient,
-            self.new_signatures(&client, &recipient, oldest_slot)
-                .await?,
-        )];
-        let budget = self
-            .settings
-            .references_per_scan
-            .min(self.sweep_order.len());
-        let start = self.next_swept.map_or(Bound::Unbounded, Bound::Included);
-        let due: Vec<Pubkey> = self
-            .sweep_order
-            .range((start, Bound::Unbounded))
-            .chain(self.sweep_order.range((Bound::Unbounded, start)))
-            .take(budget)
-            .copied()
-            .collect();
-        let next_swept = due.last().and_then(|last| {
-            self.sweep_order
-                .range((Bound::Excluded(*last), Bound::Unbounded))
-                .next()
-                .or_else(|| self.sweep_order.first())
-                .copied()
-        });
-        let this = &*self;
-        let swept_listings: Vec<_> = futures_util::stream::iter(due)
-            .map(|reference| {
-                let client = client.clone();
-                async move {
-                    let signatures = this.new_signatures(&client, &reference, None).await?;
-                    Ok::<_, ScanError>((reference, signatures))
-                }
-            })
-            .buffered(REQUESTS_IN_FLIGHT)
-            .try_collect()
-            .await?;
-        listed.extend(swept_listings);
-
-        let known: HashSet<&str> = view.known.keys().map(|id| id.txid.as_str()).collect();
-        let mut found: Vec<(Transfer, u32, Option<u64>, i64)> = Vec::new();
-        let mut looked_at: HashSet<String> = HashSet::new();
-        for (_, signatures) in &listed {
-            for status in signatures {
-                // A failed transaction moves no SOL to anyone: nothing to verify.
-                if status.err.is_some() || !looked_at.insert(status.signature.clone()) {
-                    continue;
-                }
-                let finalized = matches!(
-                    status.confirmation_status,
-                    Some(TransactionConfirmationStatus::Finalized)
-                );
-                // Already recorded: only its finality can move, followed below.
-                if known.contains(status.signature.as_str()) {
-                    continue;
-                }
-                let config = RpcTransactionConfig {
-                    encoding: Some(UiTransactionEncoding::JsonParsed),
-                    commitment: Some(CommitmentConfig::confirmed()),
-                    max_supported_transaction_version: Some(0),
-                };
-                let tx: Option<EncodedConfirmedTransactionWithStatusMeta> = client
-                    .send(
-                        RpcRequest::GetTransaction,
-                        serde_json::json!([status.signature, config]),
-                    )
-                    .await
-                    .map_err(|e| classify("getTransaction", e))?;
-                // Listed but not served yet by this node: ask again next scan.
-                let tx = tx.ok_or_else(|| {
-                    ScanError::Transient(format!(
-                        "getTransaction {} answered null",
-                        status.signature
-                    ))
-                })?;
-                if let Some(transfer) =
-                    verify(&status.signature, &tx, &recipient, &self.references)?
-                {
-                    let (confirmations, block) = if finalized {
-                        (1, Some(tx.slot))
-                    } else {
-                        (0, None)
-                    };
-                    let seen = status
-                        .block_time
-                        .map_or(view.now_ms, |t| t.saturating_mul(1000).min(view.now_ms));
-                    found.push((transfer, confirmations, block, seen));
-                }
-            }
-        }
-
+        let (listed, next_swept) = self.listings(&client, oldest_slot).await?;
+        let found = self.verified(&client, view, &listed).await?;
         // Transactions listed after `getSlot` answered may sit in newer slots: the tip is at
         // least the newest slot seen in this round.
-        tip = found
+        let tip = found
             .iter()
             .filter_map(|(_, _, block, _)| *block)
             .fold(tip, u64::max);
@@ -318,43 +338,7 @@ impl ChainScanner for SolanaScanner {
                 },
             )
             .collect();
-
-        // Recorded but not final: finalized since, still confirmed, or gone with its fork.
-        let pending: Vec<&KnownTransfer> = view
-            .known
-            .values()
-            .filter(|k| k.confirmations == 0)
-            .collect();
-        for chunk in pending.chunks(STATUSES_PER_CALL) {
-            for (k, status) in chunk
-                .iter()
-                .zip(statuses(&client, chunk.iter().copied()).await?)
-            {
-                match status {
-                    None => events.push(ChainEvent::Removed {
-                        id: k.transfer.id.clone(),
-                        tip_height: tip.max(k.tip_height),
-                    }),
-                    // `confirmations: null` is how older nodes say finalized.
-                    Some(status)
-                        if status.confirmations.is_none()
-                            || matches!(
-                                status.confirmation_status,
-                                Some(TransactionConfirmationStatus::Finalized)
-                            ) =>
-                    {
-                        events.push(ChainEvent::Observed {
-                            transfer: k.transfer.clone(),
-                            confirmations: 1,
-                            block_height: Some(status.slot),
-                            seen_at_ms: k.seen_at_ms,
-                            tip_height: tip.max(k.tip_height).max(status.slot),
-                        });
-                    }
-                    Some(_) => {}
-                }
-            }
-        }
+        events.extend(finality(&client, view, tip).await?);
 
         // Everything listed is handled: the next listings stop at the newest signatures.
         // References of closed intents are not listed any more: forget them.
@@ -517,6 +501,55 @@ async fn statuses<'k>(
         .map_err(|e| classify("getSignatureStatuses", e))?
         .value)
 }
+
+/// Recorded transfers that were not final: finalized since, still confirmed, or gone with
+/// their fork.
+async fn finality(
+    client: &RpcClient,
+    view: &WatchView,
+    tip: u64,
+) -> Result<Vec<ChainEvent>, ScanError> {
+    let pending: Vec<&KnownTransfer> = view
+        .known
+        .values()
+        .filter(|k| k.confirmations == 0)
+        .collect();
+    let mut events = Vec::new();
+    for chunk in pending.chunks(STATUSES_PER_CALL) {
+        for (k, status) in chunk
+            .iter()
+            .zip(statuses(client, chunk.iter().copied()).await?)
+        {
+            match status {
+                None => events.push(ChainEvent::Removed {
+                    id: k.transfer.id.clone(),
+                    tip_height: tip.max(k.tip_height),
+                }),
+                // `confirmations: null` is how older nodes say finalized.
+                Some(status)
+                    if status.confirmations.is_none()
+                        || matches!(
+                            status.confirmation_status,
+                            Some(TransactionConfirmationStatus::Finalized)
+                        ) =>
+                {
+                    events.push(ChainEvent::Observed {
+                        transfer: k.transfer.clone(),
+                        confirmations: 1,
+                        block_height: Some(status.slot),
+                        seen_at_ms: k.seen_at_ms,
+                        tip_height: tip.max(k.tip_height).max(status.slot),
+                    });
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    Ok(events)
+}
+
+/// Each address listed this round with its new signatures, newest first.
+type Listings = Vec<(Pubkey, Vec<RpcConfirmedTransactionStatusWithSignature>)>;
 
 fn signature(text: &str) -> Result<Signature, ScanError> {
     Signature::from_str(text)

@@ -269,15 +269,40 @@ async fn read_block(
     Ok((block, infos))
 }
 
-/// The transfers to watched addresses one block carries.
+/// The transfers to watched addresses one block carries: TRX and TRC-10 contracts of its
+/// successful transactions, then TRC-20 logs of those transactions' receipts.
 fn transfers(
     settings: &TronSettings,
     block: &Block,
     infos: &[TransactionInfo],
     watched: &impl WatchedLookup<TronAddress>,
 ) -> Result<Vec<Transfer>, ScanError> {
+    let mut found = Vec::new();
+    let succeeded = contract_transfers(block, watched, &mut found)?;
     let height = block.block_header.raw_data.number;
-    let transfer = |txid: &str, position: u32, key: &str, asset, amount| Transfer {
+    for info in infos {
+        if info.block_number != height {
+            return Err(ScanError::Transient(format!(
+                "the transaction infos of block {height} include one of block {}",
+                info.block_number
+            )));
+        }
+        if info.succeeded() && succeeded.contains(info.id.as_str()) {
+            log_transfers(settings, height, info, watched, &mut found)?;
+        }
+    }
+    Ok(found)
+}
+
+/// One transfer as a watcher reports it.
+fn tron_transfer(
+    txid: &str,
+    position: u32,
+    key: &str,
+    asset: ReceivedAsset,
+    amount: Amount,
+) -> Transfer {
+    Transfer {
         id: TransferId {
             network: Network::Tron,
             txid: txid.to_owned(),
@@ -286,14 +311,20 @@ fn transfers(
         to_address: key.to_owned(),
         asset,
         amount,
-    };
-    let mut found = Vec::new();
-    let mut succeeded_in_block = HashSet::new();
-    for tx in &block.transactions {
-        if !tx.succeeded() {
-            continue;
-        }
-        succeeded_in_block.insert(tx.tx_id.as_str());
+    }
+}
+
+/// TRX (`TransferContract`) and TRC-10 (`TransferAssetContract`, never credited) payments to
+/// watched addresses; returns the block's successful transactions.
+fn contract_transfers<'b>(
+    block: &'b Block,
+    watched: &impl WatchedLookup<TronAddress>,
+    found: &mut Vec<Transfer>,
+) -> Result<HashSet<&'b str>, ScanError> {
+    let height = block.block_header.raw_data.number;
+    let mut succeeded = HashSet::new();
+    for tx in block.transactions.iter().filter(|tx| tx.succeeded()) {
+        succeeded.insert(tx.tx_id.as_str());
         for contract in &tx.raw_data.contract {
             let trc10 = match contract.kind.as_str() {
                 "TransferContract" => false,
@@ -324,73 +355,69 @@ fn transfers(
                     method: Method::Trx,
                 }
             };
-            found.push(transfer(
-                &tx.tx_id,
-                0,
-                key,
-                asset,
-                Amount::from_base_units(u128::from(value.amount)),
-            ));
+            let amount = Amount::from_base_units(u128::from(value.amount));
+            found.push(tron_transfer(&tx.tx_id, 0, key, asset, amount));
         }
     }
-    for info in infos {
-        if info.block_number != height {
-            return Err(ScanError::Transient(format!(
-                "the transaction infos of block {height} include one of block {}",
-                info.block_number
-            )));
-        }
-        if !info.succeeded() || !succeeded_in_block.contains(info.id.as_str()) {
+    Ok(succeeded)
+}
+
+/// TRC-20 `Transfer` logs of one successful transaction to watched addresses: USDT from its
+/// contract, any other contract as another token (never credited).
+fn log_transfers(
+    settings: &TronSettings,
+    height: u64,
+    info: &TransactionInfo,
+    watched: &impl WatchedLookup<TronAddress>,
+    found: &mut Vec<Transfer>,
+) -> Result<(), ScanError> {
+    for (index, log) in info.log.iter().enumerate() {
+        let Some((to, value)) = trc20_transfer(log.topics.as_slice(), &log.data) else {
             continue;
-        }
-        for (index, log) in info.log.iter().enumerate() {
-            let Some((to, value)) = trc20_transfer(log.topics.as_slice(), &log.data) else {
-                continue;
-            };
-            let Some(key) = watched.watch_key(&to) else {
-                continue;
-            };
-            let contract = TronAddress::from_hex(&format!("41{}", log.address)).map_err(|e| {
+        };
+        let Some(key) = watched.watch_key(&to) else {
+            continue;
+        };
+        let contract = TronAddress::from_hex(&format!("41{}", log.address)).map_err(|e| {
+            ScanError::Fatal(format!(
+                "block {height}: a log of {} names contract {:?}: {e}",
+                info.id, log.address
+            ))
+        })?;
+        let (asset, amount) = if contract == settings.usdt_contract {
+            let amount = value.ok_or_else(|| {
                 ScanError::Fatal(format!(
-                    "block {height}: a log of {} names contract {:?}: {e}",
-                    info.id, log.address
+                    "block {height}: the USDT value of {} exceeds what payrecon accounts",
+                    info.id
                 ))
             })?;
-            let (asset, amount) = if contract == settings.usdt_contract {
-                let amount = value.ok_or_else(|| {
-                    ScanError::Fatal(format!(
-                        "block {height}: the USDT value of {} exceeds what payrecon accounts",
-                        info.id
-                    ))
-                })?;
-                (
-                    ReceivedAsset::Method {
-                        method: Method::UsdtTrc20,
-                    },
-                    amount,
-                )
-            } else {
-                // A fake token may claim any amount; it is never credited anyway.
-                (
-                    ReceivedAsset::OtherToken {
-                        contract: contract.to_string(),
-                    },
-                    value.unwrap_or(u128::MAX),
-                )
-            };
-            let position = u32::try_from(index + 1).map_err(|_| {
-                ScanError::Fatal(format!("block {height}: too many logs in {}", info.id))
-            })?;
-            found.push(transfer(
-                &info.id,
-                position,
-                key,
-                asset,
-                Amount::from_base_units(amount),
-            ));
-        }
+            (
+                ReceivedAsset::Method {
+                    method: Method::UsdtTrc20,
+                },
+                amount,
+            )
+        } else {
+            // A fake token may claim any amount; it is never credited anyway.
+            (
+                ReceivedAsset::OtherToken {
+                    contract: contract.to_string(),
+                },
+                value.unwrap_or(u128::MAX),
+            )
+        };
+        let position = u32::try_from(index + 1).map_err(|_| {
+            ScanError::Fatal(format!("block {height}: too many logs in {}", info.id))
+        })?;
+        found.push(tron_transfer(
+            &info.id,
+            position,
+            key,
+            asset,
+            Amount::from_base_units(amount),
+        ));
     }
-    Ok(found)
+    Ok(())
 }
 
 /// The recipient and value of a TRC-20 `Transfer` log (the value `None` when it exceeds
