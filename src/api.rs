@@ -795,7 +795,7 @@ async fn metrics(State(state): State<ApiState>, headers: HeaderMap) -> Response 
     let mut last = state.metrics.last.lock().await;
     let text = match &*last {
         Some((at, text)) if at.elapsed() < METRICS_TTL => text.clone(),
-        _ => match state.engine.metrics_text().await {
+        _ => match metrics_text(&state.engine).await {
             Ok(mut text) => {
                 family(
                     &mut text,
@@ -813,115 +813,132 @@ async fn metrics(State(state): State<ApiState>, headers: HeaderMap) -> Response 
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
-impl Engine {
-    /// The metrics page, from what the database holds (so every process serves the same).
-    pub async fn metrics_text(&self) -> Result<String, Error> {
-        let health = self.watcher_health().await?;
-        let per_network = |value: &dyn Fn(&crate::records::WatcherHealth) -> u64| {
-            health
-                .iter()
-                .map(|h| (format!("network=\"{}\"", h.network), value(h)))
-                .collect::<Vec<_>>()
-        };
-        let mut text = String::new();
-        family(
-            &mut text,
-            "payrecon_chain_head",
-            "The node's newest block at the last scan.",
-            "gauge",
-            per_network(&|h| h.head_height.unwrap_or(0)),
-        );
-        family(
-            &mut text,
-            "payrecon_watcher_cursor",
-            "The newest block the watcher committed.",
-            "gauge",
-            per_network(&|h| h.cursor_height.unwrap_or(0)),
-        );
-        family(
-            &mut text,
-            "payrecon_watcher_lag_blocks",
-            "Blocks between the node's head and the cursor.",
-            "gauge",
-            per_network(&|h| {
-                h.head_height
-                    .unwrap_or(0)
-                    .saturating_sub(h.cursor_height.unwrap_or(0))
-            }),
-        );
-        family(
-            &mut text,
-            "payrecon_watcher_rpc_errors_total",
-            "Failed watcher rounds since the watcher started.",
-            "counter",
-            per_network(&|h| h.rpc_errors),
-        );
-        family(
-            &mut text,
-            "payrecon_watcher_up",
-            "1 if the watcher's last round succeeded.",
-            "gauge",
-            per_network(&|h| u64::from(h.state == "running")),
-        );
-        let intents = self.intents_by_status().await?;
-        family(
-            &mut text,
-            "payrecon_intents",
-            "Payment intents by state.",
-            "gauge",
-            intents
-                .into_iter()
-                .map(|(state, n)| (format!("state=\"{state}\""), n as u64))
-                .collect(),
-        );
-        let open = self.open_exceptions_by_kind().await?;
-        family(
-            &mut text,
-            "payrecon_exceptions_open",
-            "Open exceptions by kind.",
-            "gauge",
-            open.into_iter()
-                .map(|(kind, n)| (format!("kind=\"{kind}\""), n as u64))
-                .collect(),
-        );
-        let failing = self.failing_webhooks().await?;
-        let now_ms = self.clock().now().timestamp_millis();
-        family(
-            &mut text,
-            "payrecon_webhook_deliveries_failing",
-            "Webhook deliveries that failed and wait to be retried, or were given up, by endpoint.",
-            "gauge",
-            failing
-                .iter()
-                .flat_map(|f| {
-                    [
-                        (
-                            format!("endpoint=\"{}\",state=\"retrying\"", f.endpoint),
-                            f.retrying as u64,
-                        ),
-                        (
-                            format!("endpoint=\"{}\",state=\"abandoned\"", f.endpoint),
-                            f.abandoned as u64,
-                        ),
-                    ]
-                })
-                .collect(),
-        );
-        family(
-            &mut text,
-            "payrecon_webhook_oldest_undelivered_seconds",
-            "Age of the oldest event a failing webhook endpoint has not received.",
-            "gauge",
-            failing
-                .iter()
-                .map(|f| {
-                    let age = (now_ms - f.oldest_event_at_ms).max(0) / 1000;
-                    (format!("endpoint=\"{}\"", f.endpoint), age as u64)
-                })
-                .collect(),
-        );
-        Ok(text)
-    }
+/// The metrics page, from what the database holds (so every process serves the same).
+pub async fn metrics_text(engine: &Engine) -> Result<String, Error> {
+    let mut text = String::new();
+    watcher_families(&mut text, &engine.watcher_health().await?);
+    let intents = engine.intents_by_status().await?;
+    family(
+        &mut text,
+        "payrecon_intents",
+        "Payment intents by state.",
+        "gauge",
+        intents
+            .into_iter()
+            .map(|(state, n)| (format!("state=\"{state}\""), n as u64))
+            .collect(),
+    );
+    let open = engine.open_exceptions_by_kind().await?;
+    family(
+        &mut text,
+        "payrecon_exceptions_open",
+        "Open exceptions by kind.",
+        "gauge",
+        open.into_iter()
+            .map(|(kind, n)| (format!("kind=\"{kind}\""), n as u64))
+            .collect(),
+    );
+    let failing = engine.failing_webhooks().await?;
+    let now_ms = engine.clock().now().timestamp_millis();
+    family(
+        &mut text,
+        "payrecon_webhook_deliveries_failing",
+        "Webhook deliveries that failed and wait to be retried, or were given up, by endpoint.",
+        "gauge",
+        failing
+            .iter()
+            .flat_map(|f| {
+                [
+                    (
+                        format!("endpoint=\"{}\",state=\"retrying\"", f.endpoint),
+                        f.retrying as u64,
+                    ),
+                    (
+                        format!("endpoint=\"{}\",state=\"abandoned\"", f.endpoint),
+                        f.abandoned as u64,
+                    ),
+                ]
+            })
+            .collect(),
+    );
+    family(
+        &mut text,
+        "payrecon_webhook_oldest_undelivered_seconds",
+        "Age of the oldest event a failing webhook endpoint has not received.",
+        "gauge",
+        failing
+            .iter()
+            .map(|f| {
+                let age = (now_ms - f.oldest_event_at_ms).max(0) / 1000;
+                (format!("endpoint=\"{}\"", f.endpoint), age as u64)
+            })
+            .collect(),
+    );
+    let group = engine.db().group_commit_stats();
+    family(
+        &mut text,
+        "payrecon_group_commits_total",
+        "Transactions the group commit has committed in this process.",
+        "counter",
+        vec![(String::new(), group.commits)],
+    );
+    family(
+        &mut text,
+        "payrecon_group_writes_total",
+        "API writes those commits answered in this process (writes over commits: how much the group commit shares).",
+        "counter",
+        vec![(String::new(), group.writes)],
+    );
+    Ok(text)
+}
+
+/// The watchers' figures, one series per network.
+fn watcher_families(text: &mut String, health: &[crate::records::WatcherHealth]) {
+    let per_network = |value: &dyn Fn(&crate::records::WatcherHealth) -> u64| {
+        health
+            .iter()
+            .map(|h| (format!("network=\"{}\"", h.network), value(h)))
+            .collect::<Vec<_>>()
+    };
+    family(
+        text,
+        "payrecon_chain_head",
+        "The node's newest block at the last scan.",
+        "gauge",
+        per_network(&|h| h.head_height.unwrap_or(0)),
+    );
+    family(
+        text,
+        "payrecon_watcher_cursor",
+        "The newest block the watcher committed.",
+        "gauge",
+        per_network(&|h| h.cursor_height.unwrap_or(0)),
+    );
+    family(
+        text,
+        "payrecon_watcher_lag_blocks",
+        "Blocks between the node's head and the cursor.",
+        "gauge",
+        per_network(&|h| {
+            h.head_height
+                .unwrap_or(0)
+                .saturating_sub(h.cursor_height.unwrap_or(0))
+        }),
+    );
+    family(
+        text,
+        "payrecon_watcher_rpc_errors_total",
+        "Failed watcher rounds since the watcher started.",
+        "counter",
+        per_network(&|h| h.rpc_errors),
+    );
+    family(
+        text,
+        "payrecon_watcher_up",
+        "1 if the watcher's last round succeeded.",
+        "gauge",
+        per_network(&|h| u64::from(h.state == "running")),
+    );
 }
 
 /// One metric family: its help, its type, then its samples.

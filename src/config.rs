@@ -589,6 +589,7 @@ impl Config {
 
 /// Why the configuration could not be loaded or used.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// `--config` named a file that does not exist.
     #[error("config file {0} does not exist")]

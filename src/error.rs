@@ -5,8 +5,10 @@ use crate::money::Usd;
 use crate::order::{OrderRef, OrderRuleError};
 use crate::store::StoreError;
 
-/// Why an engine call did not do what was asked.
+/// Why an engine call did not do what was asked. New refusals will be added as variants, so
+/// match the ones you act on and keep a fallback arm.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The order or top-up broke a shop rule.
     #[error(transparent)]
@@ -86,9 +88,10 @@ pub enum Error {
         /// What the data source did.
         reason: String,
     },
-    /// The database failed.
+    /// The database failed (unreachable, a failed query, a row payrecon could not have
+    /// written); nothing of the call was written.
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Database(#[from] StoreError),
 }
 
 impl Error {
@@ -100,12 +103,12 @@ impl Error {
 
 impl From<sqlx::Error> for Error {
     fn from(error: sqlx::Error) -> Error {
-        Error::Store(StoreError::Database(error))
+        Error::Database(StoreError::Database(error))
     }
 }
 
 impl crate::store::WriteError for Error {
     fn is_retryable_conflict(&self) -> bool {
-        matches!(self, Error::Store(e) if e.is_retryable_conflict())
+        matches!(self, Error::Database(e) if e.is_retryable_conflict())
     }
 }

@@ -464,6 +464,7 @@ pub enum PostOutcome {
 
 /// A ledger rule broken.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum LedgerError {
     /// Debits and credits of a currency differ.
     #[error("entry does not balance: {currency} legs sum to {off_by}, not zero")]

@@ -110,7 +110,7 @@ pub use records::{
 };
 pub use report::{CsvSection, ReportFormat, ReportQuery, ReportTotals};
 pub use serve::serve;
-pub use store::Durability;
+pub use store::{Durability, StoreError as DatabaseError};
 pub use stuck::{StuckItem, StuckOptions};
 pub use support::{AddressView, Finding, OrderView, TransferView};
 pub use tokens::Role;

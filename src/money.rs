@@ -25,7 +25,7 @@ impl Usd {
     /// Zero dollars.
     pub const ZERO: Usd = Usd { cents: 0 };
 
-    /// A USD amount of `cents`, refused when negative or beyond [`MAX_USD_CENTS`].
+    /// A USD amount of `cents`, refused when negative or beyond a trillion dollars.
     pub fn from_cents(cents: i64) -> Result<Usd, UsdError> {
         if cents < 0 {
             return Err(UsdError::Negative);

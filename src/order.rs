@@ -304,6 +304,7 @@ impl SettledVia {
 
 /// A shop rule an order or top-up broke.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum OrderRuleError {
     /// The reference is not a valid identifier.
     #[error("invalid order reference: {0}")]

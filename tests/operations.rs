@@ -281,10 +281,17 @@ on_both_databases! {
         assert!(ethereum.what.contains(&format!("next try at {}", next_try.to_rfc3339())), "{}", ethereum.what);
         let litecoin = items.iter().find(|i| i.category == "watcher" && i.subject == "litecoin").unwrap();
         assert_eq!(litecoin.kind, "wrong_chain");
-        let metrics = engine.metrics_text().await.unwrap();
+        let metrics = payrecon::test_utils::api::metrics_text(engine).await.unwrap();
         assert!(metrics.contains("payrecon_watcher_lag_blocks{network=\"bitcoin\"} 2"), "{metrics}");
         assert!(metrics.contains("payrecon_watcher_rpc_errors_total{network=\"bitcoin\"} 7"));
         assert!(metrics.contains("payrecon_exceptions_open{kind=\"underpaid\"} 1"));
         assert!(metrics.contains("payrecon_intents{state=\"settled\"} 3"), "{metrics}");
+        // The seeded orders went through the group commit: it shares commits among writes.
+        let counter = |name: &str| -> u64 {
+            let line = metrics.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("{name}: {metrics}"));
+            line.rsplit(' ').next().unwrap().parse().unwrap()
+        };
+        let (commits, writes) = (counter("payrecon_group_commits_total"), counter("payrecon_group_writes_total"));
+        assert!(commits > 0 && writes >= commits, "{commits} commits for {writes} writes");
     }
 }

@@ -771,19 +771,8 @@ async fn ledger(
 /// An engine on `url` with BIP84's public test key for bitcoin and recorded quotes, so the
 /// benchmark needs no network and no real key.
 async fn payments_engine(url: &str, scratch: &std::path::Path) -> anyhow::Result<Engine> {
-    let quotes = scratch.join("quotes.json");
-    std::fs::write(
-        &quotes,
-        r#"{"quotes":{"BTC":"80000","ETH":"3000","USDT":"1","USDC":"1","TRX":"0.25","SOL":"150","LTC":"85"}}"#,
-    )?;
-    let mut config = Config {
-        database_url: url.into(),
-        ..Config::default()
-    };
-    config.payments.enabled_methods = vec![Method::Btc];
-    config.rates.sources = vec!["recorded".into()];
-    config.rates.recorded_quotes_file = Some(quotes);
-    config.rates.cache_seconds = 3600;
+    let quotes = r#"{"quotes":{"BTC":"80000","ETH":"3000","USDT":"1","USDC":"1","TRX":"0.25","SOL":"150","LTC":"85"}}"#;
+    let mut config = recorded_config(url, scratch, quotes, Method::Btc)?;
     config.networks.bitcoin = Some(payrecon::config::UtxoConfig::new(
         payrecon_chain_core::test_vectors::BIP84_ZPUB,
         "mainnet",
@@ -1195,17 +1184,29 @@ fn litecoin_config(
     scratch: &std::path::Path,
     utxo: payrecon::config::UtxoConfig,
 ) -> anyhow::Result<Config> {
-    let quotes = scratch.join("quotes.json");
-    std::fs::write(&quotes, r#"{"quotes":{"LTC":"100"}}"#)?;
+    let mut config = recorded_config(url, scratch, r#"{"quotes":{"LTC":"100"}}"#, Method::Ltc)?;
+    config.networks.litecoin = Some(utxo);
+    Ok(config)
+}
+
+/// A configuration on `url` that takes `method` at the recorded `quotes` (written to
+/// `scratch`), so that a benchmark needs no rate provider.
+fn recorded_config(
+    url: &str,
+    scratch: &std::path::Path,
+    quotes: &str,
+    method: Method,
+) -> anyhow::Result<Config> {
+    let file = scratch.join("quotes.json");
+    std::fs::write(&file, quotes)?;
     let mut config = Config {
         database_url: url.into(),
         ..Config::default()
     };
-    config.payments.enabled_methods = vec![Method::Ltc];
+    config.payments.enabled_methods = vec![method];
     config.rates.sources = vec!["recorded".into()];
-    config.rates.recorded_quotes_file = Some(quotes);
+    config.rates.recorded_quotes_file = Some(file);
     config.rates.cache_seconds = 3600;
-    config.networks.litecoin = Some(utxo);
     Ok(config)
 }
 

@@ -85,7 +85,7 @@ impl Engine {
         Engine::open_with(url, store::Durability::Full).await
     }
 
-    /// [`Engine::open`] with an explicit [`store::Durability`].
+    /// [`Engine::open`] with an explicit [`Durability`](crate::Durability).
     pub async fn open_with(url: &str, durability: store::Durability) -> Result<Engine, Error> {
         let store = Store::connect_with(url, durability).await?;
         store.migrate().await?;
@@ -93,7 +93,7 @@ impl Engine {
     }
 
     /// An engine over an already migrated store, on the system clock.
-    pub fn with_store(store: Store) -> Engine {
+    fn with_store(store: Store) -> Engine {
         Engine {
             store,
             clock: Arc::new(SystemClock),

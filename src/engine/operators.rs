@@ -222,7 +222,7 @@ impl Engine {
     }
 
     /// Everything stuck now, oldest first within each category: the first
-    /// [`MAX_STUCK_PAGE`] items (`payrecon stuck`); [`Engine::stuck_page`] pages further.
+    /// 1,000 items (`payrecon stuck`); [`Engine::stuck_page`] pages further.
     pub async fn stuck(&self, options: &StuckOptions) -> Result<Vec<StuckItem>, Error> {
         Ok(self.stuck_page(options, None, MAX_STUCK_PAGE).await?.items)
     }

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 impl Engine {
     /// Applies chain events, in one transaction: all or none. The batch is matched set-based
-    /// (unless [`Engine::with_matcher_path`] says otherwise): its reads and writes take a
+    /// (tests can choose the one-by-one reference path): its reads and writes take a
     /// number of statements that does not grow with its length.
     pub async fn apply_chain_events(&self, events: &[ChainEvent]) -> Result<(), Error> {
         self.apply(events, None, None).await

@@ -178,6 +178,7 @@ impl Backend {
 pub struct Store {
     pool: AnyPool,
     backend: Backend,
+    #[cfg(feature = "test-utils")]
     durability: Durability,
     /// SQLite admits one writer; queueing them here is cheaper than SQLite's busy polling.
     sqlite_writer: Option<Arc<Mutex<()>>>,
@@ -188,6 +189,7 @@ pub struct Store {
 }
 
 impl Store {
+    #[cfg(feature = "test-utils")]
     /// Connects to `sqlite://path` (created if missing) or `postgres://…`, every commit
     /// durable before it is acknowledged ([`Durability::Full`]).
     ///
@@ -228,6 +230,7 @@ impl Store {
         Ok(Store {
             pool,
             backend,
+            #[cfg(feature = "test-utils")]
             durability,
             sqlite_writer: (backend == Backend::Sqlite).then(|| Arc::new(Mutex::new(()))),
             group: Arc::new(GroupCommit::new(backend)),
@@ -273,11 +276,13 @@ impl Store {
         self.group.stats()
     }
 
+    #[cfg(feature = "test-utils")]
     /// What a commit waits for.
     pub fn durability(&self) -> Durability {
         self.durability
     }
 
+    #[cfg(feature = "test-utils")]
     /// The database's own word on how it syncs commits: SQLite's `PRAGMA synchronous`
     /// (`full`, `normal`, …) or PostgreSQL's `synchronous_commit`, as a new connection has it.
     pub async fn sync_setting(&self) -> Result<String, StoreError> {
@@ -358,6 +363,7 @@ impl Store {
         Ok(())
     }
 
+    #[cfg(feature = "test-utils")]
     /// Closes every connection; pending writes have already committed or rolled back.
     pub async fn close(&self) {
         self.pool.close().await;
