@@ -35,14 +35,15 @@
 //! # }).unwrap();
 //! ```
 //!
-//! The layers, each depending only on those below it:
+//! The README's library example runs the whole shop flow (instructions, a watcher's report,
+//! the event stream, a rental paid from the balance, the report); `examples/embed` is a crate
+//! that does it through this public API alone.
 //!
-//! 1. `api`, `serve` and the `payrecon` binary's CLI: people and programs at the edge;
-//! 2. `engine`: one method per thing a user does, grouped by user (shop, finance, operators,
-//!    watchers), each one transaction;
-//! 3. the domain: `order`, `money`, `intent`, `ledger`, `matcher`, `report`, `checkout`,
-//!    `stuck`: rules and views over plain data and a transaction;
-//! 4. `store`: every SQL statement; and the chain crates, which know nothing of payrecon.
+//! Inside, each module names only its own layer or those below (`scripts/layers.py` checks
+//! it): the edge and services (`api`, `serve`, `watcher`, `webhooks`; the binary's CLI), the
+//! `engine` with one method per thing a user does, the domain's rules and views (`matcher`,
+//! `operator`, `report`, …) over a transaction or plain data, the `store` with every SQL
+//! statement, and plain types (`money`, `order`, `ledger`, `records`, …).
 
 #![warn(missing_docs)]
 // Every `pub` item is reachable from the root, or in a build with the workshop's hooks from
