@@ -98,6 +98,7 @@ pub use engine::{BalancePayment, Created, Engine};
 pub use error::Error;
 pub use history::{AccountHistory, HistoryItem};
 pub use intent::{IntentStatus, PaymentIntent};
+pub use leases::Lease;
 pub use ledger::{AccountBalance, TrialBalance};
 pub use money::Usd;
 pub use operator::{Action, Resolved};
@@ -112,7 +113,7 @@ pub use records::{
 pub use report::{CsvSection, ReportFormat, ReportQuery, ReportTotals};
 pub use serve::serve;
 pub use store::{Durability, StoreError as DatabaseError};
-pub use stuck::{StuckItem, StuckOptions};
+pub use stuck::{Page, StuckItem, StuckOptions};
 pub use support::{AddressView, Finding, OrderView, TransferView};
 pub use tokens::Role;
 pub use webhooks::{EVENT_ID_HEADER, SIGNATURE_HEADER, SIGNATURE_TOLERANCE, verify_signature};

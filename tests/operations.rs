@@ -255,7 +255,7 @@ on_both_databases! {
         assert_eq!(items.iter().filter(|i| i.category == "exception").count(), 6);
 
         // A watcher that failed, and one that went silent.
-        let now = engine.clock().now();
+        let now = payrecon::test_utils::clock::Clock::now(&*seeded.clock);
         // One refused its node's answer and tries again later, one found the wrong chain.
         let next_try = now + Duration::minutes(4);
         for (network, state, error, next_try_at, updated) in [

@@ -114,7 +114,7 @@ impl Engine {
     }
 
     /// How the matcher reads and writes.
-    pub fn matcher_path(&self) -> MatcherPath {
+    pub(crate) fn matcher_path(&self) -> MatcherPath {
         self.matcher_path
     }
 
@@ -144,7 +144,7 @@ impl Engine {
     }
 
     /// The engine's clock.
-    pub fn clock(&self) -> &dyn Clock {
+    pub(crate) fn clock(&self) -> &dyn Clock {
         self.clock.as_ref()
     }
 

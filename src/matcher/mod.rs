@@ -278,7 +278,9 @@ pub enum MatcherPath {
     #[default]
     Batched,
     /// Every step its own statement, as it happens: the reference the batched path is held
-    /// to (`tests/matcher_paths.rs`), and a baseline for benchmarks.
+    /// to (`tests/matcher_paths.rs`), and a baseline for benchmarks; only in a build with
+    /// the workshop's hooks.
+    #[cfg(feature = "test-utils")]
     OneByOne,
 }
 
@@ -294,6 +296,7 @@ pub(crate) async fn apply_events(
 ) -> Result<(), Error> {
     match path {
         MatcherPath::Batched => apply_batch(tx, policy, events, now, after_event).await,
+        #[cfg(feature = "test-utils")]
         MatcherPath::OneByOne => apply_one_by_one(tx, policy, events, now, after_event).await,
     }
 }
@@ -317,6 +320,7 @@ async fn apply_batch(
     store.flush().await
 }
 
+#[cfg(feature = "test-utils")]
 /// Each step a statement, as it happens.
 async fn apply_one_by_one(
     tx: &mut WriteTx,
@@ -350,6 +354,7 @@ pub(crate) async fn evaluate_due(
             }
             store.flush().await
         }
+        #[cfg(feature = "test-utils")]
         MatcherPath::OneByOne => {
             let mut store = DirectStore::new(tx, now);
             for id in intent_ids {
