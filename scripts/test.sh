@@ -52,6 +52,9 @@ if ! command -v strace >/dev/null; then
 fi
 
 export RUST_TEST_THREADS=${RUST_TEST_THREADS:-6}
+# The benchmarks' binary, which the CLI tests run through `payrecon bench` (cargo test builds
+# only the test harness of a crate without tests of its own).
+cargo build --locked -p payrecon-bench
 # Every crate of the workspace: unit, integration and doc tests (README's library example is
 # one), and the bench's CLI through `payrecon bench`.
 cargo test --workspace --locked
