@@ -18,8 +18,9 @@ use crate::intent::{IntentStatus, PaymentIntent, usd_value_of};
 use crate::ledger::{Account, Currency, EntryKind, NewEntry, Posting};
 use crate::money::Usd;
 use crate::order::{AccountId, Order, OrderKind, OrderStatus, SettledVia};
-use crate::store::operations::OperatorAction;
-use crate::store::payments::{self, ExceptionRecord, StoredTransfer};
+use crate::records::OperatorAction;
+use crate::records::{ExceptionRecord, StoredTransfer};
+use crate::store::payments::{self};
 use crate::store::{StoreError, WriteTx, ledger, orders};
 
 /// Longest actor name and reason accepted; the audit log is for people.
@@ -273,6 +274,12 @@ pub(crate) struct Booking {
     pub(crate) settles: Option<(PaymentIntent, Order, u32)>,
 }
 
+/// The key an operator's resolution of `exception_id` books under, and what marks the
+/// transfers it accounts for when no money moves.
+pub(crate) fn resolution_key(exception_id: &str) -> String {
+    format!("resolve:{exception_id}")
+}
+
 /// Decides what `action` on `exception` books, from the money it holds and the intent and
 /// order it concerns: reads nothing and writes nothing, and refuses what does not fit.
 pub(crate) fn book_action(
@@ -286,7 +293,7 @@ pub(crate) fn book_action(
         exception: exception.id.clone(),
         reason: why,
     };
-    let key = format!("resolve:{}", exception.id);
+    let key = resolution_key(&exception.id);
     let entry = match (action, held) {
         (Action::Dismiss, Some(held)) => {
             return Err(refuse(format!(

@@ -17,8 +17,8 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 use crate::error::Error;
 use crate::ledger::TrialBalance;
 use crate::ledger::{Account, Currency};
+use crate::records::ExceptionRecord;
 use crate::store::Store;
-use crate::store::payments::{ExceptionRecord, asset_text};
 use crate::store::reports::{self, ReportTransfer};
 
 /// Bytes buffered before the report reaches its writer: a file written through tokio makes a
@@ -557,7 +557,7 @@ fn transfer_cells(t: &ReportTransfer) -> [Cow<'_, str>; 15] {
         ReceivedAsset::Method { method } => {
             (method.asset().to_string(), method.format_amount(t.amount))
         }
-        other => (asset_text(other), t.amount.base_units().to_string()),
+        other => (other.to_string(), t.amount.base_units().to_string()),
     };
     [
         Cow::Owned(iso(t.seen_at_ms)),

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use crate::error::Error;
 use crate::payments::PaymentSettings;
-use crate::store::operations::{FailingEndpoint, WatcherHealth};
+use crate::records::{FailingEndpoint, WatcherHealth};
 
 /// When waiting turns into stuck.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -8,7 +8,7 @@ use crate::error::Error;
 use crate::ledger::PostedEntry;
 use crate::order::Order;
 use crate::payments::PaymentInstructions;
-use crate::store::payments::{ExceptionRecord, StoredTransfer};
+use crate::records::{ExceptionRecord, StoredTransfer};
 
 /// Longest text a lookup takes: a transaction id is 64 hex digits, a Solana signature 88
 /// base58 characters, an order reference 64.

@@ -13,7 +13,8 @@ use payrecon_chain_core::ReceivedAsset;
 use crate::error::Error;
 use crate::intent::{IntentStatus, PaymentIntent};
 use crate::payments::PaymentInstructions;
-use crate::store::payments::{self, StoredTransfer};
+use crate::records::StoredTransfer;
+use crate::store::payments::{self};
 
 /// A checkout key is 32 lowercase hexadecimal digits (a v4 UUID without dashes).
 const CHECKOUT_KEY_LEN: usize = 32;

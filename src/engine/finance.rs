@@ -1,34 +1,23 @@
 //! What finance staff read and post: the journal, balances, the trial balance, the
 //! reconciliation report and its audit against the chains.
 
-use crate::audit::AuditReport;
-use crate::audit::Pending;
-use crate::audit::RECHECK_BATCH;
-use crate::audit::Rechecker;
-use crate::audit::recheck_batch;
+use crate::audit::{AuditReport, Pending, RECHECK_BATCH, Rechecker, recheck_batch};
 use crate::config::Config;
 use crate::engine::Engine;
 use crate::error::Error;
-use crate::ledger::Account;
-use crate::ledger::AccountBalance;
-use crate::ledger::Currency;
-use crate::ledger::LedgerError;
-use crate::ledger::NewEntry;
-use crate::ledger::PostOutcome;
-use crate::ledger::PostedEntry;
-use crate::ledger::TrialBalance;
-use crate::report::CsvSection;
-use crate::report::ReportFormat;
-use crate::report::ReportQuery;
-use crate::report::ReportTotals;
-use crate::report::{OUTPUT_BUFFER_BYTES, fold_period, write_csv, write_html, write_json};
+use crate::ledger::{
+    Account, AccountBalance, Currency, LedgerError, NewEntry, PostOutcome, PostedEntry,
+    TrialBalance,
+};
+use crate::report::{
+    CsvSection, OUTPUT_BUFFER_BYTES, ReportFormat, ReportQuery, ReportTotals, fold_period,
+    write_csv, write_html, write_json,
+};
 use crate::store;
 use futures_util::TryStreamExt;
 use payrecon_chain_core::Network;
 use std::collections::BTreeMap;
-use tokio::io::AsyncWrite;
-use tokio::io::AsyncWriteExt;
-use tokio::io::BufWriter;
+use tokio::io::{AsyncWrite, AsyncWriteExt, BufWriter};
 
 impl Engine {
     /// Fetches every transfer credited in the query's period again from its chain, in

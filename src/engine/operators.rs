@@ -3,42 +3,20 @@
 
 use crate::engine::Engine;
 use crate::error::Error;
-use crate::operator::Action;
-use crate::operator::MAX_ACTOR_LEN;
-use crate::operator::MAX_REASON_LEN;
-use crate::operator::Resolved;
-use crate::operator::check_text;
-use crate::operator::held_money;
-use crate::operator::settle;
-use crate::operator::{Booking, book_action};
+use crate::operator::{
+    Action, Booking, MAX_ACTOR_LEN, MAX_REASON_LEN, Resolved, book_action, check_text, held_money,
+    resolution_key, settle,
+};
 use crate::order::OrderRef;
-use crate::store::StoreError;
-use crate::store::ledger;
-use crate::store::operations;
-use crate::store::operations::OperatorAction;
-use crate::store::operations::WatcherHealth;
-use crate::store::orders;
-use crate::store::payments;
-use crate::store::payments::ExceptionRecord;
-use crate::store::payments::StoredTransfer;
-use crate::stuck::MAX_STUCK_PAGE;
-use crate::stuck::Page;
-use crate::stuck::StuckCursor;
-use crate::stuck::StuckItem;
-use crate::stuck::StuckOptions;
-use crate::stuck::exception_actions;
-use crate::stuck::stale_rates;
-use crate::stuck::watcher_item;
-use crate::stuck::webhook_item;
-use crate::support::AddressView;
-use crate::support::Finding;
-use crate::support::OrderView;
-use crate::support::TransferView;
-use crate::support::checked;
-use crate::tokens::Caller;
-use crate::tokens::Role;
-use crate::tokens::digest;
-use crate::tokens::fresh_token;
+use crate::records::{ExceptionRecord, StoredTransfer};
+use crate::records::{OperatorAction, WatcherHealth};
+use crate::store::{StoreError, ledger, operations, orders, payments};
+use crate::stuck::{
+    MAX_STUCK_PAGE, Page, StuckCursor, StuckItem, StuckOptions, exception_actions, stale_rates,
+    watcher_item, webhook_item,
+};
+use crate::support::{AddressView, Finding, OrderView, TransferView, checked};
+use crate::tokens::{Caller, Role, digest, fresh_token};
 use chrono::DateTime;
 use payrecon_chain_core::Network;
 
@@ -120,7 +98,7 @@ impl Engine {
             None => None,
         };
         let held = held_money(&mut tx, &exception, intent.as_ref()).await?;
-        let key = format!("resolve:{}", exception.id);
+        let key = resolution_key(&exception.id);
         let Booking { entry, settles } = book_action(
             action,
             &exception,

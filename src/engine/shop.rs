@@ -1,45 +1,23 @@
 //! What the shop backend does: orders and top-ups, balances, payment instructions, the
 //! customer's checkout page and history, and the event stream it follows.
 
-use super::BalancePayment;
-use super::Created;
-use super::NewOrder;
-use super::customer_balance;
-use super::debit_for_order;
-use crate::checkout::Checkout;
-use crate::checkout::CheckoutStatus;
-use crate::checkout::intent_by_key;
+use super::{BalancePayment, Created, NewOrder, customer_balance, debit_for_order};
+use crate::checkout::{Checkout, CheckoutStatus, intent_by_key};
 use crate::engine::Engine;
 use crate::error::Error;
-use crate::history::AccountHistory;
-use crate::history::HistoryItem;
-use crate::history::MAX_HISTORY_PAGE;
-use crate::history::Position;
-use crate::intent::IntentRate;
-use crate::intent::PaymentIntent;
-use crate::intent::payment_uri;
-use crate::intent::qr_svg;
-use crate::ledger::Account;
-use crate::ledger::Currency;
+use crate::history::{AccountHistory, HistoryItem, MAX_HISTORY_PAGE, Position};
+use crate::intent::{IntentRate, PaymentIntent, payment_uri, qr_svg};
+use crate::ledger::{Account, Currency};
 use crate::money::Usd;
-use crate::order::AccountId;
-use crate::order::Order;
-use crate::order::OrderRef;
-use crate::order::OrderStatus;
-use crate::order::RentalOrderRequest;
-use crate::order::TopupRequest;
-use crate::order::ValidOrder;
-use crate::payments::IntentDraft;
-use crate::payments::PaymentInstructions;
-use crate::payments::record_marked_paid;
+use crate::order::{
+    AccountId, Order, OrderRef, OrderStatus, RentalOrderRequest, TopupRequest, ValidOrder,
+};
+use crate::payments::{IntentDraft, PaymentInstructions, record_marked_paid};
+use crate::records::IntentEvent;
 use crate::store;
-use crate::store::feed;
-use crate::store::feed::ChangedIntents;
-use crate::store::feed::LivePosition;
-use crate::store::payments;
-use crate::store::payments::IntentEvent;
-use chrono::DateTime;
-use chrono::Utc;
+use crate::store::feed::{ChangedIntents, LivePosition};
+use crate::store::{feed, payments};
+use chrono::{DateTime, Utc};
 use payrecon_chain_core::Method;
 use std::sync::Arc;
 

@@ -4,22 +4,15 @@
 use crate::crash::crash_point;
 use crate::engine::Engine;
 use crate::error::Error;
-use crate::leases::Lease;
-use crate::leases::millis;
+use crate::leases::{Lease, millis};
 use crate::matcher;
 use crate::outbox::{DISPATCH_BATCH, SEND_BATCH, retry_at};
-use crate::payments::TICK_BATCH;
-use crate::payments::check_batch;
-use crate::store::leases;
-use crate::store::operations;
+use crate::payments::{TICK_BATCH, check_batch};
+use crate::records::WatcherHealth;
 use crate::store::operations::DueDelivery;
-use crate::store::operations::WatcherHealth;
-use crate::store::payments;
-use chrono::DateTime;
-use chrono::Utc;
-use payrecon_chain_core::ChainCursor;
-use payrecon_chain_core::ChainEvent;
-use payrecon_chain_core::Network;
+use crate::store::{leases, operations, payments};
+use chrono::{DateTime, Utc};
+use payrecon_chain_core::{ChainCursor, ChainEvent, Network};
 use std::time::Duration;
 
 impl Engine {

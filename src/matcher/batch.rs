@@ -19,9 +19,8 @@ use crate::error::Error;
 use crate::intent::PaymentIntent;
 use crate::ledger::{LedgerError, NewEntry};
 use crate::order::{AccountId, Order, OrderRef, OrderStatus, SettledVia};
-use crate::store::payments::{
-    self, ExceptionRecord, NewEvent, StoredTransfer, exception_opened_event, transfer_order,
-};
+use crate::records::{ExceptionRecord, StoredTransfer};
+use crate::store::payments::{self, NewEvent, exception_opened_event, transfer_order};
 use crate::store::{StoreError, WriteTx, ledger, operations, orders};
 
 /// An order as read under its lock, and as the batch has left it.

@@ -9,7 +9,8 @@ use crate::error::Error;
 use crate::intent::PaymentIntent;
 use crate::ledger::NewEntry;
 use crate::order::{AccountId, Order, OrderRef, SettledVia};
-use crate::store::payments::{self, ExceptionRecord, NewEvent, StoredTransfer};
+use crate::records::{ExceptionRecord, StoredTransfer};
+use crate::store::payments::{self, NewEvent};
 use crate::store::{WriteTx, ledger, operations, orders};
 
 /// Reads and writes straight through the transaction.

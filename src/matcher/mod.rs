@@ -39,8 +39,9 @@ use crate::intent::{IntentStatus, PaymentIntent};
 use crate::ledger::NewEntry;
 use crate::money::Usd;
 use crate::order::{AccountId, Order, OrderRef};
+use crate::records::{ExceptionRecord, StoredTransfer};
 use crate::store::WriteTx;
-use crate::store::payments::{ExceptionRecord, NewEvent, StoredTransfer};
+use crate::store::payments::NewEvent;
 
 pub(crate) use batch::BatchStore;
 #[cfg(feature = "test-utils")]

@@ -258,16 +258,17 @@ async fn apply<S: MatchStore>(
                 transfer,
                 detail,
             } => {
-                let concerns = Concerns {
-                    intent: Some(&intent),
-                    order: Some(order),
-                    transfer: transfer.map(|i| &transfers[i]),
-                };
-                let subject = concerns
-                    .transfer
-                    .map_or(intent.id.clone(), |t| t.id.to_string());
-                let record = concerns.exception(format!("{kind}:{subject}"), kind, detail, now);
-                store.open_exception(record).await?;
+                let transfer = transfer.map(|i| &transfers[i]);
+                open_exception(
+                    store,
+                    kind,
+                    Some(&intent),
+                    Some(order),
+                    transfer,
+                    detail,
+                    now,
+                )
+                .await?;
             }
             Step::Booking(Booking {
                 key,

@@ -11,8 +11,9 @@
 use payrecon_chain_core::{ChainCursor, Network};
 use sqlx::{AnyConnection, AnyPool, Row};
 
-use super::payments::{StoredTransfer, TRANSFER_COLUMNS, decode_transfer};
+use super::payments::{TRANSFER_COLUMNS, decode_transfer};
 use super::{Backend, StoreError};
+use crate::records::StoredTransfer;
 
 /// A watched key, when it was handed out and the end of its monitoring window.
 #[derive(Clone, Debug, PartialEq, Eq)]

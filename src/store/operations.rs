@@ -1,13 +1,13 @@
 //! SQL for operations: exception resolution and its audit log, API tokens, watcher health,
 //! the stuck-payment queries and webhook deliveries.
 
-pub(crate) use crate::records::{FailingEndpoint, OperatorAction, WatcherHealth};
+use crate::records::{ExceptionRecord, FailingEndpoint, OperatorAction, WatcherHealth};
 use chrono::{DateTime, Utc};
 use sqlx::{AnyConnection, Row};
 
 use super::StoreError;
 use super::orders::millis;
-use super::payments::{ExceptionRecord, decode_exception};
+use super::payments::decode_exception;
 
 /// One exception by id.
 pub(crate) async fn get_exception(

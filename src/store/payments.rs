@@ -1,6 +1,6 @@
 //! SQL for payment intents, derivation counters, transfers, exceptions and intent events.
 
-pub(crate) use crate::records::{ExceptionRecord, IntentEvent, StoredTransfer};
+use crate::records::{ExceptionRecord, IntentEvent, StoredTransfer};
 use std::collections::{BTreeMap, HashSet};
 
 use chrono::{DateTime, Utc};
@@ -523,11 +523,6 @@ fn decode_intent(row: &sqlx::any::AnyRow) -> Result<PaymentIntent, StoreError> {
     })
 }
 
-/// How an asset is written (table `transfers`, reports): a method id, or `token:<contract>`.
-pub(crate) fn asset_text(asset: &ReceivedAsset) -> String {
-    asset.to_string()
-}
-
 pub(crate) fn parse_asset(text: &str) -> Result<ReceivedAsset, StoreError> {
     match text.strip_prefix("token:") {
         Some(contract) => Ok(ReceivedAsset::OtherToken {
@@ -702,7 +697,7 @@ pub(crate) async fn upsert_transfers(
                 .bind(transfer.id.txid.as_str())
                 .bind(i64::from(transfer.id.position))
                 .bind(transfer.to_address.as_str())
-                .bind(asset_text(&transfer.asset))
+                .bind(transfer.asset.to_string())
                 .bind(transfer.amount.to_string())
                 .bind(transfer.intent_id.as_deref())
                 .bind(i64::from(transfer.confirmations))

@@ -6,12 +6,13 @@ use futures_util::{Stream, StreamExt, TryStreamExt};
 use payrecon_chain_core::Amount;
 use sqlx::{AnyConnection, AnyPool, Row};
 
-use super::payments::{ExceptionRecord, decode_exception, parse_asset};
-#[cfg(feature = "bench")]
-use super::payments::{StoredTransfer, asset_text};
+use super::payments::{decode_exception, parse_asset};
 use super::{Backend, StoreError, decode_exact_sum, exact_sum};
 #[cfg(feature = "bench")]
 use super::{WriteTx, values_placeholders};
+use crate::records::ExceptionRecord;
+#[cfg(feature = "bench")]
+use crate::records::StoredTransfer;
 
 /// A transfer with the intent and order it paid, as the report lists it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -545,7 +546,7 @@ pub async fn load_transfers(
                 .bind(t.id.txid.as_str())
                 .bind(i64::from(t.id.position))
                 .bind(t.to_address.as_str())
-                .bind(asset_text(&t.asset))
+                .bind(t.asset.to_string())
                 .bind(t.amount.to_string())
                 .bind(t.intent_id.as_deref())
                 .bind(i64::from(t.confirmations))
