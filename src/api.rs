@@ -5,6 +5,7 @@
 //! Every refusal is a 4xx with `{"error": {"code", "message"}}`; bearer tokens carry a role
 //! and each route admits one role.
 
+mod books;
 mod checkout;
 mod live;
 mod server;
@@ -168,6 +169,13 @@ pub fn routers(engine: Engine, options: ApiOptions, shutdown: watch::Receiver<bo
         .route("/v1/accounts/{account}/history", get(account_history))
         .route("/v1/reports/reconcile", get(reconcile))
         .route("/v1/ledger/trial-balance", get(trial_balance))
+        .route("/v1/reports/rollforward", get(books::rollforward))
+        .route("/v1/periods/{period}", get(books::status))
+        .route("/v1/periods/{period}/close", post(books::close))
+        .route("/v1/periods/{period}/reopen", post(books::reopen))
+        .route("/v1/periods/{period}/report", get(books::report))
+        .route("/v1/exports/journal", get(books::journal))
+        .route("/v1/books/unvalued", get(books::unvalued))
         .route("/v1/stuck", get(stuck))
         .route("/v1/exceptions", get(exceptions))
         .route("/v1/support/find", get(support_find))
@@ -250,7 +258,8 @@ impl From<Error> for ApiError {
             | Error::AlreadySettled(_)
             | Error::NotARental(_)
             | Error::InsufficientBalance { .. }
-            | Error::ActionRefused { .. } => (S::CONFLICT, "conflict"),
+            | Error::ActionRefused { .. }
+            | Error::Books(_) => (S::CONFLICT, "conflict"),
             Error::MethodDisabled(_) => (S::UNPROCESSABLE_ENTITY, "method_disabled"),
             Error::Rate(_) => (S::SERVICE_UNAVAILABLE, "rate_unavailable"),
             _ => {

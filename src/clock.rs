@@ -39,6 +39,11 @@ impl ManualClock {
         let mut now = self.0.lock().expect("clock lock");
         *now += by;
     }
+
+    /// Sets the clock to `at`, backwards too: a process whose clock lags another's.
+    pub fn set(&self, at: DateTime<Utc>) {
+        *self.0.lock().expect("clock lock") = at;
+    }
 }
 
 #[cfg(feature = "test-utils")]

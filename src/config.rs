@@ -53,6 +53,10 @@ pub struct Config {
     /// What the shop sells: GPU kinds, durations, lots, top-up amounts.
     #[serde(default)]
     pub catalog: crate::catalog::Catalog,
+    /// Finance's books: the reporting currency, the periods' time zone and the chart of
+    /// accounts the journal exports map to.
+    #[serde(default)]
+    pub books: BooksConfig,
 }
 
 /// `[serve]`.
@@ -170,6 +174,96 @@ impl Default for Config {
             webhooks: Vec::new(),
             serve: ServeConfig::default(),
             catalog: crate::catalog::Catalog::default(),
+            books: BooksConfig::default(),
+        }
+    }
+}
+
+/// `[books]`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BooksConfig {
+    /// A second currency every entry is valued in beside USD (`"EUR"`), or none.
+    pub reporting_currency: Option<String>,
+    /// The IANA time zone periods are calendar months in (`"Europe/Berlin"`).
+    pub timezone: String,
+    /// Ledger account (or pattern ending in `*`) to general-ledger account. The most specific
+    /// match wins; `fx:gain_loss` is the difference between locked and market value.
+    pub accounts: BTreeMap<String, GlAccount>,
+    /// The DATEV header's consultant and client numbers and account length.
+    pub datev: DatevConfig,
+    /// Xero's tax rate name for journal lines (`"No VAT"`, `"Tax Exempt"`).
+    pub xero_tax_rate: String,
+}
+
+/// One general-ledger account of the chart the exports map to.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GlAccount {
+    /// The account number or code in the accounting system.
+    pub code: String,
+    /// Its name there (QuickBooks imports by name).
+    pub name: String,
+}
+
+/// `[books.datev]`: what DATEV's EXTF header needs from the accountant.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DatevConfig {
+    /// Beraternummer (1001 to 9999999).
+    pub consultant_number: u32,
+    /// Mandantennummer (1 to 99999).
+    pub client_number: u32,
+    /// Sachkontenlänge: digits of a general-ledger account (4 to 9).
+    pub account_length: u8,
+    /// The month the fiscal year starts in (1 to 12), for WJ-Beginn.
+    pub fiscal_year_start_month: u8,
+}
+
+impl Default for DatevConfig {
+    fn default() -> DatevConfig {
+        DatevConfig {
+            consultant_number: 1001,
+            client_number: 1,
+            account_length: 4,
+            fiscal_year_start_month: 1,
+        }
+    }
+}
+
+impl Default for BooksConfig {
+    fn default() -> BooksConfig {
+        let gl = |code: &str, name: &str| GlAccount {
+            code: code.into(),
+            name: name.into(),
+        };
+        let mut accounts = BTreeMap::new();
+        for (i, method) in Method::ALL.into_iter().enumerate() {
+            accounts.insert(
+                format!("custody:{}:{}", method.network(), method.asset()),
+                gl(
+                    &format!("{}", 1510 + i),
+                    &format!("Crypto {} ({})", method.asset(), method.network()),
+                ),
+            );
+        }
+        accounts.insert(
+            "customer:*".into(),
+            gl("1710", "Customer prepayments (balances)"),
+        );
+        accounts.insert("revenue:rentals".into(), gl("8200", "GPU rental revenue"));
+        accounts.insert("suspense:*".into(), gl("1590", "Crypto suspense"));
+        accounts.insert(
+            "suspense:reversed".into(),
+            gl("1591", "Reversed credits to recover"),
+        );
+        accounts.insert("fx:gain_loss".into(), gl("2660", "FX gains and losses"));
+        BooksConfig {
+            reporting_currency: None,
+            timezone: "UTC".into(),
+            accounts,
+            datev: DatevConfig::default(),
+            xero_tax_rate: "No VAT".into(),
         }
     }
 }

@@ -67,6 +67,10 @@ pub enum Error {
     /// A report's destination refused the bytes (a full disk, a closed pipe).
     #[error("cannot write the report: {0}")]
     ReportOutput(#[source] std::io::Error),
+    /// The books cannot do what was asked: a period that cannot close or reopen, an entry
+    /// that cannot be valued or mapped to a GL account. Nothing was written.
+    #[error("books: {0}")]
+    Books(String),
     /// A caller's input is malformed; the message says which field and why.
     #[error("invalid input: {0}")]
     InvalidInput(String),

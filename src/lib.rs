@@ -52,6 +52,7 @@
 
 mod api;
 mod audit;
+mod books;
 mod catalog;
 mod checkout;
 mod clock;
@@ -92,6 +93,11 @@ pub mod test_utils;
 struct ReadmeDoctests;
 
 pub use api::{ApiOptions, parse_time, router};
+pub use books::{
+    Cents, CryptoRate, ExportTotals, FX_GAIN_LOSS, GlMovement, JournalFormat, Period,
+    PeriodLogLine, PeriodReport, PeriodStatus, ReceiptValue, ReportingRate, RollForward,
+    UnvaluedEntry, Valuation, ValuationPass, XERO_LINES_PER_FILE, entry_id,
+};
 pub use catalog::Catalog;
 pub use config::Config;
 pub use engine::{BalancePayment, Created, Engine};

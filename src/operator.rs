@@ -165,7 +165,10 @@ pub(crate) async fn held_money(
 /// The matcher's entry that put an exception's money in suspense (see `matcher`'s keys).
 /// A transfer booked again after a reorg has an exception of that booking's own, its id ending
 /// in `#<n>`: it names the `n`th booking's key.
-fn hold_key(exception: &ExceptionRecord, intent: Option<&PaymentIntent>) -> Option<String> {
+pub(crate) fn hold_key(
+    exception: &ExceptionRecord,
+    intent: Option<&PaymentIntent>,
+) -> Option<String> {
     let transfer = exception.transfer.as_deref();
     let base = match (exception.kind.as_str(), transfer) {
         ("overpaid", _) => {

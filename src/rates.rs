@@ -62,12 +62,39 @@ pub struct LockedRate {
     pub fetched_at: DateTime<Utc>,
 }
 
+/// A fiat currency's price in USD, for books that report in it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FiatQuote {
+    /// The currency priced (`EUR`).
+    pub currency: String,
+    /// USD for one unit of it.
+    pub usd_per_unit: Decimal,
+    /// Who said so (the sources of a median, comma-separated).
+    pub source: String,
+    /// When the price was current.
+    pub fetched_at: DateTime<Utc>,
+}
+
 /// A price provider.
 pub trait RateSource: Send + Sync + std::fmt::Debug {
     /// The name quotes carry.
     fn name(&self) -> &str;
     /// Current quotes for as many of [`QUOTED_ASSETS`] as the source prices.
     fn fetch(&self) -> BoxFuture<'_, Result<Vec<Quote>, RateError>>;
+    /// The quotes in effect at `at`, for a source that keeps a history. A live source knows
+    /// only the present and answers `None`: its current quotes are the market value.
+    fn fetch_at(&self, _at: DateTime<Utc>) -> Option<BoxFuture<'_, Result<Vec<Quote>, RateError>>> {
+        None
+    }
+    /// USD for one unit of `currency` (in effect at `at`, for a source with a history), or
+    /// `None` when the source does not price it.
+    fn fetch_fiat(
+        &self,
+        _currency: &str,
+        _at: DateTime<Utc>,
+    ) -> BoxFuture<'_, Result<Option<FiatQuote>, RateError>> {
+        Box::pin(async { Ok(None) })
+    }
 }
 
 /// Why no usable rate could be had.
@@ -112,6 +139,14 @@ pub enum RateError {
     /// No rate source is configured.
     #[error("no rate source is configured")]
     NoSources,
+    /// No source prices the fiat currency.
+    #[error("no rate source prices {currency}: {reasons}")]
+    NoFiatRate {
+        /// The currency.
+        currency: String,
+        /// Why each source gave none.
+        reasons: String,
+    },
 }
 
 impl RateError {
@@ -183,36 +218,110 @@ impl RateBook {
                 },
             }
         }
-        if fresh.is_empty() {
-            return Err(RateError::NoFreshRate {
+        let fresh: Vec<_> = fresh
+            .into_iter()
+            .map(|q| (q.usd_per_unit, q.source, q.fetched_at))
+            .collect();
+        let (usd_per_unit, source, fetched_at) =
+            median(fresh).ok_or_else(|| RateError::NoFreshRate {
                 asset,
                 max_age_seconds: self.max_age.num_seconds(),
                 reasons: reasons.join("; "),
-            });
-        }
-        fresh.sort_by_key(|quote| quote.usd_per_unit);
-        let middle = fresh.len() / 2;
-        let median = if fresh.len() % 2 == 1 {
-            fresh[middle].usd_per_unit
-        } else {
-            (fresh[middle - 1].usd_per_unit + fresh[middle].usd_per_unit) / Decimal::TWO
-        };
-        if asset.is_usd_stablecoin() && (median - Decimal::ONE).abs() > self.peg_band {
+            })?;
+        if asset.is_usd_stablecoin() && (usd_per_unit - Decimal::ONE).abs() > self.peg_band {
             return Err(RateError::Depegged {
                 asset,
-                usd_per_unit: median,
+                usd_per_unit,
                 band_percent: self.peg_band * Decimal::ONE_HUNDRED,
             });
         }
         Ok(LockedRate {
             asset,
-            usd_per_unit: median.normalize(),
-            source: fresh
-                .iter()
-                .map(|q| q.source.as_str())
-                .collect::<Vec<_>>()
-                .join(","),
-            fetched_at: fresh.iter().map(|q| q.fetched_at).min().expect("non-empty"),
+            usd_per_unit,
+            source,
+            fetched_at,
+        })
+    }
+
+    /// The market price of `asset` at `at`, for the books: the median over the sources, each
+    /// answering with the quote in effect at `at` if it keeps a history, else with a fresh
+    /// current quote. No peg band: a depegged stablecoin is worth what the market says.
+    pub async fn market_rate(
+        &self,
+        asset: Asset,
+        at: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<LockedRate, RateError> {
+        if self.sources.is_empty() {
+            return Err(RateError::NoSources);
+        }
+        let mut fresh = Vec::new();
+        let mut reasons = Vec::new();
+        for source in &self.sources {
+            let (answer, historic) = match source.fetch_at(at) {
+                Some(request) => (request.await, true),
+                None => (self.quotes_of(source, now).await, false),
+            };
+            match answer.map(|quotes| quotes.into_iter().find(|q| q.asset == asset)) {
+                Err(error) => reasons.push(error.to_string()),
+                Ok(None) => reasons.push(format!("{} has no {asset} quote", source.name())),
+                Ok(Some(q)) if !historic && now - q.fetched_at > self.max_age => {
+                    reasons.push(format!("{} quote is stale", source.name()))
+                }
+                Ok(Some(q)) if q.usd_per_unit <= Decimal::ZERO => {
+                    reasons.push(format!("{} quote is not positive", source.name()))
+                }
+                Ok(Some(q)) => fresh.push((q.usd_per_unit, q.source, q.fetched_at)),
+            }
+        }
+        let (usd_per_unit, source, fetched_at) =
+            median(fresh).ok_or_else(|| RateError::NoFreshRate {
+                asset,
+                max_age_seconds: self.max_age.num_seconds(),
+                reasons: reasons.join("; "),
+            })?;
+        Ok(LockedRate {
+            asset,
+            usd_per_unit,
+            source,
+            fetched_at,
+        })
+    }
+
+    /// USD per unit of the fiat `currency` at `at`: the median of what the sources say.
+    pub async fn fiat_rate(
+        &self,
+        currency: &str,
+        at: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<FiatQuote, RateError> {
+        let mut fresh = Vec::new();
+        let mut reasons = Vec::new();
+        for source in &self.sources {
+            // A source with a history answers with the price in effect at `at`, however old.
+            let historic = source.fetch_at(at).is_some();
+            match source.fetch_fiat(currency, at).await {
+                Err(error) => reasons.push(error.to_string()),
+                Ok(None) => reasons.push(format!("{} has no {currency} quote", source.name())),
+                Ok(Some(q)) if q.usd_per_unit <= Decimal::ZERO => {
+                    reasons.push(format!("{} quote is not positive", source.name()))
+                }
+                Ok(Some(q)) if !historic && now - q.fetched_at > self.max_age => {
+                    reasons.push(format!("{} quote is stale", source.name()))
+                }
+                Ok(Some(q)) => fresh.push((q.usd_per_unit, q.source, q.fetched_at)),
+            }
+        }
+        let (usd_per_unit, source, fetched_at) =
+            median(fresh).ok_or_else(|| RateError::NoFiatRate {
+                currency: currency.to_owned(),
+                reasons: reasons.join("; "),
+            })?;
+        Ok(FiatQuote {
+            currency: currency.to_owned(),
+            usd_per_unit,
+            source,
+            fetched_at,
         })
     }
 
@@ -233,6 +342,29 @@ impl RateBook {
             .insert(source.name().to_owned(), (now, answer.clone()));
         answer
     }
+}
+
+/// The median price of `quotes` (price, source, time), naming every source and the oldest
+/// time among them; `None` when there is none.
+fn median(
+    mut quotes: Vec<(Decimal, String, DateTime<Utc>)>,
+) -> Option<(Decimal, String, DateTime<Utc>)> {
+    if quotes.is_empty() {
+        return None;
+    }
+    quotes.sort_by_key(|(price, _, _)| *price);
+    let middle = quotes.len() / 2;
+    let price = if quotes.len() % 2 == 1 {
+        quotes[middle].0
+    } else {
+        (quotes[middle - 1].0 + quotes[middle].0) / Decimal::TWO
+    };
+    let sources: Vec<&str> = quotes
+        .iter()
+        .map(|(_, source, _)| source.as_str())
+        .collect();
+    let oldest = quotes.iter().map(|(_, _, at)| *at).min()?;
+    Some((price.normalize(), sources.join(","), oldest))
 }
 
 /// Retries `request` on transient failures with exponential backoff.
@@ -359,6 +491,41 @@ impl CoinGecko {
     }
 }
 
+impl CoinGecko {
+    fn parse_eur(body: &str) -> Result<FiatQuote, RateError> {
+        #[derive(Deserialize)]
+        struct Prices<'a> {
+            #[serde(borrow)]
+            usd: &'a RawValue,
+            #[serde(borrow)]
+            eur: &'a RawValue,
+            last_updated_at: i64,
+        }
+        let malformed = |message: String| RateError::Malformed {
+            source_name: "coingecko".into(),
+            message,
+        };
+        let answer: BTreeMap<&str, Prices> =
+            serde_json::from_str(body).map_err(|e| malformed(e.to_string()))?;
+        let prices = answer
+            .get("bitcoin")
+            .ok_or_else(|| malformed("no bitcoin prices".into()))?;
+        let usd = decimal_of(prices.usd.get()).ok_or_else(|| malformed("usd price".into()))?;
+        let eur = decimal_of(prices.eur.get()).ok_or_else(|| malformed("eur price".into()))?;
+        let usd_per_unit = usd
+            .checked_div(eur)
+            .ok_or_else(|| malformed("eur price is zero".into()))?
+            .round_dp(8);
+        Ok(FiatQuote {
+            currency: "EUR".into(),
+            usd_per_unit,
+            source: "coingecko".into(),
+            fetched_at: DateTime::from_timestamp(prices.last_updated_at, 0)
+                .ok_or_else(|| malformed("timestamp".into()))?,
+        })
+    }
+}
+
 impl RateSource for CoinGecko {
     fn name(&self) -> &str {
         "coingecko"
@@ -380,6 +547,33 @@ impl RateSource for CoinGecko {
                 .collect();
             let body = with_retries(|| get_text(&self.client, "coingecko", &url, &headers)).await?;
             Self::parse(&body)
+        })
+    }
+
+    /// EUR from bitcoin's price in USD and in EUR (`vs_currencies=usd,eur`): CoinGecko's
+    /// cross rate of its most liquid coin.
+    fn fetch_fiat(
+        &self,
+        currency: &str,
+        _at: DateTime<Utc>,
+    ) -> BoxFuture<'_, Result<Option<FiatQuote>, RateError>> {
+        let currency = currency.to_owned();
+        Box::pin(async move {
+            if currency != "EUR" {
+                return Ok(None);
+            }
+            let url = format!(
+                "{}/api/v3/simple/price?ids=bitcoin&vs_currencies=usd,eur&include_last_updated_at=true",
+                self.base_url
+            );
+            let headers: Vec<(&str, &str)> = self
+                .api_key
+                .as_ref()
+                .map(|key| ("x-cg-demo-api-key", key.expose()))
+                .into_iter()
+                .collect();
+            let body = with_retries(|| get_text(&self.client, "coingecko", &url, &headers)).await?;
+            Self::parse_eur(&body).map(Some)
         })
     }
 }
@@ -414,7 +608,8 @@ impl Kraken {
         }
     }
 
-    fn parse(body: &str, fetched_at: DateTime<Utc>) -> Result<Vec<Quote>, RateError> {
+    /// Each pair's last trade price, keyed as Kraken answers.
+    fn last_trades(body: &str) -> Result<BTreeMap<String, Decimal>, RateError> {
         #[derive(Deserialize)]
         struct Ticker {
             /// Last trade: [price, lot volume].
@@ -426,27 +621,48 @@ impl Kraken {
             #[serde(default)]
             result: BTreeMap<String, Ticker>,
         }
-        let malformed = |message: String| RateError::Malformed {
-            source_name: "kraken".into(),
-            message,
-        };
-        let answer: Answer = serde_json::from_str(body).map_err(|e| malformed(e.to_string()))?;
+        let answer: Answer =
+            serde_json::from_str(body).map_err(|e| Self::malformed(e.to_string()))?;
         if !answer.error.is_empty() {
             return Err(RateError::Unavailable {
                 source_name: "kraken".into(),
                 message: answer.error.join(", "),
             });
         }
+        answer
+            .result
+            .into_iter()
+            .map(|(key, ticker)| {
+                let price = ticker
+                    .c
+                    .first()
+                    .and_then(|p| decimal_of(p))
+                    .ok_or_else(|| Self::malformed(format!("last trade of {key}")))?;
+                Ok((key, price))
+            })
+            .collect()
+    }
+
+    fn malformed(message: String) -> RateError {
+        RateError::Malformed {
+            source_name: "kraken".into(),
+            message,
+        }
+    }
+
+    fn last_trade(body: &str, key: &str) -> Result<Decimal, RateError> {
+        Self::last_trades(body)?
+            .remove(key)
+            .ok_or_else(|| Self::malformed(format!("no {key} in the answer")))
+    }
+
+    fn parse(body: &str, fetched_at: DateTime<Utc>) -> Result<Vec<Quote>, RateError> {
+        let prices = Self::last_trades(body)?;
         let mut quotes = Vec::new();
         for (asset, _, key) in Self::PAIRS {
-            let Some(ticker) = answer.result.get(key) else {
+            let Some(&price) = prices.get(key) else {
                 continue;
             };
-            let price = ticker
-                .c
-                .first()
-                .and_then(|p| decimal_of(p))
-                .ok_or_else(|| malformed(format!("last trade of {key}")))?;
             quotes.push(Quote {
                 asset,
                 usd_per_unit: price,
@@ -472,6 +688,29 @@ impl RateSource for Kraken {
             Self::parse(&body, Utc::now())
         })
     }
+
+    /// EUR from Kraken's `EURUSD` pair (answered as `ZEURZUSD`): USD per euro, last trade.
+    fn fetch_fiat(
+        &self,
+        currency: &str,
+        _at: DateTime<Utc>,
+    ) -> BoxFuture<'_, Result<Option<FiatQuote>, RateError>> {
+        let currency = currency.to_owned();
+        Box::pin(async move {
+            if currency != "EUR" {
+                return Ok(None);
+            }
+            let url = format!("{}/0/public/Ticker?pair=EURUSD", self.base_url);
+            let body = with_retries(|| get_text(&self.client, "kraken", &url, &[])).await?;
+            let price = Self::last_trade(&body, "ZEURZUSD")?;
+            Ok(Some(FiatQuote {
+                currency,
+                usd_per_unit: price,
+                source: "kraken".into(),
+                fetched_at: Utc::now(),
+            }))
+        })
+    }
 }
 
 /// Quotes read from a file the configuration names: for offline runs and demos. Its quotes
@@ -483,11 +722,24 @@ pub struct RecordedQuotes {
 }
 
 /// The recorded-quotes file: `{"quotes": {"BTC": "80000", …}}`, optionally with
-/// `"fetched_at"`; without it the quotes count as read now.
+/// `"fetched_at"` (without it the quotes count as read now) and `"usd_per_eur"`. `"timed"`
+/// pins prices at moments for the books: each `{"at", "quotes", "usd_per_eur"}` is in effect
+/// from its `at` until the next.
 #[derive(Deserialize)]
 struct RecordedQuotesFile {
     fetched_at: Option<DateTime<Utc>>,
     quotes: BTreeMap<Asset, Decimal>,
+    usd_per_eur: Option<Decimal>,
+    #[serde(default)]
+    timed: Vec<TimedQuotes>,
+}
+
+#[derive(Deserialize)]
+struct TimedQuotes {
+    at: DateTime<Utc>,
+    #[serde(default)]
+    quotes: BTreeMap<Asset, Decimal>,
+    usd_per_eur: Option<Decimal>,
 }
 
 impl RecordedQuotes {
@@ -498,6 +750,42 @@ impl RecordedQuotes {
     }
 }
 
+impl RecordedQuotes {
+    async fn read(&self) -> Result<RecordedQuotesFile, RateError> {
+        let text =
+            tokio::fs::read_to_string(&self.path)
+                .await
+                .map_err(|e| RateError::Unavailable {
+                    source_name: self.name.clone(),
+                    message: e.to_string(),
+                })?;
+        serde_json::from_str(&text).map_err(|e| RateError::Malformed {
+            source_name: self.name.clone(),
+            message: e.to_string(),
+        })
+    }
+
+    fn quotes(&self, prices: BTreeMap<Asset, Decimal>, at: DateTime<Utc>) -> Vec<Quote> {
+        prices
+            .into_iter()
+            .map(|(asset, usd_per_unit)| Quote {
+                asset,
+                usd_per_unit,
+                source: self.name.clone(),
+                fetched_at: at,
+            })
+            .collect()
+    }
+}
+
+/// The last of `timed` in effect at `at`, if any.
+fn in_effect(timed: Vec<TimedQuotes>, at: DateTime<Utc>) -> Option<TimedQuotes> {
+    timed
+        .into_iter()
+        .filter(|t| t.at <= at)
+        .max_by_key(|t| t.at)
+}
+
 impl RateSource for RecordedQuotes {
     fn name(&self) -> &str {
         &self.name
@@ -505,29 +793,48 @@ impl RateSource for RecordedQuotes {
 
     fn fetch(&self) -> BoxFuture<'_, Result<Vec<Quote>, RateError>> {
         Box::pin(async move {
-            let malformed = |message: String| RateError::Malformed {
-                source_name: self.name.clone(),
-                message,
-            };
-            let text = tokio::fs::read_to_string(&self.path).await.map_err(|e| {
-                RateError::Unavailable {
-                    source_name: self.name.clone(),
-                    message: e.to_string(),
-                }
-            })?;
-            let file: RecordedQuotesFile =
-                serde_json::from_str(&text).map_err(|e| malformed(e.to_string()))?;
+            let file = self.read().await?;
             let fetched_at = file.fetched_at.unwrap_or_else(Utc::now);
-            Ok(file
-                .quotes
-                .into_iter()
-                .map(|(asset, usd_per_unit)| Quote {
-                    asset,
-                    usd_per_unit,
-                    source: self.name.clone(),
-                    fetched_at,
-                })
-                .collect())
+            Ok(self.quotes(file.quotes, fetched_at))
+        })
+    }
+
+    /// The timed quotes in effect at `at`; before the first, the file's plain quotes.
+    fn fetch_at(&self, at: DateTime<Utc>) -> Option<BoxFuture<'_, Result<Vec<Quote>, RateError>>> {
+        Some(Box::pin(async move {
+            let file = self.read().await?;
+            Ok(match in_effect(file.timed, at) {
+                Some(timed) => self.quotes(timed.quotes, timed.at),
+                None => self.quotes(file.quotes, file.fetched_at.unwrap_or(at)),
+            })
+        }))
+    }
+
+    fn fetch_fiat(
+        &self,
+        currency: &str,
+        at: DateTime<Utc>,
+    ) -> BoxFuture<'_, Result<Option<FiatQuote>, RateError>> {
+        let currency = currency.to_owned();
+        Box::pin(async move {
+            if currency != "EUR" {
+                return Ok(None);
+            }
+            let file = self.read().await?;
+            let (price, fetched_at) = match in_effect(file.timed, at) {
+                Some(TimedQuotes {
+                    usd_per_eur: Some(price),
+                    at,
+                    ..
+                }) => (Some(price), at),
+                _ => (file.usd_per_eur, file.fetched_at.unwrap_or(at)),
+            };
+            Ok(price.map(|usd_per_unit| FiatQuote {
+                currency,
+                usd_per_unit,
+                source: self.name.clone(),
+                fetched_at,
+            }))
         })
     }
 }
@@ -596,6 +903,21 @@ mod tests {
             2,
             "asked again at half the staleness limit, not after an hour"
         );
+    }
+
+    #[test]
+    fn coingecko_and_kraken_price_the_euro() {
+        let body = r#"{"bitcoin":{"usd":86400,"eur":80000,"last_updated_at":1764670000}}"#;
+        assert_eq!(
+            CoinGecko::parse_eur(body).unwrap().usd_per_unit.to_string(),
+            "1.08"
+        );
+        let body = r#"{"error":[],"result":{"ZEURZUSD":{"c":["1.0842","100"]}}}"#;
+        assert_eq!(
+            Kraken::last_trade(body, "ZEURZUSD").unwrap().to_string(),
+            "1.0842"
+        );
+        assert!(Kraken::last_trade(body, "XXBTZUSD").is_err());
     }
 
     #[test]

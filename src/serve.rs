@@ -121,6 +121,7 @@ pub async fn serve(
         let sender = WebhookSender::new(engine.clone(), config.webhooks.clone())?;
         tasks.spawn(sender.run(shutdown.clone()));
     }
+    tasks.spawn(value_until(engine.clone(), shutdown.clone()));
     tasks.spawn(tick_until(engine, shutdown));
     while let Some(joined) = tasks.join_next().await {
         match joined {
@@ -234,6 +235,27 @@ fn sqlite_guard(database_url: &str) -> Result<Option<std::fs::File>, Error> {
         ))),
         Err(std::fs::TryLockError::Error(e)) => {
             Err(Error::Config(format!("cannot lock {lock_path}: {e}")))
+        }
+    }
+}
+
+/// How often the books' valuation pass runs: a payment's value at receipt is taken within
+/// about this long of its settlement, which itself never waits for a rate.
+const VALUATION_INTERVAL: Duration = Duration::from_secs(15);
+
+/// Gives new journal entries their fiat value every [`VALUATION_INTERVAL`]; entries whose
+/// rate cannot be had now stay unvalued (finance sees them) and are tried again.
+async fn value_until(engine: Engine, mut shutdown: watch::Receiver<bool>) -> Result<(), Error> {
+    loop {
+        if *shutdown.borrow() {
+            return Ok(());
+        }
+        if let Err(error) = engine.value_entries().await {
+            tracing::warn!(%error, "valuation pass failed; retrying");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(VALUATION_INTERVAL) => {}
+            _ = shutdown.changed() => {}
         }
     }
 }

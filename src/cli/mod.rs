@@ -4,6 +4,7 @@
 //! Failures print one line on stderr and exit non-zero; nothing is half-written.
 
 mod bench;
+mod books;
 mod finance;
 mod operators;
 mod output;
@@ -67,6 +68,15 @@ enum Command {
     /// Finance reports.
     #[command(subcommand)]
     Report(ReportCommand),
+    /// Accounting periods: close, reopen, status, figures.
+    #[command(subcommand)]
+    Period(books::PeriodCommand),
+    /// Journal exports for DATEV, Xero, QuickBooks Online, or as generic CSV.
+    #[command(subcommand)]
+    Export(books::ExportCommand),
+    /// The books: the valuation pass, entries without a fiat value, the roll-forward.
+    #[command(subcommand)]
+    Books(books::BooksCommand),
     /// What operators must look at: payments marked paid but unseen, payments not
     /// confirming, open exceptions, watchers behind or failing, stale rates.
     Stuck {
@@ -220,6 +230,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Pay(command) => shop::pay(command, &engine, json).await,
         Command::Ledger(command) => finance::ledger(command, &engine, json).await,
         Command::Report(command) => finance::report(command, &engine, &config).await,
+        Command::Period(command) => books::period(command, &engine, json).await,
+        Command::Export(command) => books::export(command, &engine).await,
+        Command::Books(command) => books::books(command, &engine, json).await,
         Command::Stuck {
             marked_paid_minutes,
             seen_hours,

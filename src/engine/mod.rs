@@ -3,6 +3,7 @@
 //! transaction: it either happens whole or not at all. The domain modules it calls take a
 //! transaction or plain data and never name the engine.
 
+mod books;
 mod finance;
 mod operators;
 mod shop;
@@ -39,6 +40,7 @@ pub struct Engine {
     events: tokio::sync::broadcast::Sender<()>,
     matcher_path: MatcherPath,
     catalog: Arc<Catalog>,
+    books: Arc<books::Books>,
 }
 
 /// The result of a create call: the order, and whether this call created it or found the
@@ -72,7 +74,8 @@ impl Engine {
         Engine::open_with(config.database_url.expose(), config.database_durability)
             .await?
             .with_payment_settings(settings)
-            .with_catalog(config.catalog.clone())
+            .with_catalog(config.catalog.clone())?
+            .with_books(config.books.clone())
     }
 
     fn now(&self) -> DateTime<Utc> {
@@ -101,6 +104,10 @@ impl Engine {
             events: tokio::sync::broadcast::channel(EVENT_NOTIFICATIONS).0,
             matcher_path: MatcherPath::default(),
             catalog: Arc::new(Catalog::default()),
+            books: Arc::new(
+                books::Books::new(crate::config::BooksConfig::default())
+                    .expect("the default books are valid"),
+            ),
         }
     }
 

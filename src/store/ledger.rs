@@ -50,12 +50,15 @@ pub async fn post_batch(
         }
     }
 
+    // An entry posted while its time falls in a closed period counts in the first open one.
+    let closed_through = super::books::closed_through(tx).await?;
+    let booked_at = (now.timestamp_millis() < closed_through).then_some(closed_through);
     let mut inserted: HashMap<String, i64> = HashMap::new();
     for chunk in fresh.chunks(ROWS_PER_INSERT) {
         let sql = format!(
-            "INSERT INTO journal_entries (idempotency_key, kind, reference, memo, content_hash, posted_at_ms) \
+            "INSERT INTO journal_entries (idempotency_key, kind, reference, memo, content_hash, posted_at_ms, booked_at_ms) \
              VALUES {} ON CONFLICT (idempotency_key) DO NOTHING RETURNING idempotency_key, seq",
-            values_placeholders(tx.backend(), 6, chunk.len())
+            values_placeholders(tx.backend(), 7, chunk.len())
         );
         let mut query = sqlx::query_as::<_, (String, i64)>(sqlx::AssertSqlSafe(sql));
         for &index in chunk {
@@ -66,7 +69,8 @@ pub async fn post_batch(
                 .bind(entry.reference.as_deref())
                 .bind(entry.memo.as_str())
                 .bind(hashes[index].as_str())
-                .bind(now.timestamp_millis());
+                .bind(now.timestamp_millis())
+                .bind(booked_at);
         }
         inserted.extend(query.fetch_all(tx.conn()).await?);
     }
@@ -563,7 +567,10 @@ pub(crate) fn decode_posting(row: &sqlx::any::AnyRow) -> Result<Posting, StoreEr
     decode_posting_at(row, 0)
 }
 
-fn decode_posting_at(row: &sqlx::any::AnyRow, first: usize) -> Result<Posting, StoreError> {
+pub(crate) fn decode_posting_at(
+    row: &sqlx::any::AnyRow,
+    first: usize,
+) -> Result<Posting, StoreError> {
     let corrupt = |e: LedgerError| StoreError::Corrupt(e.to_string());
     Ok(Posting {
         account: row.try_get::<String, _>(first)?.parse().map_err(corrupt)?,

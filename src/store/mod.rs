@@ -8,6 +8,7 @@
 
 #[cfg(feature = "bench")]
 pub mod baseline;
+pub(crate) mod books;
 pub mod cursors;
 pub mod feed;
 mod group;
@@ -45,7 +46,7 @@ const POSTGRES_MAX_CONNECTIONS: u32 = 16;
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The schema, in order. Each version has one script per database.
-const MIGRATIONS: [(i64, &str, &str, &str); 11] = [
+const MIGRATIONS: [(i64, &str, &str, &str); 12] = [
     (
         1,
         "foundation",
@@ -111,6 +112,12 @@ const MIGRATIONS: [(i64, &str, &str, &str); 11] = [
         "edge",
         include_str!("../../migrations/sqlite/0011_edge.sql"),
         include_str!("../../migrations/postgres/0011_edge.sql"),
+    ),
+    (
+        12,
+        "books",
+        include_str!("../../migrations/sqlite/0012_books.sql"),
+        include_str!("../../migrations/postgres/0012_books.sql"),
     ),
 ];
 

@@ -1,0 +1,334 @@
+//! Finance's books: periods that close, the fiat value of every entry, the customer-balance
+//! roll-forward and the general-ledger journal the exports write.
+//!
+//! The accounting model (docs/ARCHITECTURE.md, "The books"): crypto received is an asset at
+//! its market value when it arrived; what a customer paid for is revenue (a rental) or a
+//! prepayment the shop owes until it is consumed (a top-up, a balance); the difference between
+//! the locked value the customer was credited and the market value is an FX gain or loss.
+
+mod journal;
+mod period;
+mod valuation;
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::ledger::{Account, Currency, EntryKind};
+
+pub(crate) use journal::{BookedEntry, Chart, JournalWriter, export_currency};
+pub use journal::{ExportTotals, FX_GAIN_LOSS, JournalFormat, XERO_LINES_PER_FILE, entry_id};
+pub use period::Period;
+pub(crate) use period::parse_zone;
+pub(crate) use valuation::crypto_of;
+pub(crate) use valuation::value_legs;
+pub use valuation::{CryptoRate, ReportingRate, Valuation};
+
+/// Amounts in USD cents, formatted and exact.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Cents {
+    /// As a decimal (`1234.56`).
+    pub amount: String,
+    /// In cents.
+    #[serde(with = "crate::ledger::i128_as_string")]
+    pub cents: i128,
+}
+
+impl From<i128> for Cents {
+    fn from(cents: i128) -> Cents {
+        Cents {
+            amount: Currency::Usd.format(cents),
+            cents,
+        }
+    }
+}
+
+/// What the shop owes its customers as balances, over one period, in USD.
+///
+/// `opening + topups_credited − consumed_by_orders − reversed + operator_adjustments =
+/// closing`, and `closing` is the sum of every customer's balance at the period's end.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RollForward {
+    /// The period.
+    pub period: Period,
+    /// Owed at the start: the previous period's closing.
+    pub opening: Cents,
+    /// Payments credited to balances (top-ups, and money credited by policy).
+    pub topups_credited: Cents,
+    /// Balances spent on rental orders.
+    pub consumed_by_orders: Cents,
+    /// Credits taken back because their payment left the chain (a reorg).
+    pub reversed: Cents,
+    /// Operators' corrections (accepting held money onto a balance, adjustments).
+    pub operator_adjustments: Cents,
+    /// Owed at the end.
+    pub closing: Cents,
+    /// The sum of every customer's balance at the end, counted separately.
+    pub customer_balances: Cents,
+    /// Customers with a balance at the end.
+    pub customers: u64,
+    /// Whether `closing` equals `customer_balances` exactly.
+    pub closes: bool,
+}
+
+impl RollForward {
+    /// The roll-forward from the customer legs before the period (`opening_sum`), in it by
+    /// entry kind, and each customer's sum at its end (all signed: credits negative).
+    pub(crate) fn from_sums(
+        period: Period,
+        opening_sum: i128,
+        by_kind: &[(String, i128)],
+        balances_at_end: &[(String, i128)],
+    ) -> RollForward {
+        let owed = |kind: EntryKind| -> i128 {
+            by_kind
+                .iter()
+                .filter(|(k, _)| k == kind.as_str())
+                .map(|(_, sum)| -sum)
+                .sum()
+        };
+        let opening = -opening_sum;
+        let topups = owed(EntryKind::Payment);
+        let consumed = -owed(EntryKind::BalancePayment);
+        let reversed = -owed(EntryKind::Reversal);
+        let adjustments = owed(EntryKind::Adjustment);
+        let closing = opening + topups - consumed - reversed + adjustments;
+        let customer_balances: i128 = balances_at_end.iter().map(|(_, sum)| -sum).sum();
+        RollForward {
+            period,
+            opening: opening.into(),
+            topups_credited: topups.into(),
+            consumed_by_orders: consumed.into(),
+            reversed: reversed.into(),
+            operator_adjustments: adjustments.into(),
+            closing: closing.into(),
+            customer_balances: customer_balances.into(),
+            customers: balances_at_end.iter().filter(|(_, sum)| *sum != 0).count() as u64,
+            closes: closing == customer_balances,
+        }
+    }
+}
+
+/// One method's receipts of a period at fiat value.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ReceiptValue {
+    /// The method.
+    pub method: String,
+    /// Entries that took its crypto into custody.
+    pub entries: u64,
+    /// Market value at receipt of the crypto taken into custody, net of reversals.
+    pub market_usd: Cents,
+    /// FX result of its conversions: market value minus the locked value credited (a gain is
+    /// positive).
+    pub fx_gain_usd: Cents,
+    /// The same two in the reporting currency, when there is one.
+    pub market_reporting: Option<Cents>,
+    /// FX result in the reporting currency.
+    pub fx_gain_reporting: Option<Cents>,
+}
+
+/// One general-ledger account's movement in a period, in the export currency.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct GlMovement {
+    /// The GL account code.
+    pub code: String,
+    /// Its name.
+    pub name: String,
+    /// Debits.
+    pub debits: Cents,
+    /// Credits (positive).
+    pub credits: Cents,
+}
+
+/// The figures of a period: stored when it closes, so a closed period's report is the same
+/// bytes however often it is asked for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PeriodReport {
+    /// The period.
+    pub period: Period,
+    /// Its time zone.
+    pub timezone: String,
+    /// Its first instant.
+    pub from: String,
+    /// The instant after its last.
+    pub to: String,
+    /// The export currency (the reporting currency, or USD).
+    pub currency: String,
+    /// Entries booked in it.
+    pub entries: u64,
+    /// SHA-256 over every entry booked in it, its booking time and its valuation, in order.
+    pub entries_sha256: String,
+    /// Receipts at fiat value, per method.
+    pub receipts: Vec<ReceiptValue>,
+    /// Each GL account's movement, in the export currency; debits equal credits.
+    pub accounts: Vec<GlMovement>,
+    /// The customer-balance roll-forward.
+    pub rollforward: RollForward,
+    /// The books settings it was cut with: a closed period exports with these.
+    pub books: crate::config::BooksConfig,
+}
+
+/// Folds a period's valued entries into its report figures and hash.
+pub(crate) struct PeriodFold {
+    hasher: sha2::Sha256,
+    pub(crate) entries: u64,
+    receipts: BTreeMap<String, (u64, i128, i128, i128, i128)>,
+    accounts: BTreeMap<(String, String), (i128, i128)>,
+}
+
+impl PeriodFold {
+    pub(crate) fn new() -> PeriodFold {
+        PeriodFold {
+            hasher: <sha2::Sha256 as sha2::Digest>::new(),
+            entries: 0,
+            receipts: BTreeMap::new(),
+            accounts: BTreeMap::new(),
+        }
+    }
+
+    /// Adds one entry: its hash input, its receipts and its GL lines.
+    pub(crate) fn add(
+        &mut self,
+        booked: &BookedEntry,
+        chart: &Chart,
+        in_reporting: bool,
+    ) -> Result<(), crate::error::Error> {
+        use sha2::Digest;
+        let valuation = serde_json::to_string(&booked.valuation)
+            .map_err(|e| crate::error::Error::Books(e.to_string()))?;
+        self.hasher.update(format!(
+            "{}|{}|{}|{}|{}\n",
+            booked.seq,
+            booked.entry.idempotency_key,
+            booked.entry.content_hash(),
+            booked.booked_at.timestamp_millis(),
+            valuation
+        ));
+        self.entries += 1;
+        let values = value_legs(&booked.entry, &booked.valuation)?;
+        for (posting, value) in booked.entry.postings.iter().zip(&values) {
+            let (method, is_fx) = match posting.account {
+                Account::Custody(method) => (method, false),
+                Account::Fx(method) => (method, true),
+                _ => continue,
+            };
+            let row = self.receipts.entry(method.id().to_owned()).or_default();
+            let reporting = value.reporting_cents.unwrap_or(0);
+            if is_fx {
+                row.2 -= value.usd_cents;
+                row.4 -= reporting;
+            } else {
+                row.0 += 1;
+                row.1 += value.usd_cents;
+                row.3 += reporting;
+            }
+        }
+        for line in journal::gl_lines(booked, &values, chart, in_reporting)? {
+            let sums = self
+                .accounts
+                .entry((line.account.code, line.account.name))
+                .or_default();
+            if line.amount > 0 {
+                sums.0 += line.amount;
+            } else {
+                sums.1 -= line.amount;
+            }
+        }
+        Ok(())
+    }
+
+    /// The figures, and the hash of everything added.
+    pub(crate) fn finish(
+        self,
+        in_reporting: bool,
+    ) -> (u64, String, Vec<ReceiptValue>, Vec<GlMovement>) {
+        use sha2::Digest;
+        let receipts = self
+            .receipts
+            .into_iter()
+            .map(
+                |(method, (entries, market, fx, market_rep, fx_rep))| ReceiptValue {
+                    method,
+                    entries,
+                    market_usd: market.into(),
+                    fx_gain_usd: fx.into(),
+                    market_reporting: in_reporting.then(|| market_rep.into()),
+                    fx_gain_reporting: in_reporting.then(|| fx_rep.into()),
+                },
+            )
+            .collect();
+        let accounts = self
+            .accounts
+            .into_iter()
+            .map(|((code, name), (debits, credits))| GlMovement {
+                code,
+                name,
+                debits: debits.into(),
+                credits: credits.into(),
+            })
+            .collect();
+        (
+            self.entries,
+            hex::encode(self.hasher.finalize()),
+            receipts,
+            accounts,
+        )
+    }
+}
+
+/// Where a period stands.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PeriodStatus {
+    /// The period.
+    pub period: Period,
+    /// `open` or `closed`.
+    pub state: String,
+    /// Its closes and reopens, oldest first.
+    pub log: Vec<PeriodLogLine>,
+}
+
+/// One close or reopen of a period.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PeriodLogLine {
+    /// `close` or `reopen`.
+    pub action: String,
+    /// Who.
+    pub actor: String,
+    /// Why (a reopen always says).
+    pub reason: String,
+    /// When.
+    pub at: String,
+    /// Entries in the period at a close.
+    pub entries: Option<i64>,
+    /// Their hash at a close.
+    pub entries_sha256: Option<String>,
+}
+
+/// An entry that has no fiat value yet: finance sees it, the next valuation pass retries it,
+/// and no period holding it can close.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct UnvaluedEntry {
+    /// Journal position.
+    pub seq: i64,
+    /// The entry's key.
+    pub key: String,
+    /// The export's id for it.
+    pub entry_id: String,
+    /// When it was posted.
+    pub posted_at: String,
+    /// The order or top-up it belongs to.
+    pub reference: Option<String>,
+    /// Its memo.
+    pub memo: String,
+}
+
+/// What one valuation pass did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ValuationPass {
+    /// Entries valued now.
+    pub valued: u64,
+    /// Entries left unvalued, and why (the first few).
+    pub failed: u64,
+    /// The first reasons.
+    pub errors: Vec<String>,
+}

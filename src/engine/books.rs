@@ -1,0 +1,650 @@
+//! What finance closes the month with: the valuation pass that gives every entry its fiat
+//! value, period close and reopen, the period's report and roll-forward, and the journal
+//! exports.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use chrono::{DateTime, Utc};
+use chrono_tz::Tz;
+use tokio::io::{AsyncWrite, AsyncWriteExt, BufWriter};
+
+use crate::books::{
+    BookedEntry, Chart, CryptoRate, ExportTotals, JournalFormat, JournalWriter, Period, PeriodFold,
+    PeriodLogLine, PeriodReport, PeriodStatus, ReportingRate, RollForward, UnvaluedEntry,
+    Valuation, ValuationPass, crypto_of, entry_id, parse_zone,
+};
+use crate::config::BooksConfig;
+use crate::engine::Engine;
+use crate::error::Error;
+use crate::ledger::{Account, Currency};
+use crate::report::OUTPUT_BUFFER_BYTES;
+use crate::store::books::{self as book_store, PeriodEntry, PeriodEvent};
+use crate::store::{operations, payments};
+
+/// Entries read per page by the close, the exports and the valuation pass.
+const PAGE_ENTRIES: i64 = 2_000;
+
+/// Reasons a valuation pass reports, at most: the rest are counted.
+const MAX_REPORTED_ERRORS: usize = 5;
+
+/// Longest reason a reopen takes.
+const MAX_REASON_LEN: usize = 500;
+
+/// The books' settings, checked, with what they imply.
+#[derive(Debug)]
+pub(crate) struct Books {
+    config: BooksConfig,
+    zone: Tz,
+    chart: Chart,
+    /// Every entry at or below this journal position is valued: a pass starts above it.
+    valued_through: AtomicI64,
+}
+
+impl Books {
+    pub(crate) fn new(config: BooksConfig) -> Result<Books, Error> {
+        if let Some(currency) = &config.reporting_currency
+            && currency != "EUR"
+        {
+            return Err(Error::Config(format!(
+                "books.reporting_currency: {currency:?} is not priced by any rate source; use \"EUR\" or leave it out"
+            )));
+        }
+        let datev = &config.datev;
+        if !(1001..=9_999_999).contains(&datev.consultant_number)
+            || !(1..=99_999).contains(&datev.client_number)
+            || !(4..=9).contains(&datev.account_length)
+            || !(1..=12).contains(&datev.fiscal_year_start_month)
+        {
+            return Err(Error::Config(
+                "books.datev: consultant_number 1001-9999999, client_number 1-99999, account_length 4-9, fiscal_year_start_month 1-12".into(),
+            ));
+        }
+        Ok(Books {
+            zone: parse_zone(&config.timezone)?,
+            chart: Chart::new(config.accounts.clone()),
+            config,
+            valued_through: AtomicI64::new(0),
+        })
+    }
+}
+
+impl Engine {
+    /// Replaces the books' settings (reporting currency, time zone, chart of accounts).
+    pub fn with_books(mut self, config: BooksConfig) -> Result<Engine, Error> {
+        self.books = Arc::new(Books::new(config)?);
+        Ok(self)
+    }
+
+    /// The books' settings in force.
+    pub fn books_config(&self) -> &BooksConfig {
+        &self.books.config
+    }
+
+    /// The period `at` falls in, in the books' time zone.
+    pub fn period_of(&self, at: DateTime<Utc>) -> Period {
+        Period::containing(at, self.books.zone)
+    }
+
+    /// Gives every entry not valued yet its fiat value: the market rate of its crypto when it
+    /// was posted (a payment's value at receipt), the rate of the entry it reverses, or for
+    /// held money an operator releases, the rate it was received at; and the reporting
+    /// currency's USD rate. An entry whose rate cannot be had stays unvalued, is reported, and
+    /// is tried again next pass. Settlement never waits for this.
+    pub async fn value_entries(&self) -> Result<ValuationPass, Error> {
+        let mut pass = ValuationPass::default();
+        let mut after = self.books.valued_through.load(Ordering::Acquire);
+        let mut first_failure: Option<i64> = None;
+        loop {
+            let mut conn = self.store.pool().acquire().await?;
+            let page = book_store::unvalued_after(&mut conn, after, PAGE_ENTRIES).await?;
+            let Some(last) = page.last() else { break };
+            after = last.seq;
+            let mut valued = Vec::with_capacity(page.len());
+            for entry in &page {
+                match self.value_entry(&mut conn, entry).await {
+                    Ok(Some(valuation)) => valued.push(valuation),
+                    Ok(None) => {}
+                    Err(error) => {
+                        first_failure.get_or_insert(entry.seq);
+                        pass.failed += 1;
+                        if pass.errors.len() < MAX_REPORTED_ERRORS {
+                            pass.errors.push(format!(
+                                "{} ({}): {error}",
+                                entry_id(&entry.entry.idempotency_key),
+                                entry.entry.idempotency_key
+                            ));
+                        }
+                    }
+                }
+            }
+            drop(conn);
+            if !valued.is_empty() {
+                let mut tx = self.store.begin_write().await?;
+                book_store::insert_valuations(&mut tx, &valued).await?;
+                tx.commit().await?;
+                pass.valued += valued.len() as u64;
+            }
+        }
+        let through = first_failure.map_or(after, |seq| seq - 1);
+        self.books
+            .valued_through
+            .fetch_max(through, Ordering::AcqRel);
+        if pass.failed > 0 {
+            tracing::warn!(failed = pass.failed, first = ?pass.errors.first(), "entries left unvalued");
+        }
+        Ok(pass)
+    }
+
+    /// One entry's valuation; `None` when it must wait for the entry it depends on.
+    async fn value_entry(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        pending: &PeriodEntry,
+    ) -> Result<Option<Valuation>, Error> {
+        let entry = &pending.entry;
+        let now = self.now();
+        let method = crypto_of(entry)?;
+        let inherited = if let Some(original) = entry.idempotency_key.strip_prefix("reverse:") {
+            match book_store::valuation_by_key(conn, original).await? {
+                Some(v) => Some((v, format!("reverses {}", entry_id(original)))),
+                None => return Ok(None),
+            }
+        } else if let Some(hold) = self.held_since(conn, pending).await? {
+            book_store::valuation_by_key(conn, &hold)
+                .await?
+                .map(|v| (v, format!("held since {}", entry_id(&hold))))
+        } else {
+            None
+        };
+        let rates = self.payment_settings().rates.as_ref();
+        let no_rates = || Error::Books("no rate source is configured".into());
+        if let Some((original, basis)) = inherited {
+            let reporting = match (&self.books.config.reporting_currency, original.reporting) {
+                (None, _) => None,
+                (Some(_), Some(rate)) if basis.starts_with("reverses") => Some(rate),
+                (Some(currency), _) => Some(
+                    self.reporting_rate(
+                        rates.ok_or_else(no_rates)?,
+                        currency,
+                        pending.posted_at,
+                        now,
+                    )
+                    .await?,
+                ),
+            };
+            return Ok(Some(Valuation {
+                entry_seq: pending.seq,
+                crypto: original.crypto,
+                basis,
+                txids: original.txids,
+                reporting,
+                valued_at: now,
+            }));
+        }
+        let crypto = match method {
+            None => None,
+            Some(method) => {
+                let rate = rates
+                    .ok_or_else(no_rates)?
+                    .market_rate(method.asset(), pending.posted_at, now)
+                    .await
+                    .map_err(|e| Error::Books(e.to_string()))?;
+                Some(CryptoRate {
+                    method,
+                    usd_per_unit: rate.usd_per_unit,
+                    source: rate.source,
+                    at: rate.fetched_at,
+                })
+            }
+        };
+        let reporting = match &self.books.config.reporting_currency {
+            None => None,
+            Some(currency) => Some(
+                self.reporting_rate(
+                    rates.ok_or_else(no_rates)?,
+                    currency,
+                    pending.posted_at,
+                    now,
+                )
+                .await?,
+            ),
+        };
+        let txids = book_store::txids_of_entry(conn, &entry.idempotency_key).await?;
+        Ok(Some(Valuation {
+            entry_seq: pending.seq,
+            crypto,
+            basis: "market".into(),
+            txids: txids.join("+"),
+            reporting,
+            valued_at: now,
+        }))
+    }
+
+    async fn reporting_rate(
+        &self,
+        rates: &crate::rates::RateBook,
+        currency: &str,
+        at: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<ReportingRate, Error> {
+        let quote = rates
+            .fiat_rate(currency, at, now)
+            .await
+            .map_err(|e| Error::Books(e.to_string()))?;
+        Ok(ReportingRate {
+            currency: quote.currency,
+            usd_per_unit: quote.usd_per_unit,
+            source: quote.source,
+            at: quote.fetched_at,
+        })
+    }
+
+    /// For an operator's resolution that releases held crypto, the key of the entry that took
+    /// it into suspense: the release is valued at the rate the money arrived at, so suspense
+    /// empties at the value it filled.
+    async fn held_since(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        pending: &PeriodEntry,
+    ) -> Result<Option<String>, Error> {
+        let Some(exception_id) = pending.entry.idempotency_key.strip_prefix("resolve:") else {
+            return Ok(None);
+        };
+        let releases_held = pending.entry.postings.iter().any(|p| {
+            matches!(p.account, Account::Suspense(_))
+                && matches!(p.currency, Currency::Crypto(_))
+                && p.amount_minor > 0
+        });
+        if !releases_held {
+            return Ok(None);
+        }
+        let Some(exception) = operations::get_exception(conn, exception_id).await? else {
+            return Ok(None);
+        };
+        let intent = match &exception.intent_id {
+            Some(id) => payments::get_intent(conn, id).await?,
+            None => None,
+        };
+        Ok(crate::operator::hold_key(&exception, intent.as_ref()))
+    }
+
+    /// Entries without a fiat value (oldest first, at most `limit`), and how many there are.
+    pub async fn unvalued_entries(&self, limit: usize) -> Result<(u64, Vec<UnvaluedEntry>), Error> {
+        let mut conn = self.store.pool().acquire().await?;
+        let (count, _) = book_store::unvalued_count(&mut conn).await?;
+        let page = book_store::unvalued_after(&mut conn, 0, limit.clamp(1, 1_000) as i64).await?;
+        Ok((
+            count as u64,
+            page.into_iter()
+                .map(|e| UnvaluedEntry {
+                    seq: e.seq,
+                    entry_id: entry_id(&e.entry.idempotency_key),
+                    key: e.entry.idempotency_key,
+                    posted_at: e.posted_at.to_rfc3339(),
+                    reference: e.entry.reference,
+                    memo: e.entry.memo,
+                })
+                .collect(),
+        ))
+    }
+
+    /// Locks `period`: stores its figures and the hash of its entries, and moves the closing
+    /// line to its end, so nothing is booked into it again. Periods close in order, only
+    /// after they ended, and only when every entry up to their end is valued.
+    pub async fn close_period(&self, period: Period, actor: &str) -> Result<PeriodReport, Error> {
+        check_actor(actor)?;
+        let zone = self.books.zone;
+        let (from, to) = period.bounds(zone);
+        if to > self.now() {
+            return Err(Error::Books(format!(
+                "{period} has not ended: it ends {} ({})",
+                to.with_timezone(&zone).to_rfc3339(),
+                zone.name()
+            )));
+        }
+        self.value_entries().await?;
+        let mut tx = self.store.begin_write().await?;
+        let (closed_through, timezone) = book_store::lock_state(&mut tx).await?;
+        self.check_zone(timezone.as_deref())?;
+        let to_ms = to.timestamp_millis();
+        if closed_through >= to_ms {
+            return Err(Error::Books(format!("{period} is already closed")));
+        }
+        if closed_through != 0 && closed_through != from.timestamp_millis() {
+            let next = Period::containing(
+                DateTime::from_timestamp_millis(closed_through).unwrap_or_default(),
+                zone,
+            );
+            return Err(Error::Books(format!(
+                "periods close in order: the next to close is {next}"
+            )));
+        }
+        let unvalued = book_store::unvalued_before(tx.conn(), to_ms).await?;
+        if unvalued > 0 {
+            return Err(Error::Books(format!(
+                "{unvalued} entries up to the end of {period} have no fiat value yet; see the unvalued list and run the valuation pass"
+            )));
+        }
+        let report = fold_report(
+            tx.conn(),
+            period,
+            zone,
+            &self.books.config,
+            &self.books.chart,
+        )
+        .await?;
+        let snapshot =
+            serde_json::to_string_pretty(&report).map_err(|e| Error::Books(e.to_string()))?;
+        book_store::log_period_event(
+            &mut tx,
+            &PeriodEvent {
+                seq: 0,
+                period: period.to_string(),
+                action: "close".into(),
+                actor: actor.to_owned(),
+                reason: String::new(),
+                at: self.now(),
+                entries: Some(report.entries as i64),
+                entries_sha256: Some(report.entries_sha256.clone()),
+                snapshot: Some(snapshot),
+            },
+        )
+        .await?;
+        book_store::set_closed_through(&mut tx, to_ms, zone.name()).await?;
+        tx.commit().await?;
+        tracing::info!(%period, actor, entries = report.entries, "period closed");
+        Ok(report)
+    }
+
+    /// Opens the last closed period again: only with a reason, and logged with who and when.
+    pub async fn reopen_period(
+        &self,
+        period: Period,
+        actor: &str,
+        reason: &str,
+    ) -> Result<PeriodStatus, Error> {
+        check_actor(actor)?;
+        let reason = reason.trim();
+        if reason.is_empty() || reason.len() > MAX_REASON_LEN {
+            return Err(Error::InvalidInput(format!(
+                "a reopen needs a reason of 1 to {MAX_REASON_LEN} characters"
+            )));
+        }
+        let zone = self.books.zone;
+        let (from, to) = period.bounds(zone);
+        let mut tx = self.store.begin_write().await?;
+        let (closed_through, timezone) = book_store::lock_state(&mut tx).await?;
+        self.check_zone(timezone.as_deref())?;
+        if !is_closed(tx.conn(), period, closed_through, to).await? {
+            return Err(Error::Books(format!("{period} is not closed")));
+        }
+        if closed_through != to.timestamp_millis() {
+            return Err(Error::Books(
+                "only the last closed period can reopen; reopen the later ones first".into(),
+            ));
+        }
+        book_store::log_period_event(
+            &mut tx,
+            &PeriodEvent {
+                seq: 0,
+                period: period.to_string(),
+                action: "reopen".into(),
+                actor: actor.to_owned(),
+                reason: reason.to_owned(),
+                at: self.now(),
+                entries: None,
+                entries_sha256: None,
+                snapshot: None,
+            },
+        )
+        .await?;
+        book_store::set_closed_through(&mut tx, from.timestamp_millis(), zone.name()).await?;
+        tx.commit().await?;
+        tracing::warn!(%period, actor, reason, "period reopened");
+        self.period_status(period).await
+    }
+
+    /// Whether `period` is open or closed, and its log.
+    pub async fn period_status(&self, period: Period) -> Result<PeriodStatus, Error> {
+        let mut conn = self.store.pool().acquire().await?;
+        let (closed_through, timezone) = book_store::state(&mut conn).await?;
+        self.check_zone(timezone.as_deref())?;
+        let (_, to) = period.bounds(self.books.zone);
+        let closed = is_closed(&mut conn, period, closed_through, to).await?;
+        let log = book_store::period_events(&mut conn, Some(&period.to_string()))
+            .await?
+            .into_iter()
+            .map(|e| PeriodLogLine {
+                action: e.action,
+                actor: e.actor,
+                reason: e.reason,
+                at: e.at.to_rfc3339(),
+                entries: e.entries,
+                entries_sha256: e.entries_sha256,
+            })
+            .collect();
+        Ok(PeriodStatus {
+            period,
+            state: if closed { "closed" } else { "open" }.into(),
+            log,
+        })
+    }
+
+    /// The period's figures as JSON: for a closed period the bytes stored when it closed, so
+    /// they are the same however often it is asked; for an open one, as they stand.
+    pub async fn period_report(&self, period: Period) -> Result<String, Error> {
+        let mut conn = self.store.pool().acquire().await?;
+        if let Some(close) = self.closing_of(&mut conn, period).await? {
+            return close
+                .snapshot
+                .ok_or_else(|| Error::Books(format!("the close of {period} stored no figures")));
+        }
+        let report = fold_report(
+            &mut conn,
+            period,
+            self.books.zone,
+            &self.books.config,
+            &self.books.chart,
+        )
+        .await?;
+        serde_json::to_string_pretty(&report).map_err(|e| Error::Books(e.to_string()))
+    }
+
+    /// The customer-balance roll-forward of `period`.
+    pub async fn rollforward(&self, period: Period) -> Result<RollForward, Error> {
+        let mut conn = self.store.pool().acquire().await?;
+        let (_, timezone) = book_store::state(&mut conn).await?;
+        self.check_zone(timezone.as_deref())?;
+        rollforward_of(&mut conn, period, self.books.zone).await
+    }
+
+    /// Writes `period`'s journal in `format`, streaming. Xero's import takes at most 300
+    /// lines a file, so its export comes in parts: `open_part(n)` gives the writer of part
+    /// `n` (1 for every other format). A closed period exports with the settings it closed
+    /// with, stamped with its close time: the same bytes every time.
+    pub async fn export_journal<W, F>(
+        &self,
+        period: Period,
+        format: JournalFormat,
+        mut open_part: F,
+    ) -> Result<ExportTotals, Error>
+    where
+        W: AsyncWrite + Unpin + Send,
+        F: FnMut(u32) -> std::io::Result<W> + Send,
+    {
+        let mut conn = self.store.pool().acquire().await?;
+        let closing = self.closing_of(&mut conn, period).await?;
+        let (books, created, closed) = match &closing {
+            Some(close) => (books_of_close(close)?, close.at, true),
+            None => (self.books.config.clone(), self.now(), false),
+        };
+        let chart = Chart::new(books.accounts.clone());
+        let zone = self.books.zone;
+        let mut writer = JournalWriter::new(format, &books, &chart, zone, period, created, closed)?;
+        let io = Error::ReportOutput;
+        let mut out = BufWriter::with_capacity(OUTPUT_BUFFER_BYTES, open_part(1).map_err(io)?);
+        out.write_all(&writer.header()).await.map_err(io)?;
+        let (from, to) = period.bounds(zone);
+        let mut start = None;
+        loop {
+            let page = book_store::period_page(
+                &mut conn,
+                from.timestamp_millis(),
+                to.timestamp_millis(),
+                start,
+                PAGE_ENTRIES,
+            )
+            .await?;
+            let Some(last) = page.last() else { break };
+            start = Some((last.booked_at.timestamp_millis(), last.seq));
+            for entry in page {
+                let booked = valued(entry)?;
+                let (new_part, bytes) = writer.entry(&booked)?;
+                if let Some(part) = new_part {
+                    out.shutdown().await.map_err(io)?;
+                    out =
+                        BufWriter::with_capacity(OUTPUT_BUFFER_BYTES, open_part(part).map_err(io)?);
+                    out.write_all(&writer.header()).await.map_err(io)?;
+                }
+                out.write_all(&bytes).await.map_err(io)?;
+            }
+        }
+        out.shutdown().await.map_err(io)?;
+        Ok(writer.totals)
+    }
+
+    /// The close in force for `period`, if it is closed.
+    async fn closing_of(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        period: Period,
+    ) -> Result<Option<PeriodEvent>, Error> {
+        let (closed_through, timezone) = book_store::state(conn).await?;
+        self.check_zone(timezone.as_deref())?;
+        let (_, to) = period.bounds(self.books.zone);
+        if closed_through < to.timestamp_millis() {
+            return Ok(None);
+        }
+        let events = book_store::period_events(conn, Some(&period.to_string())).await?;
+        Ok(events.into_iter().last().filter(|e| e.action == "close"))
+    }
+
+    /// Periods were cut in one time zone; the configured one must be it.
+    fn check_zone(&self, stored: Option<&str>) -> Result<(), Error> {
+        match stored {
+            Some(zone) if zone != self.books.zone.name() => Err(Error::Books(format!(
+                "periods were closed in {zone}, but books.timezone is {}; set it back",
+                self.books.zone.name()
+            ))),
+            _ => Ok(()),
+        }
+    }
+}
+
+fn check_actor(actor: &str) -> Result<(), Error> {
+    if actor.trim().is_empty() || actor.len() > 100 {
+        return Err(Error::InvalidInput(
+            "the actor must be 1 to 100 characters".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Whether the period's last logged action is a close that the closing line still covers.
+async fn is_closed(
+    conn: &mut sqlx::AnyConnection,
+    period: Period,
+    closed_through: i64,
+    to: DateTime<Utc>,
+) -> Result<bool, Error> {
+    if closed_through < to.timestamp_millis() {
+        return Ok(false);
+    }
+    let events = book_store::period_events(conn, Some(&period.to_string())).await?;
+    Ok(events.last().is_some_and(|e| e.action == "close"))
+}
+
+/// The books settings a close stored beside its figures.
+fn books_of_close(close: &PeriodEvent) -> Result<BooksConfig, Error> {
+    let snapshot: serde_json::Value =
+        serde_json::from_str(close.snapshot.as_deref().unwrap_or("{}"))
+            .map_err(|e| Error::Books(format!("the close of {}: {e}", close.period)))?;
+    serde_json::from_value(snapshot["books"].clone())
+        .map_err(|e| Error::Books(format!("the close of {}: {e}", close.period)))
+}
+
+/// A period entry the exports can use: one with its valuation.
+fn valued(entry: PeriodEntry) -> Result<BookedEntry, Error> {
+    let valuation = entry.valuation.ok_or_else(|| {
+        Error::Books(format!(
+            "entry {} ({}) has no fiat value yet; run the valuation pass",
+            entry_id(&entry.entry.idempotency_key),
+            entry.entry.idempotency_key
+        ))
+    })?;
+    Ok(BookedEntry {
+        seq: entry.seq,
+        booked_at: entry.booked_at,
+        entry: entry.entry,
+        valuation,
+    })
+}
+
+async fn rollforward_of(
+    conn: &mut sqlx::AnyConnection,
+    period: Period,
+    zone: Tz,
+) -> Result<RollForward, Error> {
+    let (from, to) = period.bounds(zone);
+    let (opening, by_kind) =
+        book_store::customer_movements(conn, from.timestamp_millis(), to.timestamp_millis())
+            .await?;
+    let balances = book_store::customer_balances_at(conn, to.timestamp_millis()).await?;
+    let rollforward = RollForward::from_sums(period, opening, &by_kind, &balances);
+    debug_assert!(rollforward.closes, "the roll-forward of {period} closes");
+    Ok(rollforward)
+}
+
+/// Reads every entry booked in `period` and folds its figures.
+async fn fold_report(
+    conn: &mut sqlx::AnyConnection,
+    period: Period,
+    zone: Tz,
+    books: &BooksConfig,
+    chart: &Chart,
+) -> Result<PeriodReport, Error> {
+    let (from, to) = period.bounds(zone);
+    let in_reporting = books.reporting_currency.is_some();
+    let mut fold = PeriodFold::new();
+    let mut start = None;
+    loop {
+        let page = book_store::period_page(
+            conn,
+            from.timestamp_millis(),
+            to.timestamp_millis(),
+            start,
+            PAGE_ENTRIES,
+        )
+        .await?;
+        let Some(last) = page.last() else { break };
+        start = Some((last.booked_at.timestamp_millis(), last.seq));
+        for entry in page {
+            fold.add(&valued(entry)?, chart, in_reporting)?;
+        }
+    }
+    let (entries, entries_sha256, receipts, accounts) = fold.finish(in_reporting);
+    Ok(PeriodReport {
+        period,
+        timezone: zone.name().to_owned(),
+        from: from.to_rfc3339(),
+        to: to.to_rfc3339(),
+        currency: crate::books::export_currency(books),
+        entries,
+        entries_sha256,
+        receipts,
+        accounts,
+        rollforward: rollforward_of(conn, period, zone).await?,
+        books: books.clone(),
+    })
+}
