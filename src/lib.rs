@@ -94,8 +94,8 @@ struct ReadmeDoctests;
 
 pub use api::{ApiOptions, parse_time, router};
 pub use books::{
-    Cents, CryptoRate, ExportTotals, FX_GAIN_LOSS, GlMovement, JournalFormat, Period,
-    PeriodLogLine, PeriodReport, PeriodStatus, ReceiptValue, ReportingRate, RollForward,
+    Cents, CryptoRate, DailyReceipts, ExportTotals, FX_GAIN_LOSS, GlMovement, JournalFormat,
+    Period, PeriodLogLine, PeriodReport, PeriodStatus, ReceiptValue, ReportingRate, RollForward,
     UnvaluedEntry, Valuation, ValuationPass, XERO_LINES_PER_FILE, entry_id,
 };
 pub use catalog::Catalog;

@@ -8,6 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use chrono::{DateTime, TimeZone, Utc};
+use common::books::export;
 use common::payments::Tx;
 use common::{TestDb, topup};
 use payrecon::config::Config;
@@ -21,6 +22,7 @@ use rust_decimal::Decimal;
 /// 1 November): LTC locks at 100 and was worth 102.50; USDT locks at 1 and was worth 0.9995;
 /// one euro cost 1.16 USD.
 const QUOTES: &str = r#"{
+  "fetched_at": "2030-01-01T00:00:00Z",
   "quotes": {"BTC": "80000", "ETH": "3000", "USDT": "1", "USDC": "1", "TRX": "0.25", "SOL": "150", "LTC": "100"},
   "usd_per_eur": "1.17",
   "timed": [
@@ -63,49 +65,6 @@ fn november() -> Period {
 
 fn at(text: &str) -> DateTime<Utc> {
     text.parse().unwrap()
-}
-
-async fn export(engine: &Engine, period: Period, format: JournalFormat) -> Vec<Vec<u8>> {
-    let parts = Arc::new(std::sync::Mutex::new(
-        Vec::<Arc<std::sync::Mutex<Vec<u8>>>>::new(),
-    ));
-    let collected = parts.clone();
-    engine
-        .export_journal(period, format, move |_| {
-            let buffer = Arc::new(std::sync::Mutex::new(Vec::new()));
-            collected.lock().unwrap().push(buffer.clone());
-            Ok(SharedBuffer(buffer))
-        })
-        .await
-        .unwrap();
-    let parts = parts.lock().unwrap();
-    parts.iter().map(|b| b.lock().unwrap().clone()).collect()
-}
-
-/// An `AsyncWrite` into a shared buffer the test reads afterwards.
-struct SharedBuffer(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl tokio::io::AsyncWrite for SharedBuffer {
-    fn poll_write(
-        self: std::pin::Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        std::task::Poll::Ready(Ok(buf.len()))
-    }
-    fn poll_flush(
-        self: std::pin::Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-    fn poll_shutdown(
-        self: std::pin::Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::task::Poll::Ready(Ok(()))
-    }
 }
 
 /// Reads a CSV file with Python's `csv` module: a reader that shares no code with ours.

@@ -191,3 +191,79 @@ async fn recorded_quotes_name_their_file() {
     assert_eq!(rate.usd_per_unit, d("80000"));
     assert!(rate.source.starts_with("file:") && rate.source.ends_with("recorded-quotes.json"));
 }
+
+#[tokio::test]
+async fn the_books_euro_is_the_median_of_both_providers() {
+    let server = ReplayServer::start(vec![
+        (
+            COINGECKO,
+            vec![Reply::Fixture("rates/coingecko_simple_price_eur.json")],
+        ),
+        (
+            KRAKEN,
+            vec![Reply::Fixture("rates/kraken_ticker_eurusd.json")],
+        ),
+    ])
+    .await;
+    let book = book(&server);
+    let now = recorded_at() + Duration::seconds(30);
+    let eur = book.fiat_rate("EUR", now, now).await.unwrap();
+    // CoinGecko's cross rate 80012.34 / 68855.72 = 1.16202895 and Kraken's last trade 1.16205.
+    assert_eq!(
+        eur.usd_per_unit,
+        (d("1.16202895") + d("1.16205")) / Decimal::TWO
+    );
+    assert_eq!(eur.source, "coingecko,kraken");
+    assert!(matches!(
+        book.fiat_rate("JPY", now, now).await,
+        Err(RateError::NoFiatRate { .. })
+    ));
+}
+
+#[tokio::test]
+async fn timed_recorded_quotes_pin_the_price_at_a_moment() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("quotes.json");
+    std::fs::write(
+        &path,
+        r#"{"quotes": {"LTC": "85"}, "usd_per_eur": "1.20",
+            "timed": [{"at": "2026-11-01T00:00:00Z", "quotes": {"LTC": "90"}, "usd_per_eur": "1.10"},
+                      {"at": "2026-11-15T00:00:00Z", "quotes": {"LTC": "95"}, "usd_per_eur": "1.15"}]}"#,
+    )
+    .unwrap();
+    let book = RateBook::new(
+        vec![Arc::new(RecordedQuotes::new(path)) as Arc<dyn RateSource>],
+        Duration::minutes(5),
+        Decimal::new(2, 2),
+        Duration::zero(),
+    );
+    let now: DateTime<Utc> = "2026-12-01T00:00:00Z".parse().unwrap();
+    let at = |text: &str| -> DateTime<Utc> { text.parse().unwrap() };
+    let ltc = |when| book.market_rate(Asset::Ltc, when, now);
+    assert_eq!(
+        ltc(at("2026-11-10T12:00:00Z")).await.unwrap().usd_per_unit,
+        d("90")
+    );
+    assert_eq!(
+        ltc(at("2026-11-20T12:00:00Z")).await.unwrap().usd_per_unit,
+        d("95")
+    );
+    assert_eq!(
+        ltc(at("2026-10-20T12:00:00Z")).await.unwrap().usd_per_unit,
+        d("85"),
+        "before the first: the plain quotes"
+    );
+    let eur = book
+        .fiat_rate("EUR", at("2026-11-16T00:00:00Z"), now)
+        .await
+        .unwrap();
+    assert_eq!(
+        (eur.usd_per_unit, eur.fetched_at),
+        (d("1.15"), at("2026-11-15T00:00:00Z"))
+    );
+    assert_eq!(
+        book.rate(Asset::Ltc, now).await.unwrap().usd_per_unit,
+        d("85"),
+        "rates lock at the plain quotes"
+    );
+}

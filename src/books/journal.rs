@@ -203,6 +203,40 @@ pub struct ExportTotals {
     pub currency: String,
 }
 
+/// How Xero's lines fall into files of at most [`XERO_LINES_PER_FILE`]: an entry's lines
+/// stay together, so each journal balances within its file.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct XeroFiles {
+    files: u32,
+    lines_in_file: usize,
+}
+
+impl XeroFiles {
+    pub(crate) fn new() -> XeroFiles {
+        XeroFiles {
+            files: 1,
+            lines_in_file: 0,
+        }
+    }
+
+    /// Places an entry of `lines` lines; `Some(file)` when it starts a new file.
+    pub(crate) fn place(&mut self, lines: usize) -> Option<u32> {
+        let mut new_file = None;
+        if self.lines_in_file > 0 && self.lines_in_file + lines > XERO_LINES_PER_FILE {
+            self.files += 1;
+            self.lines_in_file = 0;
+            new_file = Some(self.files);
+        }
+        self.lines_in_file += lines;
+        new_file
+    }
+
+    /// Files so far.
+    pub(crate) fn files(&self) -> u32 {
+        self.files
+    }
+}
+
 /// Formats amounts and dates for one file format and writes one entry at a time.
 pub(crate) struct JournalWriter<'a> {
     pub(crate) format: JournalFormat,
@@ -216,7 +250,7 @@ pub(crate) struct JournalWriter<'a> {
     /// Whether the period is closed (DATEV's Festschreibung).
     pub(crate) closed: bool,
     pub(crate) totals: ExportTotals,
-    lines_in_part: usize,
+    xero_files: XeroFiles,
 }
 
 impl<'a> JournalWriter<'a> {
@@ -248,7 +282,7 @@ impl<'a> JournalWriter<'a> {
                 currency: export_currency(books),
                 ..ExportTotals::default()
             },
-            lines_in_part: 0,
+            xero_files: XeroFiles::new(),
         })
     }
 
@@ -361,13 +395,8 @@ impl<'a> JournalWriter<'a> {
                 out = self.datev_rows(&lines, &id, date, &memo, booked);
             }
             JournalFormat::Xero => {
-                if self.lines_in_part > 0 && self.lines_in_part + lines.len() > XERO_LINES_PER_FILE
-                {
-                    self.totals.parts += 1;
-                    self.lines_in_part = 0;
-                    new_part = Some(self.totals.parts);
-                }
-                self.lines_in_part += lines.len();
+                new_part = self.xero_files.place(lines.len());
+                self.totals.parts = self.xero_files.files();
                 let narration = format!("{id} {memo}");
                 for line in &lines {
                     out.extend(csv_record(

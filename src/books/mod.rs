@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use crate::ledger::{Account, Currency, EntryKind};
 
-pub(crate) use journal::{BookedEntry, Chart, JournalWriter, export_currency};
+pub(crate) use journal::{BookedEntry, Chart, JournalWriter, XeroFiles, export_currency};
 pub use journal::{ExportTotals, FX_GAIN_LOSS, JournalFormat, XERO_LINES_PER_FILE, entry_id};
 pub use period::Period;
 pub(crate) use period::parse_zone;
@@ -140,6 +140,17 @@ pub struct GlMovement {
     pub credits: Cents,
 }
 
+/// One method's receipts on one day, for finance's chart.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DailyReceipts {
+    /// The day, in the books' time zone.
+    pub day: String,
+    /// The method.
+    pub method: String,
+    /// Market value at receipt of what came into custody that day, in USD.
+    pub market_usd: Cents,
+}
+
 /// The figures of a period: stored when it closes, so a closed period's report is the same
 /// bytes however often it is asked for.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -162,6 +173,10 @@ pub struct PeriodReport {
     pub receipts: Vec<ReceiptValue>,
     /// Each GL account's movement, in the export currency; debits equal credits.
     pub accounts: Vec<GlMovement>,
+    /// Receipts per day and method.
+    pub daily: Vec<DailyReceipts>,
+    /// Files the Xero export of the period takes.
+    pub xero_files: u32,
     /// The customer-balance roll-forward.
     pub rollforward: RollForward,
     /// The books settings it was cut with: a closed period exports with these.
@@ -170,19 +185,35 @@ pub struct PeriodReport {
 
 /// Folds a period's valued entries into its report figures and hash.
 pub(crate) struct PeriodFold {
+    zone: chrono_tz::Tz,
     hasher: sha2::Sha256,
-    pub(crate) entries: u64,
+    entries: u64,
     receipts: BTreeMap<String, (u64, i128, i128, i128, i128)>,
     accounts: BTreeMap<(String, String), (i128, i128)>,
+    daily: BTreeMap<(String, String), i128>,
+    xero: XeroFiles,
+}
+
+/// What a [`PeriodFold`] found.
+pub(crate) struct Folded {
+    pub(crate) entries: u64,
+    pub(crate) entries_sha256: String,
+    pub(crate) receipts: Vec<ReceiptValue>,
+    pub(crate) accounts: Vec<GlMovement>,
+    pub(crate) daily: Vec<DailyReceipts>,
+    pub(crate) xero_files: u32,
 }
 
 impl PeriodFold {
-    pub(crate) fn new() -> PeriodFold {
+    pub(crate) fn new(zone: chrono_tz::Tz) -> PeriodFold {
         PeriodFold {
+            zone,
             hasher: <sha2::Sha256 as sha2::Digest>::new(),
             entries: 0,
             receipts: BTreeMap::new(),
             accounts: BTreeMap::new(),
+            daily: BTreeMap::new(),
+            xero: XeroFiles::new(),
         }
     }
 
@@ -221,9 +252,16 @@ impl PeriodFold {
                 row.0 += 1;
                 row.1 += value.usd_cents;
                 row.3 += reporting;
+                let day = booked.booked_at.with_timezone(&self.zone).date_naive();
+                *self
+                    .daily
+                    .entry((day.to_string(), method.id().to_owned()))
+                    .or_default() += value.usd_cents;
             }
         }
-        for line in journal::gl_lines(booked, &values, chart, in_reporting)? {
+        let lines = journal::gl_lines(booked, &values, chart, in_reporting)?;
+        self.xero.place(lines.len());
+        for line in lines {
             let sums = self
                 .accounts
                 .entry((line.account.code, line.account.name))
@@ -238,10 +276,7 @@ impl PeriodFold {
     }
 
     /// The figures, and the hash of everything added.
-    pub(crate) fn finish(
-        self,
-        in_reporting: bool,
-    ) -> (u64, String, Vec<ReceiptValue>, Vec<GlMovement>) {
+    pub(crate) fn finish(self, in_reporting: bool) -> Folded {
         use sha2::Digest;
         let receipts = self
             .receipts
@@ -267,12 +302,22 @@ impl PeriodFold {
                 credits: credits.into(),
             })
             .collect();
-        (
-            self.entries,
-            hex::encode(self.hasher.finalize()),
+        Folded {
+            entries: self.entries,
+            entries_sha256: hex::encode(self.hasher.finalize()),
             receipts,
             accounts,
-        )
+            daily: self
+                .daily
+                .into_iter()
+                .map(|((day, method), cents)| DailyReceipts {
+                    day,
+                    method,
+                    market_usd: cents.into(),
+                })
+                .collect(),
+            xero_files: self.xero.files(),
+        }
     }
 }
 

@@ -2,6 +2,7 @@
 //! value, period close and reopen, the period's report and roll-forward, and the journal
 //! exports.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
@@ -100,11 +101,20 @@ impl Engine {
             let page = book_store::unvalued_after(&mut conn, after, PAGE_ENTRIES).await?;
             let Some(last) = page.last() else { break };
             after = last.seq;
-            let mut valued = Vec::with_capacity(page.len());
+            // This page's valuations by key: a reversal may follow its original in one page.
+            let mut valued: HashMap<String, Valuation> = HashMap::with_capacity(page.len());
             for entry in &page {
-                match self.value_entry(&mut conn, entry).await {
-                    Ok(Some(valuation)) => valued.push(valuation),
-                    Ok(None) => {}
+                let outcome = match self.value_entry(&mut conn, entry, &valued).await {
+                    Ok(Some(valuation)) => Ok(valuation),
+                    Ok(None) => Err(Error::Books(
+                        "waits for the entry it reverses to be valued".into(),
+                    )),
+                    Err(error) => Err(error),
+                };
+                match outcome {
+                    Ok(valuation) => {
+                        valued.insert(entry.entry.idempotency_key.clone(), valuation);
+                    }
                     Err(error) => {
                         first_failure.get_or_insert(entry.seq);
                         pass.failed += 1;
@@ -120,6 +130,8 @@ impl Engine {
             }
             drop(conn);
             if !valued.is_empty() {
+                let mut valued: Vec<Valuation> = valued.into_values().collect();
+                valued.sort_by_key(|v| v.entry_seq);
                 let mut tx = self.store.begin_write().await?;
                 book_store::insert_valuations(&mut tx, &valued).await?;
                 tx.commit().await?;
@@ -141,17 +153,18 @@ impl Engine {
         &self,
         conn: &mut sqlx::AnyConnection,
         pending: &PeriodEntry,
+        this_page: &HashMap<String, Valuation>,
     ) -> Result<Option<Valuation>, Error> {
         let entry = &pending.entry;
         let now = self.now();
         let method = crypto_of(entry)?;
         let inherited = if let Some(original) = entry.idempotency_key.strip_prefix("reverse:") {
-            match book_store::valuation_by_key(conn, original).await? {
+            match valuation_of(conn, this_page, original).await? {
                 Some(v) => Some((v, format!("reverses {}", entry_id(original)))),
                 None => return Ok(None),
             }
         } else if let Some(hold) = self.held_since(conn, pending).await? {
-            book_store::valuation_by_key(conn, &hold)
+            valuation_of(conn, this_page, &hold)
                 .await?
                 .map(|v| (v, format!("held since {}", entry_id(&hold))))
         } else {
@@ -542,6 +555,18 @@ impl Engine {
     }
 }
 
+/// The valuation of the entry keyed `key`: from this pass's page, or as stored.
+async fn valuation_of(
+    conn: &mut sqlx::AnyConnection,
+    this_page: &HashMap<String, Valuation>,
+    key: &str,
+) -> Result<Option<Valuation>, Error> {
+    match this_page.get(key) {
+        Some(valuation) => Ok(Some(valuation.clone())),
+        None => Ok(book_store::valuation_by_key(conn, key).await?),
+    }
+}
+
 fn check_actor(actor: &str) -> Result<(), Error> {
     if actor.trim().is_empty() || actor.len() > 100 {
         return Err(Error::InvalidInput(
@@ -616,7 +641,7 @@ async fn fold_report(
 ) -> Result<PeriodReport, Error> {
     let (from, to) = period.bounds(zone);
     let in_reporting = books.reporting_currency.is_some();
-    let mut fold = PeriodFold::new();
+    let mut fold = PeriodFold::new(zone);
     let mut start = None;
     loop {
         let page = book_store::period_page(
@@ -633,17 +658,19 @@ async fn fold_report(
             fold.add(&valued(entry)?, chart, in_reporting)?;
         }
     }
-    let (entries, entries_sha256, receipts, accounts) = fold.finish(in_reporting);
+    let folded = fold.finish(in_reporting);
     Ok(PeriodReport {
         period,
         timezone: zone.name().to_owned(),
         from: from.to_rfc3339(),
         to: to.to_rfc3339(),
         currency: crate::books::export_currency(books),
-        entries,
-        entries_sha256,
-        receipts,
-        accounts,
+        entries: folded.entries,
+        entries_sha256: folded.entries_sha256,
+        receipts: folded.receipts,
+        accounts: folded.accounts,
+        daily: folded.daily,
+        xero_files: folded.xero_files,
         rollforward: rollforward_of(conn, period, zone).await?,
         books: books.clone(),
     })

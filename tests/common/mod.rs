@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod anvil;
+pub mod books;
 pub mod checks;
 pub mod faults;
 pub mod payments;
