@@ -436,7 +436,8 @@ on_both_databases! {
         assert_eq!(spec["openapi"], "3.1.0");
         for path in ["/v1/orders", "/v1/topups", "/v1/payments", "/v1/payments/{intent}/qr.svg", "/v1/payments/{intent}/mark-paid",
             "/v1/orders/{reference}/pay-from-balance", "/v1/balances/{account}", "/v1/reports/reconcile", "/v1/stuck",
-            "/v1/exceptions/{id}/resolve", "/v1/audit-log", "/v1/webhooks/{endpoint}/replay", "/metrics", "/ready"] {
+            "/v1/exceptions/{id}/resolve", "/v1/audit-log", "/v1/webhooks/{endpoint}/replay", "/metrics", "/ready",
+            "/v1/periods/{period}/close", "/v1/periods/{period}/reopen", "/v1/exports/journal", "/v1/reports/rollforward"] {
             assert!(spec["paths"][path].is_object(), "{path} is described");
         }
         let page = api.http.get(format!("{}/ui/stuck", api.base)).send().await.unwrap().text().await.unwrap();
@@ -445,6 +446,56 @@ on_both_databases! {
         let (status, body) = api.call("GET", "/ready", None, None).await;
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(body["error"]["message"], "database unreachable", "the driver's words stay in the log");
+    }
+
+    async fn finance_closes_months_and_downloads_journals_over_http(db) {
+        let seeded = seed(&db).await;
+        let api = Api::start(&seeded).await;
+        assert_eq!(seeded.engine.value_entries().await.unwrap().failed, 0);
+        let (finance, shop) = (Some(api.finance.as_str()), Some(api.shop.as_str()));
+
+        let (status, _) = api.call("POST", "/v1/periods/2026-11/close", shop, None).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "only finance closes a month");
+        let (status, closed) = api.call("POST", "/v1/periods/2026-11/close", finance, None).await;
+        assert_eq!(status, StatusCode::OK, "{closed}");
+        assert_eq!(closed["period"], "2026-11");
+        let (status, again) = api.call("POST", "/v1/periods/2026-11/close", finance, None).await;
+        assert_eq!((status, again["error"]["code"].as_str()), (StatusCode::CONFLICT, Some("conflict")));
+        let (_, state) = api.call("GET", "/v1/periods/2026-11", finance, None).await;
+        assert_eq!(state["state"], "closed");
+        assert_eq!(state["log"][0]["actor"], "fiona");
+        let (status, _) = api.call("POST", "/v1/periods/2026-11/reopen", finance, Some(&json!({}))).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "a reopen needs a reason");
+        let (status, reopened) = api.call("POST", "/v1/periods/2026-11/reopen", finance, Some(&json!({"reason": "late invoice"}))).await;
+        assert_eq!((status, reopened["state"].as_str()), (StatusCode::OK, Some("open")));
+        let (status, _) = api.call("POST", "/v1/periods/2026-13/close", finance, None).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+
+        let (status, rollforward) = api.call("GET", "/v1/reports/rollforward?period=2026-12", finance, None).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(rollforward["closes"], true);
+        assert_eq!(rollforward["closing"], rollforward["customer_balances"]);
+        let (_, unvalued) = api.call("GET", "/v1/books/unvalued", finance, None).await;
+        assert_eq!(unvalued["count"], 0);
+        let (status, report) = api.call("GET", "/v1/periods/2026-12/report", finance, None).await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(report["entries"].as_u64().unwrap() > 0);
+
+        let download = api.http.get(format!("{}/v1/exports/journal?period=2026-12&format=generic", api.base))
+            .bearer_auth(&api.finance).send().await.unwrap();
+        assert_eq!(download.status(), StatusCode::OK);
+        assert_eq!(download.headers()["content-type"], "text/csv; charset=utf-8");
+        assert_eq!(download.headers()["content-disposition"], "attachment; filename=\"journal-2026-12.csv\"");
+        let csv = download.text().await.unwrap();
+        assert!(csv.starts_with("entry_id,seq,date,kind,account,gl_account,debit,credit,currency,"));
+        assert!(csv.lines().skip(1).all(|line| line.starts_with("PR-")), "{csv}");
+        assert!(csv.lines().count() > report["entries"].as_u64().unwrap() as usize, "a row per leg");
+        let (status, body) = api.call("GET", "/v1/exports/journal?period=2026-12&format=pdf", finance, None).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+        let (status, _) = api.call("GET", "/v1/exports/journal?period=2026-12&format=generic&part=2", finance, None).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "only Xero has parts");
+        let (status, _) = api.call("GET", "/v1/exports/journal?period=2026-12", shop, None).await;
+        assert_eq!(status, StatusCode::FORBIDDEN);
     }
 
     async fn webhooks_arrive_in_order_exactly_once_through_failures(db) {

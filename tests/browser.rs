@@ -47,13 +47,14 @@ async fn rendered(url: &str) -> String {
 }
 
 /// `payrecon serve` with HTTP over a database seeded with every state and exception (BTC at
-/// 80,000 USD): its configuration (which holds the database), the seeded engine, the server
-/// and its base URL, once it answers.
+/// 80,000 USD, and a price for every asset the seed pays in, so the books can value it): its
+/// configuration (which holds the database), the seeded engine, the server and its base URL,
+/// once it answers.
 async fn serve_seeded() -> (ServeConfig, Seeded, Serving, String) {
     let port = free_port();
     let config = ServeConfig::new(
         &["btc"],
-        r#"{"BTC":"80000"}"#,
+        r#"{"BTC":"80000","ETH":"3000","USDT":"1","USDC":"1","TRX":"0.25","SOL":"150","LTC":"85"}"#,
         &format!("[http]\nlisten = \"127.0.0.1:{port}\"\n"),
     );
     let seeded = seed(&TestDb::sqlite_at(&config.database())).await;
@@ -115,6 +116,114 @@ async fn a_person_sees_the_stuck_payments_and_the_reconciliation() {
     );
     assert!(report.contains("9 transfers"));
     assert!(report.contains("Every currency sums to zero."));
+    serving.stop().await;
+}
+
+/// Waits until the server's valuation pass has valued every entry.
+async fn all_valued(base: &str, token: &str) {
+    let client = reqwest::Client::new();
+    for _ in 0..600 {
+        let answer: serde_json::Value = client
+            .get(format!("{base}/v1/books/unvalued"))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if answer["count"] == 0 {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("the valuation pass never valued every entry");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn finance_sees_the_books_and_closes_and_reopens_a_month() {
+    let (_config, seeded, serving, base) = serve_seeded().await;
+    let finance = seeded
+        .engine
+        .create_api_token("fiona", Role::Finance)
+        .await
+        .unwrap();
+    all_valued(&base, &finance).await;
+    let browser = headless::Headless::launch().await;
+
+    // The seeded month: its roll-forward, receipts at value, the chart and the exports.
+    let page = browser
+        .open(
+            &format!("{base}/ui/reconcile#token={finance}&month=2026-12"),
+            headless::DESKTOP,
+            None,
+        )
+        .await;
+    headless::wait_until(
+        &page,
+        "document.getElementById('books-status').textContent.includes('sha256')",
+        "December's figures",
+    )
+    .await;
+    let seen = headless::visible_text(&page).await;
+    for expected in [
+        "State: open",
+        "Top-ups credited",
+        "Customers' balances",
+        "0 entries without a fiat value",
+        "Market value USD",
+        "btc",
+    ] {
+        assert!(seen.contains(expected), "the books show {expected}: {seen}");
+    }
+    let bars: u32 =
+        headless::evaluate(&page, "document.querySelectorAll('#chart rect').length").await;
+    assert!(bars > 0, "the chart has a bar per day and method");
+    let exports: String =
+        headless::evaluate(&page, "document.getElementById('exports').textContent").await;
+    assert_eq!(exports, "genericdatevqboxero 1");
+
+    // November has ended: finance closes it, then reopens it with a reason.
+    let _: bool = headless::evaluate(
+        &page,
+        "document.forms.books.month.value = '2026-11'; document.forms.books.requestSubmit(); true",
+    )
+    .await;
+    headless::wait_until(
+        &page,
+        "document.getElementById('state').textContent === 'open' && !document.getElementById('close').hidden",
+        "November open",
+    )
+    .await;
+    let _: bool = headless::evaluate(&page, "document.getElementById('close').click(); true").await;
+    headless::wait_until(
+        &page,
+        "document.getElementById('state').textContent === 'closed'",
+        "November closed",
+    )
+    .await;
+    assert!(
+        headless::visible_text(&page)
+            .await
+            .contains("close by fiona")
+    );
+    let _: bool = headless::evaluate(
+        &page,
+        "window.prompt = () => 'a supplier invoice arrived late'; document.getElementById('reopen').click(); true",
+    )
+    .await;
+    headless::wait_until(
+        &page,
+        "document.getElementById('state').textContent === 'open'",
+        "November reopened",
+    )
+    .await;
+    assert!(
+        headless::visible_text(&page)
+            .await
+            .contains("reopen by fiona: a supplier invoice arrived late")
+    );
+    browser.close().await;
     serving.stop().await;
 }
 

@@ -573,3 +573,67 @@ fn the_catalog_comes_from_the_configuration() {
     let refusal = refused(&url, &["--config", broken.to_str().unwrap(), "init"]);
     assert!(refusal.contains("catalog.max_lots"), "{refusal}");
 }
+
+/// The books from the command line: a month closed, reopened with a reason, exported.
+#[test]
+fn finance_closes_a_month_and_exports_its_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("books.db").display());
+    let pass = json(&url, &["books", "value"]);
+    assert_eq!(
+        (pass["valued"].as_u64(), pass["failed"].as_u64()),
+        (Some(0), Some(0))
+    );
+    let closed = json(&url, &["period", "close", "2026-11", "--actor", "anna"]);
+    assert_eq!(closed["entries"], 0);
+    assert!(refused(&url, &["period", "close", "2026-11"]).contains("already closed"));
+    assert!(refused(&url, &["period", "close", "2099-01"]).contains("has not ended"));
+    assert!(refused(&url, &["period", "close", "2026-13"]).contains("YYYY-MM"));
+    let status = json(&url, &["period", "status", "2026-11"]);
+    assert_eq!(
+        (status["state"].as_str(), status["log"][0]["actor"].as_str()),
+        (Some("closed"), Some("anna"))
+    );
+    let report = payrecon(&url, &["period", "report", "2026-11"]);
+    assert_eq!(
+        report.stdout,
+        payrecon(&url, &["period", "report", "2026-11"]).stdout
+    );
+    let reopened = json(
+        &url,
+        &["period", "reopen", "2026-11", "--reason", "wrong month"],
+    );
+    assert_eq!(reopened["state"], "open");
+
+    let generic = payrecon(&url, &["export", "journal", "--period", "2026-11"]);
+    assert!(generic.status.success());
+    assert!(String::from_utf8_lossy(&generic.stdout).starts_with("entry_id,seq,date,"));
+    assert!(
+        refused(
+            &url,
+            &[
+                "export", "journal", "--period", "2026-11", "--format", "datev"
+            ]
+        )
+        .contains("EUR")
+    );
+    let out = dir.path().join("exports");
+    let written = payrecon(
+        &url,
+        &[
+            "export",
+            "journal",
+            "--period",
+            "2026-11",
+            "--format",
+            "xero",
+            "--output-dir",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert!(written.status.success());
+    let file = std::fs::read_to_string(out.join("journal-2026-11-xero-1.csv")).unwrap();
+    assert!(file.starts_with("*Narration,*Date,Description,*AccountCode,*TaxRate,*Amount\r\n"));
+    let rollforward = json(&url, &["books", "rollforward", "--period", "2026-11"]);
+    assert_eq!(rollforward["closes"], true);
+}
