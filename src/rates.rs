@@ -719,13 +719,15 @@ impl RateSource for Kraken {
 pub struct RecordedQuotes {
     path: PathBuf,
     name: String,
+    /// The file as last read, and its modification time: read again only when it changed.
+    parsed: Mutex<Option<(std::time::SystemTime, Arc<RecordedQuotesFile>)>>,
 }
 
 /// The recorded-quotes file: `{"quotes": {"BTC": "80000", …}}`, optionally with
 /// `"fetched_at"` (without it the quotes count as read now) and `"usd_per_eur"`. `"timed"`
 /// pins prices at moments for the books: each `{"at", "quotes", "usd_per_eur"}` is in effect
 /// from its `at` until the next.
-#[derive(Deserialize)]
+#[derive(Debug, Deserialize)]
 struct RecordedQuotesFile {
     fetched_at: Option<DateTime<Utc>>,
     quotes: BTreeMap<Asset, Decimal>,
@@ -734,7 +736,7 @@ struct RecordedQuotesFile {
     timed: Vec<TimedQuotes>,
 }
 
-#[derive(Deserialize)]
+#[derive(Debug, Deserialize)]
 struct TimedQuotes {
     at: DateTime<Utc>,
     #[serde(default)]
@@ -746,31 +748,49 @@ impl RecordedQuotes {
     /// Quotes from the JSON file at `path`.
     pub fn new(path: PathBuf) -> RecordedQuotes {
         let name = format!("file:{}", path.display());
-        RecordedQuotes { path, name }
+        RecordedQuotes {
+            path,
+            name,
+            parsed: Mutex::new(None),
+        }
     }
 }
 
 impl RecordedQuotes {
-    async fn read(&self) -> Result<RecordedQuotesFile, RateError> {
-        let text =
-            tokio::fs::read_to_string(&self.path)
-                .await
-                .map_err(|e| RateError::Unavailable {
-                    source_name: self.name.clone(),
-                    message: e.to_string(),
-                })?;
-        serde_json::from_str(&text).map_err(|e| RateError::Malformed {
+    async fn read(&self) -> Result<Arc<RecordedQuotesFile>, RateError> {
+        let unavailable = |e: std::io::Error| RateError::Unavailable {
             source_name: self.name.clone(),
             message: e.to_string(),
-        })
+        };
+        let modified = tokio::fs::metadata(&self.path)
+            .await
+            .and_then(|m| m.modified())
+            .map_err(unavailable)?;
+        if let Some((at, file)) = self.parsed.lock().expect("quotes lock").as_ref()
+            && *at == modified
+        {
+            return Ok(file.clone());
+        }
+        let text = tokio::fs::read_to_string(&self.path)
+            .await
+            .map_err(unavailable)?;
+        let file: Arc<RecordedQuotesFile> =
+            Arc::new(
+                serde_json::from_str(&text).map_err(|e| RateError::Malformed {
+                    source_name: self.name.clone(),
+                    message: e.to_string(),
+                })?,
+            );
+        *self.parsed.lock().expect("quotes lock") = Some((modified, file.clone()));
+        Ok(file)
     }
 
-    fn quotes(&self, prices: BTreeMap<Asset, Decimal>, at: DateTime<Utc>) -> Vec<Quote> {
+    fn quotes(&self, prices: &BTreeMap<Asset, Decimal>, at: DateTime<Utc>) -> Vec<Quote> {
         prices
-            .into_iter()
+            .iter()
             .map(|(asset, usd_per_unit)| Quote {
-                asset,
-                usd_per_unit,
+                asset: *asset,
+                usd_per_unit: *usd_per_unit,
                 source: self.name.clone(),
                 fetched_at: at,
             })
@@ -779,11 +799,8 @@ impl RecordedQuotes {
 }
 
 /// The last of `timed` in effect at `at`, if any.
-fn in_effect(timed: Vec<TimedQuotes>, at: DateTime<Utc>) -> Option<TimedQuotes> {
-    timed
-        .into_iter()
-        .filter(|t| t.at <= at)
-        .max_by_key(|t| t.at)
+fn in_effect(timed: &[TimedQuotes], at: DateTime<Utc>) -> Option<&TimedQuotes> {
+    timed.iter().filter(|t| t.at <= at).max_by_key(|t| t.at)
 }
 
 impl RateSource for RecordedQuotes {
@@ -795,7 +812,7 @@ impl RateSource for RecordedQuotes {
         Box::pin(async move {
             let file = self.read().await?;
             let fetched_at = file.fetched_at.unwrap_or_else(Utc::now);
-            Ok(self.quotes(file.quotes, fetched_at))
+            Ok(self.quotes(&file.quotes, fetched_at))
         })
     }
 
@@ -803,9 +820,9 @@ impl RateSource for RecordedQuotes {
     fn fetch_at(&self, at: DateTime<Utc>) -> Option<BoxFuture<'_, Result<Vec<Quote>, RateError>>> {
         Some(Box::pin(async move {
             let file = self.read().await?;
-            Ok(match in_effect(file.timed, at) {
-                Some(timed) => self.quotes(timed.quotes, timed.at),
-                None => self.quotes(file.quotes, file.fetched_at.unwrap_or(at)),
+            Ok(match in_effect(&file.timed, at) {
+                Some(timed) => self.quotes(&timed.quotes, timed.at),
+                None => self.quotes(&file.quotes, file.fetched_at.unwrap_or(at)),
             })
         }))
     }
@@ -821,12 +838,12 @@ impl RateSource for RecordedQuotes {
                 return Ok(None);
             }
             let file = self.read().await?;
-            let (price, fetched_at) = match in_effect(file.timed, at) {
+            let (price, fetched_at) = match in_effect(&file.timed, at) {
                 Some(TimedQuotes {
                     usd_per_eur: Some(price),
                     at,
                     ..
-                }) => (Some(price), at),
+                }) => (Some(*price), *at),
                 _ => (file.usd_per_eur, file.fetched_at.unwrap_or(at)),
             };
             Ok(price.map(|usd_per_unit| FiatQuote {

@@ -6,6 +6,7 @@
 //! workshop: it reaches the engine's internals through `payrecon::test_utils`, and it is the
 //! only binary that carries the Tron and Solana fake nodes.
 
+mod books;
 mod edge;
 mod utxo_node;
 
@@ -72,6 +73,10 @@ enum BenchCommand {
     /// The reconciliation report over a period of many transfers, each with its ledger entry:
     /// time per format and the process's peak memory while writing it (the report streams).
     Report(ReportArgs),
+    /// The books over a month of many transfers: the valuation pass, each journal export
+    /// (time and peak memory; they stream) and the close, beside the plain reconciliation
+    /// report over the same month.
+    Books(books::BooksArgs),
     /// The Litecoin watcher over a real Electrum server: addresses followed from a cold start
     /// (a restart's full resync) and a steady scan, for fresh intents below a random key.
     Electrum(ElectrumArgs),
@@ -335,6 +340,7 @@ async fn run(command: BenchCommand, json: bool) -> anyhow::Result<()> {
         BenchCommand::NodeLatency(args) => node_latency_workload(args, json).await,
         BenchCommand::NodeScale(args) => node_scale_workload(args, json).await,
         BenchCommand::Report(args) => report_workload(args, json).await,
+        BenchCommand::Books(args) => books::workload(args, json).await,
         BenchCommand::Edge(args) => edge_workload(args, json).await,
         BenchCommand::EdgeClients(EdgeClientsArgs { url }) => edge::clients(&url).await,
         BenchCommand::Ledger(args) => ledger_workload(args, json).await,
@@ -1633,15 +1639,16 @@ fn scratch(database: Option<String>) -> anyhow::Result<(tempfile::TempDir, Strin
 /// Transfers loaded per transaction when building the report benchmark's period.
 const REPORT_LOAD_BATCH: usize = 10_000;
 
-/// Builds a period of `count` confirmed transfers to addresses no intent owns, each held in
-/// suspense by its own journal entry (as the matcher books them), then writes the report in
-/// every format to nowhere, timing each and reading the peak memory it took.
-async fn reconciliation(engine: &Engine, count: usize) -> anyhow::Result<Vec<BenchLine>> {
+/// Loads `count` confirmed transfers to addresses no intent owns from `start`, one every
+/// `spacing_ms`, each held in suspense by its own journal entry (as the matcher books them),
+/// posted when its batch's first transfer was seen. Returns the time it took.
+async fn load_held_transfers(
+    engine: &Engine,
+    count: usize,
+    start: chrono::DateTime<chrono::Utc>,
+    spacing_ms: i64,
+) -> anyhow::Result<Duration> {
     use payrecon::StoredTransfer;
-    use payrecon::test_utils::report::{CsvSection, ReportFormat, ReportQuery};
-    let start = chrono::Utc::now() - chrono::Duration::days(3);
-    // Spread over three days, so the chart has bars.
-    let spacing_ms = (3 * 24 * 3600 * 1000 / count as i64).max(1);
     let bar = progress_bar(count as u64, "loading");
     let started = Instant::now();
     for first in (0..count).step_by(REPORT_LOAD_BATCH) {
@@ -1693,6 +1700,8 @@ async fn reconciliation(engine: &Engine, count: usize) -> anyhow::Result<Vec<Ben
                 ],
             })
             .collect();
+        let posted = chrono::DateTime::from_timestamp_millis(transfers[0].seen_at_ms)
+            .context("a transfer time")?;
         let mut tx = engine.store().begin_write().await?;
         payrecon::test_utils::store::reports::load_transfers(
             &mut tx,
@@ -1700,17 +1709,23 @@ async fn reconciliation(engine: &Engine, count: usize) -> anyhow::Result<Vec<Ben
             start.timestamp_millis(),
         )
         .await?;
-        payrecon::test_utils::store::ledger::post_batch(
-            &mut tx,
-            &entries,
-            start + chrono::Duration::hours(1),
-        )
-        .await??;
+        payrecon::test_utils::store::ledger::post_batch(&mut tx, &entries, posted).await??;
         tx.commit().await?;
         bar.inc(indexes.len() as u64);
     }
     bar.finish_and_clear();
-    let mut lines = vec![line("load transfers and entries", count, started.elapsed())];
+    Ok(started.elapsed())
+}
+
+/// Builds a period of `count` held transfers over three days, then writes the report in every
+/// format to nowhere, timing each and reading the peak memory it took.
+async fn reconciliation(engine: &Engine, count: usize) -> anyhow::Result<Vec<BenchLine>> {
+    use payrecon::test_utils::report::{CsvSection, ReportFormat, ReportQuery};
+    let start = chrono::Utc::now() - chrono::Duration::days(3);
+    // Spread over three days, so the chart has bars.
+    let spacing_ms = (3 * 24 * 3600 * 1000 / count as i64).max(1);
+    let loaded = load_held_transfers(engine, count, start, spacing_ms).await?;
+    let mut lines = vec![line("load transfers and entries", count, loaded)];
     let query = ReportQuery {
         from: start - chrono::Duration::hours(1),
         to: chrono::Utc::now() + chrono::Duration::hours(1),

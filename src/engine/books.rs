@@ -87,6 +87,11 @@ impl Engine {
         Period::containing(at, self.books.zone)
     }
 
+    /// The first instant of `period` and the first after it, in the books' time zone.
+    pub fn period_bounds(&self, period: Period) -> (DateTime<Utc>, DateTime<Utc>) {
+        period.bounds(self.books.zone)
+    }
+
     /// Gives every entry not valued yet its fiat value: the market rate of its crypto when it
     /// was posted (a payment's value at receipt), the rate of the entry it reverses, or for
     /// held money an operator releases, the rate it was received at; and the reporting
@@ -103,8 +108,17 @@ impl Engine {
             after = last.seq;
             // This page's valuations by key: a reversal may follow its original in one page.
             let mut valued: HashMap<String, Valuation> = HashMap::with_capacity(page.len());
+            let keys: Vec<&str> = page
+                .iter()
+                .map(|e| e.entry.idempotency_key.as_str())
+                .collect();
+            let txids = book_store::txids_of_entries(&mut conn, &keys).await?;
             for entry in &page {
-                let outcome = match self.value_entry(&mut conn, entry, &valued).await {
+                let txids = txids.get(&entry.entry.idempotency_key).map(|t| t.join("+"));
+                let outcome = match self
+                    .value_entry(&mut conn, entry, &valued, txids.unwrap_or_default())
+                    .await
+                {
                     Ok(Some(valuation)) => Ok(valuation),
                     Ok(None) => Err(Error::Books(
                         "waits for the entry it reverses to be valued".into(),
@@ -154,6 +168,7 @@ impl Engine {
         conn: &mut sqlx::AnyConnection,
         pending: &PeriodEntry,
         this_page: &HashMap<String, Valuation>,
+        txids: String,
     ) -> Result<Option<Valuation>, Error> {
         let entry = &pending.entry;
         let now = self.now();
@@ -223,12 +238,11 @@ impl Engine {
                 .await?,
             ),
         };
-        let txids = book_store::txids_of_entry(conn, &entry.idempotency_key).await?;
         Ok(Some(Valuation {
             entry_seq: pending.seq,
             crypto,
             basis: "market".into(),
-            txids: txids.join("+"),
+            txids,
             reporting,
             valued_at: now,
         }))

@@ -346,17 +346,28 @@ pub(crate) async fn valuation_by_key(
     }
 }
 
-/// The transactions whose transfers an entry booked, in order.
-pub(crate) async fn txids_of_entry(
+/// The transactions whose transfers each of `keys` booked, in order: one statement a page.
+pub(crate) async fn txids_of_entries(
     conn: &mut AnyConnection,
-    key: &str,
-) -> Result<Vec<String>, StoreError> {
-    Ok(sqlx::query_scalar(
-        "SELECT txid FROM transfers WHERE credited_entry = $1 ORDER BY network, txid, position",
-    )
-    .bind(key)
-    .fetch_all(conn)
-    .await?)
+    keys: &[&str],
+) -> Result<HashMap<String, Vec<String>>, StoreError> {
+    let backend = super::backend_of_conn(conn);
+    let mut txids: HashMap<String, Vec<String>> = HashMap::new();
+    for chunk in keys.chunks(super::rows_per_statement(1)) {
+        let sql = format!(
+            "SELECT credited_entry, txid FROM transfers WHERE credited_entry IN ({}) \
+             ORDER BY credited_entry, network, txid, position",
+            list_placeholders(backend, chunk.len())
+        );
+        let mut query = sqlx::query_as::<_, (String, String)>(sqlx::AssertSqlSafe(sql));
+        for key in chunk {
+            query = query.bind(*key);
+        }
+        for (key, txid) in query.fetch_all(&mut *conn).await? {
+            txids.entry(key).or_default().push(txid);
+        }
+    }
+    Ok(txids)
 }
 
 /// Writes valuations; one already there for an entry is kept (a valuation is written once).
