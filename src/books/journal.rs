@@ -351,92 +351,110 @@ impl<'a> JournalWriter<'a> {
                 self.totals.credits_minor -= line.amount;
             }
         }
-        let date = booked.booked_at.with_timezone(&self.zone).date_naive();
-        let id = entry_id(&booked.entry.idempotency_key);
-        let memo = memo_of(&booked.entry);
-        let mut out = Vec::new();
+        let said = Said {
+            id: entry_id(&booked.entry.idempotency_key),
+            date: booked.booked_at.with_timezone(&self.zone).date_naive(),
+            memo: memo_of(&booked.entry),
+            booked,
+        };
         let mut new_part = None;
-        match self.format {
-            JournalFormat::Generic => {
-                for (posting, value) in booked.entry.postings.iter().zip(&values) {
-                    let gl = self.chart.map(&posting.account)?;
-                    let (debit, credit) =
-                        split(posting.amount_minor, |m| posting.currency.format(m));
-                    let reporting = value
-                        .reporting_cents
-                        .map(|c| Currency::Usd.format(c))
-                        .unwrap_or_default();
-                    out.extend(csv_record(
-                        b',',
-                        &[
-                            &id,
-                            &booked.seq.to_string(),
-                            &date.to_string(),
-                            booked.entry.kind.as_str(),
-                            &posting.account.to_string(),
-                            &gl.code,
-                            &debit,
-                            &credit,
-                            &posting.currency.to_string(),
-                            &posting.amount_minor.to_string(),
-                            &Currency::Usd.format(value.usd_cents),
-                            self.books.reporting_currency.as_deref().unwrap_or(""),
-                            &reporting,
-                            &booked.valuation.txids,
-                            booked.entry.reference.as_deref().unwrap_or(""),
-                            &memo,
-                            &booked.valuation.basis,
-                        ],
-                    ));
-                    self.totals.lines += 1;
-                }
-            }
-            JournalFormat::Datev => {
-                out = self.datev_rows(&lines, &id, date, &memo, booked);
-            }
+        let rows = match self.format {
+            JournalFormat::Generic => self.generic_rows(&said, &values)?,
+            JournalFormat::Datev => self.datev_rows(&said, &lines),
             JournalFormat::Xero => {
                 new_part = self.xero_files.place(lines.len());
                 self.totals.parts = self.xero_files.files();
-                let narration = format!("{id} {memo}");
-                for line in &lines {
-                    out.extend(csv_record(
-                        b',',
-                        &[
-                            &narration,
-                            &date.format("%d/%m/%Y").to_string(),
-                            booked
-                                .entry
-                                .reference
-                                .as_deref()
-                                .unwrap_or(&booked.valuation.txids),
-                            &line.account.code,
-                            &self.books.xero_tax_rate,
-                            &Currency::Usd.format(line.amount),
-                        ],
-                    ));
-                    self.totals.lines += 1;
-                }
+                self.xero_rows(&said, &lines)
             }
-            JournalFormat::Qbo => {
-                for line in &lines {
-                    let (debit, credit) = split(line.amount, |m| Currency::Usd.format(m));
-                    out.extend(csv_record(
-                        b',',
-                        &[
-                            &id,
-                            &date.format("%m/%d/%Y").to_string(),
-                            &line.account.name,
-                            &memo,
-                            &debit,
-                            &credit,
-                            line.customer.as_deref().unwrap_or(""),
-                        ],
-                    ));
-                    self.totals.lines += 1;
-                }
-            }
+            JournalFormat::Qbo => self.qbo_rows(&said, &lines),
+        };
+        self.totals.lines += rows.len() as u64;
+        Ok((new_part, rows.concat()))
+    }
+
+    /// One row per ledger leg, in its own currency with its values.
+    fn generic_rows(&self, said: &Said<'_>, values: &[LegValue]) -> Result<Vec<Vec<u8>>, Error> {
+        let booked = said.booked;
+        let mut rows = Vec::with_capacity(values.len());
+        for (posting, value) in booked.entry.postings.iter().zip(values) {
+            let gl = self.chart.map(&posting.account)?;
+            let (debit, credit) = split(posting.amount_minor, |m| posting.currency.format(m));
+            let reporting = value
+                .reporting_cents
+                .map(|c| Currency::Usd.format(c))
+                .unwrap_or_default();
+            rows.push(csv_record(
+                b',',
+                &[
+                    &said.id,
+                    &booked.seq.to_string(),
+                    &said.date.to_string(),
+                    booked.entry.kind.as_str(),
+                    &posting.account.to_string(),
+                    &gl.code,
+                    &debit,
+                    &credit,
+                    &posting.currency.to_string(),
+                    &posting.amount_minor.to_string(),
+                    &Currency::Usd.format(value.usd_cents),
+                    self.books.reporting_currency.as_deref().unwrap_or(""),
+                    &reporting,
+                    &booked.valuation.txids,
+                    booked.entry.reference.as_deref().unwrap_or(""),
+                    &said.memo,
+                    &booked.valuation.basis,
+                ],
+            ));
         }
-        Ok((new_part, out))
+        Ok(rows)
+    }
+
+    /// One row per GL line: Xero groups a journal by narration and date.
+    fn xero_rows(&self, said: &Said<'_>, lines: &[GlLine]) -> Vec<Vec<u8>> {
+        let narration = format!("{} {}", said.id, said.memo);
+        let entry = &said.booked.entry;
+        let description = entry
+            .reference
+            .as_deref()
+            .unwrap_or(&said.booked.valuation.txids);
+        lines
+            .iter()
+            .map(|line| {
+                csv_record(
+                    b',',
+                    &[
+                        &narration,
+                        &said.date.format("%d/%m/%Y").to_string(),
+                        description,
+                        &line.account.code,
+                        &self.books.xero_tax_rate,
+                        &Currency::Usd.format(line.amount),
+                    ],
+                )
+            })
+            .collect()
+    }
+
+    /// One row per GL line: QuickBooks groups a journal entry by its number.
+    fn qbo_rows(&self, said: &Said<'_>, lines: &[GlLine]) -> Vec<Vec<u8>> {
+        lines
+            .iter()
+            .map(|line| {
+                let (debit, credit) = split(line.amount, |m| Currency::Usd.format(m));
+                csv_record(
+                    b',',
+                    &[
+                        &said.id,
+                        &said.date.format("%m/%d/%Y").to_string(),
+                        &line.account.name,
+                        &said.memo,
+                        &debit,
+                        &credit,
+                        line.customer.as_deref().unwrap_or(""),
+                    ],
+                )
+            })
+            .collect()
     }
 
     /// DATEV's header record: 31 fields, text in quotes, numbers bare.
@@ -504,55 +522,57 @@ impl<'a> JournalWriter<'a> {
 
     /// One DATEV record per GL line but the largest, booked against the largest: DATEV
     /// records have one account and one contra account, and this split needs no rounding.
-    fn datev_rows(
-        &mut self,
-        lines: &[GlLine],
-        id: &str,
-        date: chrono::NaiveDate,
-        memo: &str,
-        booked: &BookedEntry,
-    ) -> Vec<u8> {
-        let mut out = Vec::new();
+    fn datev_rows(&self, said: &Said<'_>, lines: &[GlLine]) -> Vec<Vec<u8>> {
         let Some(hub) = (0..lines.len()).max_by_key(|&i| lines[i].amount.unsigned_abs()) else {
-            return out;
+            return Vec::new();
         };
-        let rate = booked
+        let rate = said
+            .booked
             .valuation
             .reporting
             .as_ref()
             .map(|r| format!("{:.6}", r.usd_per_unit).replace('.', ","))
             .unwrap_or_default();
-        let text: String = memo.chars().take(60).collect();
-        for (i, line) in lines.iter().enumerate() {
-            if i == hub || line.amount == 0 {
-                continue;
-            }
-            // The hub account is debited when this line is a credit.
-            let side = if line.amount < 0 { "S" } else { "H" };
-            let record = csv_record(
-                b';',
-                &[
-                    &comma(line.usd_cents.abs()),
-                    side,
-                    "USD",
-                    &rate,
-                    &comma(line.amount.abs()),
-                    "EUR",
-                    &lines[hub].account.code,
-                    &line.account.code,
-                    "",
-                    &date.format("%d%m").to_string(),
-                    id,
-                    booked.entry.reference.as_deref().unwrap_or(""),
-                    "",
-                    &text,
-                ],
-            );
-            out.extend(record);
-            self.totals.lines += 1;
-        }
-        out
+        let text: String = said.memo.chars().take(60).collect();
+        let reference = said.booked.entry.reference.as_deref().unwrap_or("");
+        let day = said.date.format("%d%m").to_string();
+        lines
+            .iter()
+            .enumerate()
+            .filter(|(i, line)| *i != hub && line.amount != 0)
+            .map(|(_, line)| {
+                // The hub account is debited when this line is a credit.
+                let side = if line.amount < 0 { "S" } else { "H" };
+                csv_record(
+                    b';',
+                    &[
+                        &comma(line.usd_cents.abs()),
+                        side,
+                        "USD",
+                        &rate,
+                        &comma(line.amount.abs()),
+                        "EUR",
+                        &lines[hub].account.code,
+                        &line.account.code,
+                        "",
+                        &day,
+                        &said.id,
+                        reference,
+                        "",
+                        &text,
+                    ],
+                )
+            })
+            .collect()
     }
+}
+
+/// What every format says about one entry besides its amounts.
+struct Said<'a> {
+    id: String,
+    date: chrono::NaiveDate,
+    memo: String,
+    booked: &'a BookedEntry,
 }
 
 /// Debit and credit columns of a signed amount.
