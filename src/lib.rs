@@ -94,9 +94,9 @@ struct ReadmeDoctests;
 
 pub use api::{ApiOptions, parse_time, router};
 pub use books::{
-    Cents, CryptoRate, DailyReceipts, ExportTotals, FX_GAIN_LOSS, GlMovement, JournalFormat,
-    Period, PeriodLogLine, PeriodReport, PeriodStatus, ReceiptValue, ReportingRate, RollForward,
-    UnvaluedEntry, Valuation, ValuationPass, XERO_LINES_PER_FILE, entry_id,
+    Cents, DailyReceipts, ExportTotals, FX_GAIN_LOSS, GlMovement, JournalFormat, Period,
+    PeriodLogLine, PeriodReport, PeriodStatus, ReceiptValue, RollForward, UnvaluedEntry,
+    ValuationPass, XERO_LINES_PER_FILE, entry_id,
 };
 pub use catalog::Catalog;
 pub use config::Config;
@@ -114,7 +114,8 @@ pub use order::{
 };
 pub use payments::{PaymentInstructions, PaymentSettings};
 pub use records::{
-    ExceptionRecord, FailingEndpoint, IntentEvent, OperatorAction, StoredTransfer, WatcherHealth,
+    CryptoRate, ExceptionRecord, FailingEndpoint, IntentEvent, OperatorAction, ReportingRate,
+    StoredTransfer, Valuation, WatcherHealth,
 };
 pub use report::{CsvSection, ReportFormat, ReportQuery, ReportTotals};
 pub use serve::serve;

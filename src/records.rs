@@ -1,9 +1,12 @@
 //! What the engine has recorded, as its callers read it: transfers as seen, exceptions,
-//! operators' actions, the intent event stream, watcher health and failing webhook endpoints.
+//! operators' actions, the intent event stream, watcher health, failing webhook endpoints and
+//! the books' valuations.
 //! The store reads and writes these; the engine hands them out.
 
 use chrono::{DateTime, Utc};
-use payrecon_chain_core::{Amount, ReceivedAsset, TransferId};
+use payrecon_chain_core::{Amount, Method, ReceivedAsset, TransferId};
+use rust_decimal::Decimal;
+use serde::Serialize;
 
 /// An operator's action, as the audit log keeps it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -135,4 +138,48 @@ pub struct IntentEvent {
     pub detail: serde_json::Value,
     /// When.
     pub at: DateTime<Utc>,
+}
+
+/// A market price of one coin of a method, as quoted.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CryptoRate {
+    /// The method whose asset is priced.
+    pub method: Method,
+    /// USD for one whole coin.
+    pub usd_per_unit: Decimal,
+    /// The sources of the median.
+    pub source: String,
+    /// When the quote was current.
+    pub at: DateTime<Utc>,
+}
+
+/// The reporting currency's price in USD.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ReportingRate {
+    /// The currency (`EUR`).
+    pub currency: String,
+    /// USD for one unit of it (the EUR/USD quote, 1.08 for example).
+    pub usd_per_unit: Decimal,
+    /// The sources of the median.
+    pub source: String,
+    /// When the quote was current.
+    pub at: DateTime<Utc>,
+}
+
+/// An entry's valuation, written once.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Valuation {
+    /// The entry's position in the journal.
+    pub entry_seq: i64,
+    /// The rate of its crypto legs; none for an entry in USD alone.
+    pub crypto: Option<CryptoRate>,
+    /// Where the crypto rate comes from: `market` (the moment of the entry), `reverses <key>`
+    /// or `held since <key>` (the rate of the entry that took the money in).
+    pub basis: String,
+    /// The transactions behind the entry, `+`-separated.
+    pub txids: String,
+    /// The reporting currency's rate, when one is configured.
+    pub reporting: Option<ReportingRate>,
+    /// When it was written.
+    pub valued_at: DateTime<Utc>,
 }

@@ -14,10 +14,11 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::books::period::Period;
-use crate::books::valuation::{LegValue, Valuation, value_legs};
+use crate::books::valuation::{LegValue, value_legs};
 use crate::config::{BooksConfig, GlAccount};
 use crate::error::Error;
 use crate::ledger::{Account, Currency, NewEntry};
+use crate::records::Valuation;
 
 /// Lines of one Xero import file: Xero refuses larger files.
 pub const XERO_LINES_PER_FILE: usize = 300;

@@ -22,7 +22,6 @@ pub use period::Period;
 pub(crate) use period::parse_zone;
 pub(crate) use valuation::crypto_of;
 pub(crate) use valuation::value_legs;
-pub use valuation::{CryptoRate, ReportingRate, Valuation};
 
 /// Amounts in USD cents, formatted and exact.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]

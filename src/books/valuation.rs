@@ -6,57 +6,12 @@
 //! not balance, so in fiat an entry still sums to zero and its `fx:` legs hold the difference
 //! between the locked value (what the customer was credited) and the market value.
 
-use chrono::{DateTime, Utc};
 use payrecon_chain_core::Method;
 use rust_decimal::{Decimal, RoundingStrategy};
-use serde::Serialize;
 
 use crate::error::Error;
 use crate::ledger::{Account, Currency, NewEntry};
-
-/// A market price of one coin of a method, as quoted.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct CryptoRate {
-    /// The method whose asset is priced.
-    pub method: Method,
-    /// USD for one whole coin.
-    pub usd_per_unit: Decimal,
-    /// The sources of the median.
-    pub source: String,
-    /// When the quote was current.
-    pub at: DateTime<Utc>,
-}
-
-/// The reporting currency's price in USD.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct ReportingRate {
-    /// The currency (`EUR`).
-    pub currency: String,
-    /// USD for one unit of it (the EUR/USD quote, 1.08 for example).
-    pub usd_per_unit: Decimal,
-    /// The sources of the median.
-    pub source: String,
-    /// When the quote was current.
-    pub at: DateTime<Utc>,
-}
-
-/// An entry's valuation, written once.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Valuation {
-    /// The entry's position in the journal.
-    pub entry_seq: i64,
-    /// The rate of its crypto legs; none for an entry in USD alone.
-    pub crypto: Option<CryptoRate>,
-    /// Where the crypto rate comes from: `market` (the moment of the entry), `reverses <key>`
-    /// or `held since <key>` (the rate of the entry that took the money in).
-    pub basis: String,
-    /// The transactions behind the entry, `+`-separated.
-    pub txids: String,
-    /// The reporting currency's rate, when one is configured.
-    pub reporting: Option<ReportingRate>,
-    /// When it was written.
-    pub valued_at: DateTime<Utc>,
-}
+use crate::records::Valuation;
 
 /// One leg's worth: USD cents and reporting-currency minor units (cents of EUR).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -165,6 +120,8 @@ mod tests {
     use super::*;
     use crate::ledger::{EntryKind, Posting};
     use crate::order::AccountId;
+    use crate::records::{CryptoRate, ReportingRate};
+    use chrono::DateTime;
 
     fn payment(units: i128, cents: i128) -> NewEntry {
         let ltc = Currency::Crypto(Method::Ltc);

@@ -11,14 +11,15 @@ use chrono_tz::Tz;
 use tokio::io::{AsyncWrite, AsyncWriteExt, BufWriter};
 
 use crate::books::{
-    BookedEntry, Chart, CryptoRate, ExportTotals, JournalFormat, JournalWriter, Period, PeriodFold,
-    PeriodLogLine, PeriodReport, PeriodStatus, ReportingRate, RollForward, UnvaluedEntry,
-    Valuation, ValuationPass, crypto_of, entry_id, parse_zone,
+    BookedEntry, Chart, ExportTotals, JournalFormat, JournalWriter, Period, PeriodFold,
+    PeriodLogLine, PeriodReport, PeriodStatus, RollForward, UnvaluedEntry, ValuationPass,
+    crypto_of, entry_id, parse_zone,
 };
 use crate::config::BooksConfig;
 use crate::engine::Engine;
 use crate::error::Error;
 use crate::ledger::{Account, Currency};
+use crate::records::{CryptoRate, ReportingRate, Valuation};
 use crate::report::OUTPUT_BUFFER_BYTES;
 use crate::store::books::{self as book_store, PeriodEntry, PeriodEvent};
 use crate::store::{operations, payments};

@@ -9,8 +9,8 @@ use sqlx::{AnyConnection, Row};
 use super::ledger::decode_posting_at;
 use super::orders::millis;
 use super::{StoreError, WriteTx, list_placeholders, values_placeholders};
-use crate::books::{CryptoRate, ReportingRate, Valuation};
 use crate::ledger::{LedgerError, NewEntry, Posting};
+use crate::records::{CryptoRate, ReportingRate, Valuation};
 
 /// An entry's accounting date, as SQL: when it was booked into an open period, else when it
 /// was posted. `journal_entries_by_booking` indexes exactly this expression.
