@@ -458,6 +458,13 @@ impl CoinGecko {
         }
     }
 
+    fn malformed(message: String) -> RateError {
+        RateError::Malformed {
+            source_name: "coingecko".into(),
+            message,
+        }
+    }
+
     fn parse(body: &str) -> Result<Vec<Quote>, RateError> {
         #[derive(Deserialize)]
         struct Price<'a> {
@@ -465,10 +472,7 @@ impl CoinGecko {
             usd: &'a RawValue,
             last_updated_at: i64,
         }
-        let malformed = |message: String| RateError::Malformed {
-            source_name: "coingecko".into(),
-            message,
-        };
+        let malformed = Self::malformed;
         let prices: BTreeMap<&str, Price> =
             serde_json::from_str(body).map_err(|e| malformed(e.to_string()))?;
         let mut quotes = Vec::new();
@@ -501,10 +505,7 @@ impl CoinGecko {
             eur: &'a RawValue,
             last_updated_at: i64,
         }
-        let malformed = |message: String| RateError::Malformed {
-            source_name: "coingecko".into(),
-            message,
-        };
+        let malformed = Self::malformed;
         let answer: BTreeMap<&str, Prices> =
             serde_json::from_str(body).map_err(|e| malformed(e.to_string()))?;
         let prices = answer

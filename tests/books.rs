@@ -13,8 +13,7 @@ use common::payments::Tx;
 use common::{TestDb, topup};
 use payrecon::config::Config;
 use payrecon::test_utils::clock::{Clock, ManualClock};
-use payrecon::test_utils::rates::{RateBook, RecordedQuotes};
-use payrecon::{Engine, JournalFormat, OrderRef, PaymentSettings, Period};
+use payrecon::{Engine, JournalFormat, OrderRef, Period};
 use payrecon_chain_core::{Method, Network};
 use rust_decimal::Decimal;
 
@@ -42,20 +41,13 @@ async fn books_engine(db: &TestDb, dir: &Path, now: DateTime<Utc>) -> (Engine, A
     std::fs::write(dir.join("quotes.json"), QUOTES).unwrap();
     let config = books_config(dir);
     let clock = Arc::new(ManualClock::new(now));
-    let mut settings = PaymentSettings::from_config(&config).unwrap();
-    settings.rates = Some(Arc::new(RateBook::new(
-        vec![Arc::new(RecordedQuotes::new(dir.join("quotes.json")))],
-        chrono::Duration::minutes(5),
-        Decimal::new(2, 2),
-        chrono::Duration::zero(),
-    )));
-    let engine = db
-        .engine()
-        .await
-        .with_payment_settings(settings)
-        .with_books(config.books.clone())
-        .unwrap()
-        .with_clock(clock.clone());
+    let engine = common::books::engine_with_recorded_quotes(
+        db,
+        config,
+        &dir.join("quotes.json"),
+        clock.clone(),
+    )
+    .await;
     (engine, clock)
 }
 

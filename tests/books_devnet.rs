@@ -14,10 +14,8 @@ use common::checks::{order, wait_status};
 use common::regtest::{Chain, Source, fresh_account_xpub};
 use common::{TestDb, topup};
 use payrecon::test_utils::clock::{Clock, ManualClock};
-use payrecon::test_utils::rates::{RateBook, RecordedQuotes};
-use payrecon::{Engine, IntentStatus, JournalFormat, PaymentSettings, Period};
+use payrecon::{Engine, IntentStatus, JournalFormat, Period};
 use payrecon_chain_core::Method;
-use rust_decimal::Decimal;
 
 /// Locks at LTC 100 and USDT 1 (the plain quotes); worth LTC 102.50, USDT 0.9995 and one
 /// euro 1.16 USD since `since` (the timed quote).
@@ -57,21 +55,14 @@ async fn books_engine(
         c.books.reporting_currency = Some("EUR".into());
         c.books.timezone = "Europe/Berlin".into();
     });
-    let mut settings = PaymentSettings::from_config(&config).unwrap();
-    settings.rates = Some(Arc::new(RateBook::new(
-        vec![Arc::new(RecordedQuotes::new(dir.join("quotes.json")))],
-        Duration::minutes(5),
-        Decimal::new(2, 2),
-        Duration::zero(),
-    )));
     let clock = Arc::new(ManualClock::new(now));
-    let engine = db
-        .engine()
-        .await
-        .with_payment_settings(settings)
-        .with_books(config.books)
-        .unwrap()
-        .with_clock(clock.clone());
+    let engine = common::books::engine_with_recorded_quotes(
+        db,
+        config,
+        &dir.join("quotes.json"),
+        clock.clone(),
+    )
+    .await;
     (engine, clock)
 }
 

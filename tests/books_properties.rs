@@ -17,8 +17,7 @@ use common::books::export;
 use common::payments::Tx;
 use common::{Db, TestDb, rental, topup};
 use payrecon::test_utils::clock::{Clock, ManualClock};
-use payrecon::test_utils::rates::{RateBook, RecordedQuotes};
-use payrecon::{Action, Engine, JournalFormat, OrderRef, PaymentSettings, Period};
+use payrecon::{Action, Engine, JournalFormat, OrderRef, Period};
 use payrecon_chain_core::{Method, Network};
 use proptest::prelude::*;
 use rust_decimal::Decimal;
@@ -78,19 +77,7 @@ async fn engine(db: &TestDb, dir: &Path, clock: Arc<ManualClock>) -> Engine {
         c.books.reporting_currency = Some("EUR".into());
         c.books.timezone = "Europe/Berlin".into();
     });
-    let mut settings = PaymentSettings::from_config(&config).unwrap();
-    settings.rates = Some(Arc::new(RateBook::new(
-        vec![Arc::new(RecordedQuotes::new(dir.join("quotes.json")))],
-        Duration::minutes(5),
-        Decimal::new(2, 2),
-        Duration::zero(),
-    )));
-    db.engine()
-        .await
-        .with_payment_settings(settings)
-        .with_books(config.books)
-        .unwrap()
-        .with_clock(clock)
+    common::books::engine_with_recorded_quotes(db, config, &dir.join("quotes.json"), clock).await
 }
 
 /// A closed month as it was when it closed.

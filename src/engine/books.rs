@@ -187,20 +187,10 @@ impl Engine {
             None
         };
         let rates = self.payment_settings().rates.as_ref();
-        let no_rates = || Error::Books("no rate source is configured".into());
         if let Some((original, basis)) = inherited {
-            let reporting = match (&self.books.config.reporting_currency, original.reporting) {
-                (None, _) => None,
-                (Some(_), Some(rate)) if basis.starts_with("reverses") => Some(rate),
-                (Some(currency), _) => Some(
-                    self.reporting_rate(
-                        rates.ok_or_else(no_rates)?,
-                        currency,
-                        pending.posted_at,
-                        now,
-                    )
-                    .await?,
-                ),
+            let reporting = match original.reporting {
+                Some(rate) if basis.starts_with("reverses") => Some(rate),
+                _ => self.reporting_rate(pending.posted_at, now).await?,
             };
             return Ok(Some(Valuation {
                 entry_seq: pending.seq,
@@ -227,18 +217,7 @@ impl Engine {
                 })
             }
         };
-        let reporting = match &self.books.config.reporting_currency {
-            None => None,
-            Some(currency) => Some(
-                self.reporting_rate(
-                    rates.ok_or_else(no_rates)?,
-                    currency,
-                    pending.posted_at,
-                    now,
-                )
-                .await?,
-            ),
-        };
+        let reporting = self.reporting_rate(pending.posted_at, now).await?;
         Ok(Some(Valuation {
             entry_seq: pending.seq,
             crypto,
@@ -249,23 +228,30 @@ impl Engine {
         }))
     }
 
+    /// The reporting currency's USD rate at `at`, when the books have one.
     async fn reporting_rate(
         &self,
-        rates: &crate::rates::RateBook,
-        currency: &str,
         at: DateTime<Utc>,
         now: DateTime<Utc>,
-    ) -> Result<ReportingRate, Error> {
+    ) -> Result<Option<ReportingRate>, Error> {
+        let Some(currency) = &self.books.config.reporting_currency else {
+            return Ok(None);
+        };
+        let rates = self
+            .payment_settings()
+            .rates
+            .as_ref()
+            .ok_or_else(no_rates)?;
         let quote = rates
             .fiat_rate(currency, at, now)
             .await
             .map_err(|e| Error::Books(e.to_string()))?;
-        Ok(ReportingRate {
+        Ok(Some(ReportingRate {
             currency: quote.currency,
             usd_per_unit: quote.usd_per_unit,
             source: quote.source,
             at: quote.fetched_at,
-        })
+        }))
     }
 
     /// For an operator's resolution that releases held crypto, the key of the entry that took
@@ -513,21 +499,13 @@ impl Engine {
         let io = Error::ReportOutput;
         let mut out = BufWriter::with_capacity(OUTPUT_BUFFER_BYTES, open_part(1).map_err(io)?);
         out.write_all(&writer.header()).await.map_err(io)?;
-        let (from, to) = period.bounds(zone);
-        let mut start = None;
+        let mut pages = PeriodPages::new(period, zone);
         loop {
-            let page = book_store::period_page(
-                &mut conn,
-                from.timestamp_millis(),
-                to.timestamp_millis(),
-                start,
-                PAGE_ENTRIES,
-            )
-            .await?;
-            let Some(last) = page.last() else { break };
-            start = Some((last.booked_at.timestamp_millis(), last.seq));
-            for entry in page {
-                let booked = valued(entry)?;
+            let page = pages.next(&mut conn).await?;
+            if page.is_empty() {
+                break;
+            }
+            for booked in page {
                 let (new_part, bytes) = writer.entry(&booked)?;
                 if let Some(part) = new_part {
                     out.shutdown().await.map_err(io)?;
@@ -582,6 +560,10 @@ async fn valuation_of(
     }
 }
 
+fn no_rates() -> Error {
+    Error::Books("no rate source is configured".into())
+}
+
 fn check_actor(actor: &str) -> Result<(), Error> {
     if actor.trim().is_empty() || actor.len() > 100 {
         return Err(Error::InvalidInput(
@@ -612,6 +594,36 @@ fn books_of_close(close: &PeriodEvent) -> Result<BooksConfig, Error> {
             .map_err(|e| Error::Books(format!("the close of {}: {e}", close.period)))?;
     serde_json::from_value(snapshot["books"].clone())
         .map_err(|e| Error::Books(format!("the close of {}: {e}", close.period)))
+}
+
+/// A period's entries, valued, a page at a time in booking order: memory stays flat however
+/// long the period.
+struct PeriodPages {
+    from_ms: i64,
+    to_ms: i64,
+    start: Option<book_store::PageStart>,
+}
+
+impl PeriodPages {
+    fn new(period: Period, zone: Tz) -> PeriodPages {
+        let (from, to) = period.bounds(zone);
+        PeriodPages {
+            from_ms: from.timestamp_millis(),
+            to_ms: to.timestamp_millis(),
+            start: None,
+        }
+    }
+
+    /// The next page; empty at the end. An entry without its valuation is an error.
+    async fn next(&mut self, conn: &mut sqlx::AnyConnection) -> Result<Vec<BookedEntry>, Error> {
+        let page =
+            book_store::period_page(conn, self.from_ms, self.to_ms, self.start, PAGE_ENTRIES)
+                .await?;
+        if let Some(last) = page.last() {
+            self.start = Some((last.booked_at.timestamp_millis(), last.seq));
+        }
+        page.into_iter().map(valued).collect()
+    }
 }
 
 /// A period entry the exports can use: one with its valuation.
@@ -657,20 +669,14 @@ async fn fold_report(
     let (from, to) = period.bounds(zone);
     let in_reporting = books.reporting_currency.is_some();
     let mut fold = PeriodFold::new(zone);
-    let mut start = None;
+    let mut pages = PeriodPages::new(period, zone);
     loop {
-        let page = book_store::period_page(
-            conn,
-            from.timestamp_millis(),
-            to.timestamp_millis(),
-            start,
-            PAGE_ENTRIES,
-        )
-        .await?;
-        let Some(last) = page.last() else { break };
-        start = Some((last.booked_at.timestamp_millis(), last.seq));
-        for entry in page {
-            fold.add(&valued(entry)?, chart, in_reporting)?;
+        let page = pages.next(conn).await?;
+        if page.is_empty() {
+            break;
+        }
+        for booked in &page {
+            fold.add(booked, chart, in_reporting)?;
         }
     }
     let folded = fold.finish(in_reporting);

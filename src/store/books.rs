@@ -184,28 +184,40 @@ pub(crate) async fn period_page(
     let mut legs = postings_of(conn, &seqs).await?;
     headers
         .iter()
-        .map(|row| {
-            let seq: i64 = row.try_get(0)?;
-            let entry = NewEntry {
-                idempotency_key: row.try_get(3)?,
-                kind: row
-                    .try_get::<String, _>(4)?
-                    .parse()
-                    .map_err(|e: LedgerError| StoreError::Corrupt(e.to_string()))?,
-                reference: row.try_get(5)?,
-                memo: row.try_get(6)?,
-                postings: legs.remove(&seq).unwrap_or_default(),
-            };
-            debug_assert!(entry.balances(), "entry {seq} balances after it is read");
-            Ok(PeriodEntry {
-                seq,
-                booked_at: millis(row.try_get(1)?)?,
-                posted_at: millis(row.try_get(2)?)?,
-                entry,
-                valuation: decode_valuation(row, seq, 7)?,
-            })
-        })
+        .map(|row| decode_period_entry(row, &mut legs, true))
         .collect()
+}
+
+/// An entry from the columns both period reads start with (position, booking time, posting
+/// time, key, kind, reference, memo), its legs, and its valuation when the row carries one.
+fn decode_period_entry(
+    row: &sqlx::any::AnyRow,
+    legs: &mut HashMap<i64, Vec<Posting>>,
+    with_valuation: bool,
+) -> Result<PeriodEntry, StoreError> {
+    let seq: i64 = row.try_get(0)?;
+    let entry = NewEntry {
+        idempotency_key: row.try_get(3)?,
+        kind: row
+            .try_get::<String, _>(4)?
+            .parse()
+            .map_err(|e: LedgerError| StoreError::Corrupt(e.to_string()))?,
+        reference: row.try_get(5)?,
+        memo: row.try_get(6)?,
+        postings: legs.remove(&seq).unwrap_or_default(),
+    };
+    debug_assert!(entry.balances(), "entry {seq} balances after it is read");
+    Ok(PeriodEntry {
+        seq,
+        booked_at: millis(row.try_get(1)?)?,
+        posted_at: millis(row.try_get(2)?)?,
+        entry,
+        valuation: if with_valuation {
+            decode_valuation(row, seq, 7)?
+        } else {
+            None
+        },
+    })
 }
 
 /// The legs of entries `seqs`, in leg order.
@@ -302,25 +314,7 @@ pub(crate) async fn unvalued_after(
         .collect::<Result<_, _>>()?;
     let mut legs = postings_of(conn, &seqs).await?;
     rows.iter()
-        .map(|row| {
-            let seq: i64 = row.try_get(0)?;
-            Ok(PeriodEntry {
-                seq,
-                booked_at: millis(row.try_get(1)?)?,
-                posted_at: millis(row.try_get(2)?)?,
-                entry: NewEntry {
-                    idempotency_key: row.try_get(3)?,
-                    kind: row
-                        .try_get::<String, _>(4)?
-                        .parse()
-                        .map_err(|e: LedgerError| StoreError::Corrupt(e.to_string()))?,
-                    reference: row.try_get(5)?,
-                    memo: row.try_get(6)?,
-                    postings: legs.remove(&seq).unwrap_or_default(),
-                },
-                valuation: None,
-            })
-        })
+        .map(|row| decode_period_entry(row, &mut legs, false))
         .collect()
 }
 

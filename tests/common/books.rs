@@ -48,3 +48,27 @@ impl tokio::io::AsyncWrite for Collected {
         std::task::Poll::Ready(Ok(()))
     }
 }
+
+/// An engine on `db` with `config`'s payment settings and books, pricing from the recorded
+/// quotes file at `quotes` (locked at its plain quotes, valued at its timed ones), on `clock`.
+pub async fn engine_with_recorded_quotes(
+    db: &super::TestDb,
+    config: payrecon::config::Config,
+    quotes: &std::path::Path,
+    clock: Arc<payrecon::test_utils::clock::ManualClock>,
+) -> Engine {
+    use payrecon::test_utils::rates::{RateBook, RecordedQuotes};
+    let mut settings = payrecon::PaymentSettings::from_config(&config).unwrap();
+    settings.rates = Some(Arc::new(RateBook::new(
+        vec![Arc::new(RecordedQuotes::new(quotes.to_path_buf()))],
+        chrono::Duration::minutes(5),
+        rust_decimal::Decimal::new(2, 2),
+        chrono::Duration::zero(),
+    )));
+    db.engine()
+        .await
+        .with_payment_settings(settings)
+        .with_books(config.books)
+        .unwrap()
+        .with_clock(clock)
+}
