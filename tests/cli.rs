@@ -379,6 +379,23 @@ fn account_history_from_the_command_line() {
     assert!(refused(&url, &["account", "history", "a@b.example"]).contains("e-mail"));
 }
 
+// `payrecon bench books`: a month valued, exported in every format and closed, each export
+// beside the reconciliation report of the same month, on both databases.
+on_both_databases! {
+    async fn the_books_benchmark_exports_and_closes_a_month(db) {
+        let report = bench(&["books", "--transfers", "400", "--scratch-database", &db.url]);
+        let results = report["results"].as_array().unwrap();
+        for workload in ["export generic (1 files)", "export datev (1 files)", "export xero (3 files)", "export qbo (1 files)", "close the month"] {
+            let measured = results
+                .iter()
+                .find(|r| r["workload"] == workload)
+                .unwrap_or_else(|| panic!("{workload} is measured: {report}"));
+            assert!(measured["of_line"].as_f64().is_some_and(|r| r > 0.0), "{measured}");
+            assert!(measured["peak_rss_mib"].as_u64().is_some(), "{measured}");
+        }
+    }
+}
+
 // `bench payments` runs its own checks (every intent settled once, the ledger sound, the report
 // complete) and measures each write beside its line; the line's rows are of the same shape as
 // payrecon's, down to top-ups settling onto the balances of returning customers.

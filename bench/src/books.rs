@@ -27,8 +27,8 @@ pub(crate) struct BooksArgs {
 }
 
 /// Prices the month's bitcoin and euro from a recorded file, as the tests pin them.
-const QUOTES: &str =
-    r#"{"fetched_at": "2030-01-01T00:00:00Z", "quotes": {"BTC": "80000"}, "usd_per_eur": "1.16"}"#;
+const QUOTES: &str = r#"{"fetched_at": "2030-01-01T00:00:00Z", "quotes": {"BTC": "80000"},
+    "timed": [{"at": "2000-01-01T00:00:00Z", "quotes": {"BTC": "80000"}, "usd_per_eur": "1.16"}]}"#;
 
 pub(crate) async fn workload(
     BooksArgs {

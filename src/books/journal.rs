@@ -6,7 +6,8 @@
 //! - Xero "Import manual journals" CSV template;
 //! - QuickBooks Online "Import journal entries" spreadsheet.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
@@ -75,40 +76,58 @@ impl std::str::FromStr for JournalFormat {
 
 /// Ledger accounts to general-ledger accounts: exact names first, then the longest
 /// `prefix*` pattern.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Debug)]
 pub(crate) struct Chart {
     accounts: BTreeMap<String, GlAccount>,
+    mapped: Mutex<HashMap<Account, Arc<GlAccount>>>,
 }
 
 impl Chart {
     pub(crate) fn new(accounts: BTreeMap<String, GlAccount>) -> Chart {
-        Chart { accounts }
+        Chart {
+            accounts,
+            mapped: Mutex::new(HashMap::new()),
+        }
     }
 
-    /// The GL account a ledger account posts to.
-    pub(crate) fn map(&self, account: &Account) -> Result<&GlAccount, Error> {
+    /// The GL account a ledger account posts to; each account's is looked up once.
+    pub(crate) fn map(&self, account: &Account) -> Result<Arc<GlAccount>, Error> {
+        if let Some(gl) = self.mapped.lock().expect("chart lock").get(account) {
+            return Ok(gl.clone());
+        }
         let name = match account {
             Account::Fx(_) => FX_GAIN_LOSS.to_owned(),
             other => other.to_string(),
         };
-        if let Some(gl) = self.accounts.get(&name) {
-            return Ok(gl);
+        let gl = match self.accounts.get(&name) {
+            Some(gl) => gl,
+            None => self
+                .accounts
+                .iter()
+                .filter_map(|(pattern, gl)| {
+                    let prefix = pattern.strip_suffix('*')?;
+                    name.starts_with(prefix).then_some((prefix.len(), gl))
+                })
+                .max_by_key(|(len, _)| *len)
+                .map(|(_, gl)| gl)
+                .ok_or_else(|| {
+                    Error::Books(format!(
+                        "books.accounts maps no GL account for ledger account {name}"
+                    ))
+                })?,
+        };
+        let gl = Arc::new(gl.clone());
+        let mut mapped = self.mapped.lock().expect("chart lock");
+        // Customers' accounts are many; the cache holds the rest and a bounded few of them.
+        if mapped.len() < MAX_MAPPED_ACCOUNTS {
+            mapped.insert(account.clone(), gl.clone());
         }
-        self.accounts
-            .iter()
-            .filter_map(|(pattern, gl)| {
-                let prefix = pattern.strip_suffix('*')?;
-                name.starts_with(prefix).then_some((prefix.len(), gl))
-            })
-            .max_by_key(|(len, _)| *len)
-            .map(|(_, gl)| gl)
-            .ok_or_else(|| {
-                Error::Books(format!(
-                    "books.accounts maps no GL account for ledger account {name}"
-                ))
-            })
+        Ok(gl)
     }
 }
+
+/// Ledger accounts whose GL account a chart remembers.
+const MAX_MAPPED_ACCOUNTS: usize = 10_000;
 
 /// An entry as the exports read it: booked in the period, valued.
 #[derive(Clone, Debug)]
@@ -129,7 +148,7 @@ pub fn entry_id(idempotency_key: &str) -> String {
 /// One general-ledger line of an entry, in the export currency (minor units, debit positive).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct GlLine {
-    pub(crate) account: GlAccount,
+    pub(crate) account: Arc<GlAccount>,
     pub(crate) amount: i128,
     pub(crate) usd_cents: i128,
     /// The customer the line belongs to, for QuickBooks' Name column.
@@ -168,14 +187,14 @@ pub(crate) fn gl_lines(
         };
         match lines
             .iter_mut()
-            .find(|l| l.account == *account && l.customer == customer)
+            .find(|l| l.account == account && l.customer == customer)
         {
             Some(line) => {
                 line.amount += amount;
                 line.usd_cents += value.usd_cents;
             }
             None => lines.push(GlLine {
-                account: account.clone(),
+                account,
                 amount,
                 usd_cents: value.usd_cents,
                 customer,
@@ -616,10 +635,13 @@ fn csv_record(delimiter: u8, cells: &[&str]) -> Vec<u8> {
     let mut writer = csv::WriterBuilder::new()
         .delimiter(delimiter)
         .terminator(csv::Terminator::CRLF)
+        // A record is a few hundred bytes: the default 8 KiB buffer, per record, was most of
+        // an export's allocations.
+        .buffer_capacity(512)
         .from_writer(Vec::with_capacity(256));
     writer.write_record(cells).expect("writing to memory");
     let bytes = writer.into_inner().expect("writing to memory");
-    if delimiter == b';' {
+    if delimiter == b';' && !bytes.is_ascii() {
         windows_1252(&String::from_utf8(bytes).expect("cells are UTF-8"))
     } else {
         bytes

@@ -263,7 +263,7 @@ impl PeriodFold {
         for line in lines {
             let sums = self
                 .accounts
-                .entry((line.account.code, line.account.name))
+                .entry((line.account.code.clone(), line.account.name.clone()))
                 .or_default();
             if line.amount > 0 {
                 sums.0 += line.amount;

@@ -151,7 +151,10 @@ const VALUATION_COLUMNS: &str = "v.crypto_currency, v.usd_per_unit, v.crypto_sou
      v.txids, v.reporting_currency, v.usd_per_reporting, v.reporting_source, v.reporting_at_ms, v.valued_at_ms";
 
 /// Up to `limit` entries booked in `[from_ms, to_ms)` after `start`, in booking order (then
-/// journal order), with their legs and valuations: two statements a page, memory flat.
+/// journal order), with their legs and valuations: two statements a page, memory flat. The
+/// page starts at a row comparison on `journal_entries_by_booking`'s columns, which both
+/// databases answer from the index: a page reads its own rows only (as an `OR` of the two
+/// columns it was a filter, and PostgreSQL read every earlier row of the month again).
 pub(crate) async fn period_page(
     conn: &mut AnyConnection,
     from_ms: i64,
@@ -163,7 +166,7 @@ pub(crate) async fn period_page(
     let sql = format!(
         "SELECT j.seq, {BOOKING}, j.posted_at_ms, j.idempotency_key, j.kind, j.reference, j.memo, {VALUATION_COLUMNS} \
          FROM journal_entries j LEFT JOIN entry_valuations v ON v.entry_seq = j.seq \
-         WHERE {BOOKING} >= $1 AND {BOOKING} < $2 AND ({BOOKING} > $3 OR ({BOOKING} = $3 AND j.seq > $4)) \
+         WHERE {BOOKING} >= $1 AND {BOOKING} < $2 AND ({BOOKING}, j.seq) > ($3, $4) \
          ORDER BY {BOOKING}, j.seq LIMIT $5"
     );
     let headers = sqlx::query(sqlx::AssertSqlSafe(sql))
