@@ -720,20 +720,9 @@ impl RateSource for Kraken {
 pub struct RecordedQuotes {
     path: PathBuf,
     name: String,
-    /// The file as last read, its modification time and when that was last checked: read
-    /// again only when it changed, checked at most once a second.
-    parsed: Mutex<Option<ParsedQuotes>>,
+    /// The file as last read, and its modification time: read again only when it changed.
+    parsed: Mutex<Option<(std::time::SystemTime, Arc<RecordedQuotesFile>)>>,
 }
-
-#[derive(Debug)]
-struct ParsedQuotes {
-    modified: std::time::SystemTime,
-    checked: std::time::Instant,
-    file: Arc<RecordedQuotesFile>,
-}
-
-/// How long the recorded file is trusted unchanged before its modification time is checked.
-const RECORDED_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The recorded-quotes file: `{"quotes": {"BTC": "80000", …}}`, optionally with
 /// `"fetched_at"` (without it the quotes count as read now) and `"usd_per_eur"`. `"timed"`
@@ -774,20 +763,15 @@ impl RecordedQuotes {
             source_name: self.name.clone(),
             message: e.to_string(),
         };
-        if let Some(parsed) = self.parsed.lock().expect("quotes lock").as_ref()
-            && parsed.checked.elapsed() < RECORDED_RECHECK
-        {
-            return Ok(parsed.file.clone());
-        }
-        let modified = tokio::fs::metadata(&self.path)
-            .await
+        // A stat, not a read, per call: the books' valuation pass asks once per entry. A
+        // plain syscall, as tokio's would cost a trip to its blocking pool each time.
+        let modified = std::fs::metadata(&self.path)
             .and_then(|m| m.modified())
             .map_err(unavailable)?;
-        if let Some(parsed) = self.parsed.lock().expect("quotes lock").as_mut()
-            && parsed.modified == modified
+        if let Some((at, file)) = self.parsed.lock().expect("quotes lock").as_ref()
+            && *at == modified
         {
-            parsed.checked = std::time::Instant::now();
-            return Ok(parsed.file.clone());
+            return Ok(file.clone());
         }
         let text = tokio::fs::read_to_string(&self.path)
             .await
@@ -799,11 +783,7 @@ impl RecordedQuotes {
                     message: e.to_string(),
                 })?,
             );
-        *self.parsed.lock().expect("quotes lock") = Some(ParsedQuotes {
-            modified,
-            checked: std::time::Instant::now(),
-            file: file.clone(),
-        });
+        *self.parsed.lock().expect("quotes lock") = Some((modified, file.clone()));
         Ok(file)
     }
 
