@@ -30,6 +30,10 @@ const PAGE_ENTRIES: i64 = 2_000;
 /// Reasons a valuation pass reports, at most: the rest are counted.
 const MAX_REPORTED_ERRORS: usize = 5;
 
+/// Entries posted this long ago are committed: the valuation pass's low-water mark passes
+/// only them.
+const VALUED_SETTLE_MARGIN: chrono::Duration = chrono::Duration::minutes(5);
+
 /// Longest reason a reopen takes.
 const MAX_REASON_LEN: usize = 500;
 
@@ -102,6 +106,11 @@ impl Engine {
         let mut pass = ValuationPass::default();
         let mut after = self.books.valued_through.load(Ordering::Acquire);
         let mut first_failure: Option<i64> = None;
+        // How far every entry is valued for good: only past entries posted a while ago, as an
+        // entry still being committed (PostgreSQL hands out positions before commit) may hide
+        // below a younger one.
+        let settled_before = self.now() - VALUED_SETTLE_MARGIN;
+        let mut settled_through = after;
         loop {
             let mut conn = self.store.pool().acquire().await?;
             let page = book_store::unvalued_after(&mut conn, after, PAGE_ENTRIES).await?;
@@ -128,6 +137,9 @@ impl Engine {
                 };
                 match outcome {
                     Ok(valuation) => {
+                        if first_failure.is_none() && entry.posted_at < settled_before {
+                            settled_through = entry.seq;
+                        }
                         valued.insert(entry.entry.idempotency_key.clone(), valuation);
                     }
                     Err(error) => {
@@ -153,10 +165,9 @@ impl Engine {
                 pass.valued += valued.len() as u64;
             }
         }
-        let through = first_failure.map_or(after, |seq| seq - 1);
         self.books
             .valued_through
-            .fetch_max(through, Ordering::AcqRel);
+            .fetch_max(settled_through, Ordering::AcqRel);
         if pass.failed > 0 {
             tracing::warn!(failed = pass.failed, first = ?pass.errors.first(), "entries left unvalued");
         }
@@ -317,6 +328,8 @@ impl Engine {
                 zone.name()
             )));
         }
+        // A close looks at every entry, however old: start the pass from the beginning.
+        self.books.valued_through.store(0, Ordering::Release);
         self.value_entries().await?;
         let mut tx = self.store.begin_write().await?;
         let (closed_through, timezone) = book_store::lock_state(&mut tx).await?;
