@@ -331,10 +331,18 @@ impl Engine {
         // A close looks at every entry, however old: start the pass from the beginning.
         self.books.valued_through.store(0, Ordering::Release);
         self.value_entries().await?;
+        let to_ms = to.timestamp_millis();
+        // The fold reads the whole month: done before the lock, so posting waits only for a
+        // count, unless something was booked up to the month's end meanwhile (a process whose
+        // clock lags), when it is done again under the lock.
+        let (extent, report) = {
+            let mut conn = self.store.pool().acquire().await?;
+            let extent = book_store::extent_before(&mut conn, to_ms).await?;
+            (extent, self.fold_to_close(&mut conn, period).await?)
+        };
         let mut tx = self.store.begin_write().await?;
         let (closed_through, timezone) = book_store::lock_state(&mut tx).await?;
         self.check_zone(timezone.as_deref())?;
-        let to_ms = to.timestamp_millis();
         if closed_through >= to_ms {
             return Err(Error::Books(format!("{period} is already closed")));
         }
@@ -347,20 +355,11 @@ impl Engine {
                 "periods close in order: the next to close is {next}"
             )));
         }
-        let unvalued = book_store::unvalued_before(tx.conn(), to_ms).await?;
-        if unvalued > 0 {
-            return Err(Error::Books(format!(
-                "{unvalued} entries up to the end of {period} have no fiat value yet; see the unvalued list and run the valuation pass"
-            )));
-        }
-        let report = fold_report(
-            tx.conn(),
-            period,
-            zone,
-            &self.books.config,
-            &self.books.chart,
-        )
-        .await?;
+        let report = if book_store::extent_before(tx.conn(), to_ms).await? == extent {
+            report
+        } else {
+            self.fold_to_close(tx.conn(), period).await?
+        };
         let snapshot =
             serde_json::to_string_pretty(&report).map_err(|e| Error::Books(e.to_string()))?;
         book_store::log_period_event(
@@ -382,6 +381,29 @@ impl Engine {
         tx.commit().await?;
         tracing::info!(%period, actor, entries = report.entries, "period closed");
         Ok(report)
+    }
+
+    /// The figures a close stores, refused while any entry up to the month's end is unvalued.
+    async fn fold_to_close(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        period: Period,
+    ) -> Result<PeriodReport, Error> {
+        let (_, to) = period.bounds(self.books.zone);
+        let unvalued = book_store::unvalued_before(conn, to.timestamp_millis()).await?;
+        if unvalued > 0 {
+            return Err(Error::Books(format!(
+                "{unvalued} entries up to the end of {period} have no fiat value yet; see the unvalued list and run the valuation pass"
+            )));
+        }
+        fold_report(
+            conn,
+            period,
+            self.books.zone,
+            &self.books.config,
+            &self.books.chart,
+        )
+        .await
     }
 
     /// Opens the last closed period again: only with a reason, and logged with who and when.

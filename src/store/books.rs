@@ -418,6 +418,21 @@ pub(crate) async fn unvalued_count(
     Ok((row.try_get(0)?, oldest.map(millis).transpose()?))
 }
 
+/// How many entries are booked before `to_ms`, and the last journal position among them: what
+/// a close checks did not change between its fold and its lock.
+pub(crate) async fn extent_before(
+    conn: &mut AnyConnection,
+    to_ms: i64,
+) -> Result<(i64, i64), StoreError> {
+    let sql = format!(
+        "SELECT COUNT(*), COALESCE(MAX(j.seq), 0) FROM journal_entries j WHERE {BOOKING} < $1"
+    );
+    Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(to_ms)
+        .fetch_one(conn)
+        .await?)
+}
+
 /// Entries booked before `to_ms` without a valuation.
 pub(crate) async fn unvalued_before(
     conn: &mut AnyConnection,
