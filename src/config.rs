@@ -194,6 +194,30 @@ pub struct BooksConfig {
     pub datev: DatevConfig,
     /// Xero's tax rate name for journal lines (`"No VAT"`, `"Tax Exempt"`).
     pub xero_tax_rate: String,
+    /// How the Xero organisation's region writes dates: `day_first` (dd/mm/yyyy, the UK,
+    /// Australia, New Zealand) or `month_first` (mm/dd/yyyy, the US).
+    pub xero_date_order: DateOrder,
+}
+
+/// The order of day and month in a date a vendor's import reads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DateOrder {
+    /// dd/mm/yyyy.
+    #[default]
+    DayFirst,
+    /// mm/dd/yyyy.
+    MonthFirst,
+}
+
+impl DateOrder {
+    /// The `chrono` format of a date in this order.
+    pub const fn format(self) -> &'static str {
+        match self {
+            DateOrder::DayFirst => "%d/%m/%Y",
+            DateOrder::MonthFirst => "%m/%d/%Y",
+        }
+    }
 }
 
 /// One general-ledger account of the chart the exports map to.
@@ -264,6 +288,7 @@ impl Default for BooksConfig {
             accounts,
             datev: DatevConfig::default(),
             xero_tax_rate: "No VAT".into(),
+            xero_date_order: DateOrder::DayFirst,
         }
     }
 }

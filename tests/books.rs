@@ -228,12 +228,18 @@ on_both_databases! {
                 *per_journal.entry(row[0].clone()).or_default() += cents(&row[5]);
                 *xero_movement.entry(row[3].clone()).or_default() += cents(&row[5]);
                 assert_eq!(row[4], "No VAT");
-                assert!(chrono::NaiveDate::parse_from_str(&row[1], "%d/%m/%Y").is_ok());
+                assert_eq!(row[1], "03/11/2026", "3 November, day first");
             }
             assert!(per_journal.values().all(|sum| *sum == 0), "every journal balances within its file");
         }
         xero_movement.retain(|_, v| *v != 0);
         assert_eq!(xero_movement, expected);
+        let us = engine.clone().with_books(payrecon::config::BooksConfig {
+            xero_date_order: payrecon::config::DateOrder::MonthFirst,
+            ..engine.books_config().clone()
+        }).unwrap();
+        let rows = python_csv(&export(&us, november(), JournalFormat::Xero).await[0], ',', "utf-8", 1);
+        assert!(rows.iter().all(|row| row[1] == "11/03/2026"), "a US organisation's dates: 3 November as 11/03/2026");
 
         // QuickBooks Online: its columns, MM/DD/YYYY, debits equal credits per journal.
         let qbo = export(&engine, november(), JournalFormat::Qbo).await.remove(0);

@@ -444,7 +444,10 @@ impl<'a> JournalWriter<'a> {
                     b',',
                     &[
                         &narration,
-                        &said.date.format("%d/%m/%Y").to_string(),
+                        &said
+                            .date
+                            .format(self.books.xero_date_order.format())
+                            .to_string(),
                         description,
                         &line.account.code,
                         &self.books.xero_tax_rate,
