@@ -104,6 +104,11 @@ on_both_databases! {
         let pass = engine.value_entries().await.unwrap();
         assert_eq!((pass.valued, pass.failed), (2, 0), "{pass:?}");
         assert_eq!(engine.unvalued_entries(10).await.unwrap().0, 0);
+        let at_receipt = engine.valuation(&format!("settle:{}:1", ltc.intent.id)).await.unwrap().unwrap();
+        let rate = at_receipt.crypto.unwrap();
+        assert_eq!((rate.method, rate.usd_per_unit.to_string(), rate.at), (Method::Ltc, "102.5".into(), at("2026-11-01T00:00:00Z")));
+        assert_eq!((at_receipt.basis.as_str(), at_receipt.txids.as_str()), ("market", "ltc-1"));
+        assert_eq!(at_receipt.reporting.unwrap().usd_per_unit.to_string(), "1.16");
 
         // Value at receipt and the FX difference, to the cent, in USD and EUR.
         let report: serde_json::Value = serde_json::from_str(&engine.period_report(november()).await.unwrap()).unwrap();

@@ -294,6 +294,13 @@ impl Engine {
         Ok(crate::operator::hold_key(&exception, intent.as_ref()))
     }
 
+    /// The fiat valuation of the entry with idempotency key `key` (a payment's value at
+    /// receipt), if it is valued yet.
+    pub async fn valuation(&self, key: &str) -> Result<Option<Valuation>, Error> {
+        let mut conn = self.store.pool().acquire().await?;
+        Ok(book_store::valuation_by_key(&mut conn, key).await?)
+    }
+
     /// Entries without a fiat value (oldest first, at most `limit`), and how many there are.
     pub async fn unvalued_entries(&self, limit: usize) -> Result<(u64, Vec<UnvaluedEntry>), Error> {
         let mut conn = self.store.pool().acquire().await?;
