@@ -81,10 +81,14 @@ pub trait RateSource: Send + Sync + std::fmt::Debug {
     fn name(&self) -> &str;
     /// Current quotes for as many of [`QUOTED_ASSETS`] as the source prices.
     fn fetch(&self) -> BoxFuture<'_, Result<Vec<Quote>, RateError>>;
-    /// The quotes in effect at `at`, for a source that keeps a history. A live source knows
-    /// only the present and answers `None`: its current quotes are the market value.
-    fn fetch_at(&self, _at: DateTime<Utc>) -> Option<BoxFuture<'_, Result<Vec<Quote>, RateError>>> {
-        None
+    /// Whether the source keeps a history: it answers [`RateSource::fetch_at`] with the quotes
+    /// in effect then, however old. A live source knows only the present.
+    fn keeps_history(&self) -> bool {
+        false
+    }
+    /// The quotes in effect at `at`; a source without a history answers with its current ones.
+    fn fetch_at(&self, _at: DateTime<Utc>) -> BoxFuture<'_, Result<Vec<Quote>, RateError>> {
+        self.fetch()
     }
     /// USD for one unit of `currency` (in effect at `at`, for a source with a history), or
     /// `None` when the source does not price it.
@@ -199,35 +203,8 @@ impl RateBook {
                 .map(|source| self.quotes_of(source, now)),
         )
         .await;
-        let mut fresh = Vec::new();
-        let mut reasons = Vec::new();
-        for (source, answer) in self.sources.iter().zip(answers) {
-            match answer {
-                Err(error) => reasons.push(error.to_string()),
-                Ok(quotes) => match quotes.into_iter().find(|q| q.asset == asset) {
-                    None => reasons.push(format!("{} has no {asset} quote", source.name())),
-                    Some(quote) if now - quote.fetched_at > self.max_age => reasons.push(format!(
-                        "{} quote is from {}",
-                        source.name(),
-                        quote.fetched_at.to_rfc3339()
-                    )),
-                    Some(quote) if quote.usd_per_unit <= Decimal::ZERO => {
-                        reasons.push(format!("{} quote is not positive", source.name()));
-                    }
-                    Some(quote) => fresh.push(quote),
-                },
-            }
-        }
-        let fresh: Vec<_> = fresh
-            .into_iter()
-            .map(|q| (q.usd_per_unit, q.source, q.fetched_at))
-            .collect();
-        let (usd_per_unit, source, fetched_at) =
-            median(fresh).ok_or_else(|| RateError::NoFreshRate {
-                asset,
-                max_age_seconds: self.max_age.num_seconds(),
-                reasons: reasons.join("; "),
-            })?;
+        let answers = self.sources.iter().zip(answers).map(|(s, a)| (s, a, false));
+        let (usd_per_unit, source, fetched_at) = self.median_quote(asset, answers, now)?;
         if asset.is_usd_stablecoin() && (usd_per_unit - Decimal::ONE).abs() > self.peg_band {
             return Err(RateError::Depegged {
                 asset,
@@ -255,31 +232,17 @@ impl RateBook {
         if self.sources.is_empty() {
             return Err(RateError::NoSources);
         }
-        let mut fresh = Vec::new();
-        let mut reasons = Vec::new();
+        let mut answers = Vec::with_capacity(self.sources.len());
         for source in &self.sources {
-            let (answer, historic) = match source.fetch_at(at) {
-                Some(request) => (request.await, true),
-                None => (self.quotes_of(source, now).await, false),
+            let historic = source.keeps_history();
+            let answer = if historic {
+                source.fetch_at(at).await
+            } else {
+                self.quotes_of(source, now).await
             };
-            match answer.map(|quotes| quotes.into_iter().find(|q| q.asset == asset)) {
-                Err(error) => reasons.push(error.to_string()),
-                Ok(None) => reasons.push(format!("{} has no {asset} quote", source.name())),
-                Ok(Some(q)) if !historic && now - q.fetched_at > self.max_age => {
-                    reasons.push(format!("{} quote is stale", source.name()))
-                }
-                Ok(Some(q)) if q.usd_per_unit <= Decimal::ZERO => {
-                    reasons.push(format!("{} quote is not positive", source.name()))
-                }
-                Ok(Some(q)) => fresh.push((q.usd_per_unit, q.source, q.fetched_at)),
-            }
+            answers.push((source, answer, historic));
         }
-        let (usd_per_unit, source, fetched_at) =
-            median(fresh).ok_or_else(|| RateError::NoFreshRate {
-                asset,
-                max_age_seconds: self.max_age.num_seconds(),
-                reasons: reasons.join("; "),
-            })?;
+        let (usd_per_unit, source, fetched_at) = self.median_quote(asset, answers, now)?;
         Ok(LockedRate {
             asset,
             usd_per_unit,
@@ -299,7 +262,7 @@ impl RateBook {
         let mut reasons = Vec::new();
         for source in &self.sources {
             // A source with a history answers with the price in effect at `at`, however old.
-            let historic = source.fetch_at(at).is_some();
+            let historic = source.keeps_history();
             match source.fetch_fiat(currency, at).await {
                 Err(error) => reasons.push(error.to_string()),
                 Ok(None) => reasons.push(format!("{} has no {currency} quote", source.name())),
@@ -322,6 +285,43 @@ impl RateBook {
             usd_per_unit,
             source,
             fetched_at,
+        })
+    }
+
+    /// The median of the sources' quotes for `asset`: each answer's quote is used unless it
+    /// is missing, not positive, or (from a source without a history) older than `max_age`;
+    /// why each was not used is the error when none is.
+    fn median_quote<'a>(
+        &self,
+        asset: Asset,
+        answers: impl IntoIterator<
+            Item = (&'a Arc<dyn RateSource>, Result<Vec<Quote>, RateError>, bool),
+        >,
+        now: DateTime<Utc>,
+    ) -> Result<(Decimal, String, DateTime<Utc>), RateError> {
+        let mut fresh = Vec::new();
+        let mut reasons = Vec::new();
+        for (source, answer, historic) in answers {
+            match answer.map(|quotes| quotes.into_iter().find(|q| q.asset == asset)) {
+                Err(error) => reasons.push(error.to_string()),
+                Ok(None) => reasons.push(format!("{} has no {asset} quote", source.name())),
+                Ok(Some(q)) if !historic && now - q.fetched_at > self.max_age => {
+                    reasons.push(format!(
+                        "{} quote is from {}",
+                        source.name(),
+                        q.fetched_at.to_rfc3339()
+                    ))
+                }
+                Ok(Some(q)) if q.usd_per_unit <= Decimal::ZERO => {
+                    reasons.push(format!("{} quote is not positive", source.name()))
+                }
+                Ok(Some(q)) => fresh.push((q.usd_per_unit, q.source, q.fetched_at)),
+            }
+        }
+        median(fresh).ok_or_else(|| RateError::NoFreshRate {
+            asset,
+            max_age_seconds: self.max_age.num_seconds(),
+            reasons: reasons.join("; "),
         })
     }
 
@@ -493,9 +493,23 @@ impl CoinGecko {
         }
         Ok(quotes)
     }
-}
 
-impl CoinGecko {
+    /// `GET /api/v3/simple/price` for coins `ids` in `vs_currencies`, with the API key when
+    /// one is configured, retried on transient failures.
+    async fn simple_price(&self, ids: &str, vs_currencies: &str) -> Result<String, RateError> {
+        let url = format!(
+            "{}/api/v3/simple/price?ids={ids}&vs_currencies={vs_currencies}&include_last_updated_at=true",
+            self.base_url
+        );
+        let headers: Vec<(&str, &str)> = self
+            .api_key
+            .as_ref()
+            .map(|key| ("x-cg-demo-api-key", key.expose()))
+            .into_iter()
+            .collect();
+        with_retries(|| get_text(&self.client, "coingecko", &url, &headers)).await
+    }
+
     fn parse_eur(body: &str) -> Result<FiatQuote, RateError> {
         #[derive(Deserialize)]
         struct Prices<'a> {
@@ -535,18 +549,7 @@ impl RateSource for CoinGecko {
     fn fetch(&self) -> BoxFuture<'_, Result<Vec<Quote>, RateError>> {
         Box::pin(async move {
             let ids: Vec<&str> = QUOTED_ASSETS.iter().map(|a| Self::coin_id(*a)).collect();
-            let url = format!(
-                "{}/api/v3/simple/price?ids={}&vs_currencies=usd&include_last_updated_at=true",
-                self.base_url,
-                ids.join(",")
-            );
-            let headers: Vec<(&str, &str)> = self
-                .api_key
-                .as_ref()
-                .map(|key| ("x-cg-demo-api-key", key.expose()))
-                .into_iter()
-                .collect();
-            let body = with_retries(|| get_text(&self.client, "coingecko", &url, &headers)).await?;
+            let body = self.simple_price(&ids.join(","), "usd").await?;
             Self::parse(&body)
         })
     }
@@ -563,17 +566,7 @@ impl RateSource for CoinGecko {
             if currency != "EUR" {
                 return Ok(None);
             }
-            let url = format!(
-                "{}/api/v3/simple/price?ids=bitcoin&vs_currencies=usd,eur&include_last_updated_at=true",
-                self.base_url
-            );
-            let headers: Vec<(&str, &str)> = self
-                .api_key
-                .as_ref()
-                .map(|key| ("x-cg-demo-api-key", key.expose()))
-                .into_iter()
-                .collect();
-            let body = with_retries(|| get_text(&self.client, "coingecko", &url, &headers)).await?;
+            let body = self.simple_price("bitcoin", "usd,eur").await?;
             Self::parse_eur(&body).map(Some)
         })
     }
@@ -819,14 +812,18 @@ impl RateSource for RecordedQuotes {
     }
 
     /// The timed quotes in effect at `at`; before the first, the file's plain quotes.
-    fn fetch_at(&self, at: DateTime<Utc>) -> Option<BoxFuture<'_, Result<Vec<Quote>, RateError>>> {
-        Some(Box::pin(async move {
+    fn keeps_history(&self) -> bool {
+        true
+    }
+
+    fn fetch_at(&self, at: DateTime<Utc>) -> BoxFuture<'_, Result<Vec<Quote>, RateError>> {
+        Box::pin(async move {
             let file = self.read().await?;
             Ok(match in_effect(&file.timed, at) {
                 Some(timed) => self.quotes(&timed.quotes, timed.at),
                 None => self.quotes(&file.quotes, file.fetched_at.unwrap_or(at)),
             })
-        }))
+        })
     }
 
     fn fetch_fiat(
