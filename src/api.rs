@@ -290,6 +290,20 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for ApiJson<
     }
 }
 
+/// `Query<T>` whose rejection (an unknown or malformed parameter) is a JSON 400 too.
+struct ApiQuery<T>(T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<ApiQuery<T>, ApiError> {
+        Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Query(query)| ApiQuery(query))
+            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", e.body_text()))
+    }
+}
+
 fn json_rejection(rejection: JsonRejection) -> ApiError {
     let status = rejection.status();
     let code = match status {
@@ -503,10 +517,8 @@ async fn account_history(
     State(state): State<ApiState>,
     _: Shop,
     Path(account): Path<String>,
-    query: Result<Query<HistoryQuery>, axum::extract::rejection::QueryRejection>,
+    ApiQuery(query): ApiQuery<HistoryQuery>,
 ) -> ApiResult {
-    let Query(query) = query
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", e.body_text()))?;
     let account = AccountId::new(account).map_err(Error::from)?;
     let limit = query.limit.unwrap_or(crate::history::DEFAULT_HISTORY_PAGE);
     ok(&state
@@ -544,10 +556,8 @@ pub fn parse_time(what: &str, text: &str) -> Result<DateTime<Utc>, Error> {
 async fn reconcile(
     State(state): State<ApiState>,
     _: Finance,
-    params: Result<Query<ReportParams>, axum::extract::rejection::QueryRejection>,
+    ApiQuery(params): ApiQuery<ReportParams>,
 ) -> ApiResult {
-    let Query(params) = params
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", e.body_text()))?;
     let method = match &params.method {
         Some(text) => Some(text.parse::<Method>().map_err(|_| {
             Error::InvalidInput(format!(
@@ -619,10 +629,9 @@ impl<S: Send + Sync> FromRequestParts<S> for PageQuery {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        Query::<PageQuery>::from_request_parts(parts, state)
+        ApiQuery::<PageQuery>::from_request_parts(parts, state)
             .await
-            .map(|Query(query)| query)
-            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", e.body_text()))
+            .map(|ApiQuery(query)| query)
     }
 }
 
@@ -674,10 +683,8 @@ struct FindQuery {
 async fn support_find(
     State(state): State<ApiState>,
     _: Operator,
-    query: Result<Query<FindQuery>, axum::extract::rejection::QueryRejection>,
+    ApiQuery(query): ApiQuery<FindQuery>,
 ) -> ApiResult {
-    let Query(query) = query
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", e.body_text()))?;
     match state.engine.find(&query.q).await? {
         Some(finding) => ok(&finding),
         None => Err(ApiError::new(

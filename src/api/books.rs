@@ -2,13 +2,13 @@
 //! roll-forward, the unvalued entries, and the journal exports as downloads.
 
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
-use axum::http::{StatusCode, header};
+use axum::extract::{Path, State};
+use axum::http::header;
 use axum::response::IntoResponse;
 use serde::Deserialize;
 use tokio::io::AsyncWrite;
 
-use super::{ApiError, ApiJson, ApiResult, ApiState, Authorized, Finance, ok};
+use super::{ApiError, ApiJson, ApiQuery, ApiResult, ApiState, Authorized, Finance, ok};
 use crate::books::{JournalFormat, Period};
 use crate::error::Error;
 
@@ -78,10 +78,8 @@ pub(super) struct PeriodQuery {
 pub(super) async fn rollforward(
     State(state): State<ApiState>,
     _: Finance,
-    query: Result<Query<PeriodQuery>, axum::extract::rejection::QueryRejection>,
+    ApiQuery(query): ApiQuery<PeriodQuery>,
 ) -> ApiResult {
-    let Query(query) = query
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", e.body_text()))?;
     ok(&state.engine.rollforward(period_of(&query.period)?).await?)
 }
 
@@ -95,10 +93,8 @@ pub(super) struct UnvaluedQuery {
 pub(super) async fn unvalued(
     State(state): State<ApiState>,
     _: Finance,
-    query: Result<Query<UnvaluedQuery>, axum::extract::rejection::QueryRejection>,
+    ApiQuery(query): ApiQuery<UnvaluedQuery>,
 ) -> ApiResult {
-    let Query(query) = query
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", e.body_text()))?;
     let (count, entries) = state
         .engine
         .unvalued_entries(query.limit.unwrap_or(100))
@@ -120,10 +116,8 @@ pub(super) struct ExportQuery {
 pub(super) async fn journal(
     State(state): State<ApiState>,
     _: Finance,
-    query: Result<Query<ExportQuery>, axum::extract::rejection::QueryRejection>,
+    ApiQuery(query): ApiQuery<ExportQuery>,
 ) -> ApiResult {
-    let Query(query) = query
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", e.body_text()))?;
     let period = period_of(&query.period)?;
     let format: JournalFormat = query.format.as_deref().unwrap_or("generic").parse()?;
     let part = query.part.unwrap_or(1);
