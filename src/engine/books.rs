@@ -185,22 +185,23 @@ impl Engine {
         let entry = &pending.entry;
         let now = self.now();
         let method = crypto_of(entry)?;
+        // A reversal undoes its original at the original's rates, both of them; a release from
+        // suspense takes the crypto rate of the hold and today's reporting rate.
         let inherited = if let Some(original) = entry.idempotency_key.strip_prefix("reverse:") {
             match valuation_of(conn, this_page, original).await? {
-                Some(v) => Some((v, format!("reverses {}", entry_id(original)))),
+                Some(v) => Some((v, format!("reverses {}", entry_id(original)), true)),
                 None => return Ok(None),
             }
         } else if let Some(hold) = self.held_since(conn, pending).await? {
             valuation_of(conn, this_page, &hold)
                 .await?
-                .map(|v| (v, format!("held since {}", entry_id(&hold))))
+                .map(|v| (v, format!("held since {}", entry_id(&hold)), false))
         } else {
             None
         };
-        let rates = self.payment_settings().rates.as_ref();
-        if let Some((original, basis)) = inherited {
+        if let Some((original, basis, same_reporting)) = inherited {
             let reporting = match original.reporting {
-                Some(rate) if basis.starts_with("reverses") => Some(rate),
+                Some(rate) if same_reporting => Some(rate),
                 _ => self.reporting_rate(pending.posted_at, now).await?,
             };
             return Ok(Some(Valuation {
@@ -215,8 +216,8 @@ impl Engine {
         let crypto = match method {
             None => None,
             Some(method) => {
-                let rate = rates
-                    .ok_or_else(no_rates)?
+                let rate = self
+                    .rate_book()?
                     .market_rate(method.asset(), pending.posted_at, now)
                     .await
                     .map_err(|e| Error::Books(e.to_string()))?;
@@ -239,6 +240,14 @@ impl Engine {
         }))
     }
 
+    /// The rate sources the books value with: the payment settings' own.
+    fn rate_book(&self) -> Result<&crate::rates::RateBook, Error> {
+        self.payment_settings()
+            .rates
+            .as_deref()
+            .ok_or_else(|| Error::Books("no rate source is configured".into()))
+    }
+
     /// The reporting currency's USD rate at `at`, when the books have one.
     async fn reporting_rate(
         &self,
@@ -248,12 +257,8 @@ impl Engine {
         let Some(currency) = &self.books.config.reporting_currency else {
             return Ok(None);
         };
-        let rates = self
-            .payment_settings()
-            .rates
-            .as_ref()
-            .ok_or_else(no_rates)?;
-        let quote = rates
+        let quote = self
+            .rate_book()?
             .fiat_rate(currency, at, now)
             .await
             .map_err(|e| Error::Books(e.to_string()))?;
@@ -432,7 +437,8 @@ impl Engine {
         let mut tx = self.store.begin_write().await?;
         let (closed_through, timezone) = book_store::lock_state(&mut tx).await?;
         self.check_zone(timezone.as_deref())?;
-        if !is_closed(tx.conn(), period, closed_through, to).await? {
+        let events = book_store::period_events(tx.conn(), Some(&period.to_string())).await?;
+        if closing_in(&events, closed_through, to).is_none() {
             return Err(Error::Books(format!("{period} is not closed")));
         }
         if closed_through != to.timestamp_millis() {
@@ -467,9 +473,9 @@ impl Engine {
         let (closed_through, timezone) = book_store::state(&mut conn).await?;
         self.check_zone(timezone.as_deref())?;
         let (_, to) = period.bounds(self.books.zone);
-        let closed = is_closed(&mut conn, period, closed_through, to).await?;
-        let log = book_store::period_events(&mut conn, Some(&period.to_string()))
-            .await?
+        let events = book_store::period_events(&mut conn, Some(&period.to_string())).await?;
+        let closed = closing_in(&events, closed_through, to).is_some();
+        let log = events
             .into_iter()
             .map(|e| PeriodLogLine {
                 action: e.action,
@@ -571,11 +577,8 @@ impl Engine {
         let (closed_through, timezone) = book_store::state(conn).await?;
         self.check_zone(timezone.as_deref())?;
         let (_, to) = period.bounds(self.books.zone);
-        if closed_through < to.timestamp_millis() {
-            return Ok(None);
-        }
         let events = book_store::period_events(conn, Some(&period.to_string())).await?;
-        Ok(events.into_iter().last().filter(|e| e.action == "close"))
+        Ok(closing_in(&events, closed_through, to).cloned())
     }
 
     /// Periods were cut in one time zone; the configured one must be it.
@@ -602,10 +605,6 @@ async fn valuation_of(
     }
 }
 
-fn no_rates() -> Error {
-    Error::Books("no rate source is configured".into())
-}
-
 fn check_actor(actor: &str) -> Result<(), Error> {
     if actor.trim().is_empty() || actor.len() > 100 {
         return Err(Error::InvalidInput(
@@ -615,18 +614,16 @@ fn check_actor(actor: &str) -> Result<(), Error> {
     Ok(())
 }
 
-/// Whether the period's last logged action is a close that the closing line still covers.
-async fn is_closed(
-    conn: &mut sqlx::AnyConnection,
-    period: Period,
+/// The close in force among a period's logged `events`: its last action, if that is a close
+/// the closing line still covers.
+fn closing_in(
+    events: &[PeriodEvent],
     closed_through: i64,
     to: DateTime<Utc>,
-) -> Result<bool, Error> {
-    if closed_through < to.timestamp_millis() {
-        return Ok(false);
-    }
-    let events = book_store::period_events(conn, Some(&period.to_string())).await?;
-    Ok(events.last().is_some_and(|e| e.action == "close"))
+) -> Option<&PeriodEvent> {
+    events
+        .last()
+        .filter(|e| e.action == "close" && closed_through >= to.timestamp_millis())
 }
 
 /// The books settings a close stored beside its figures.
