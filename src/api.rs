@@ -9,6 +9,7 @@ mod books;
 mod checkout;
 mod live;
 mod server;
+mod wallet;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -176,6 +177,8 @@ pub fn routers(engine: Engine, options: ApiOptions, shutdown: watch::Receiver<bo
         .route("/v1/periods/{period}/report", get(books::report))
         .route("/v1/exports/journal", get(books::journal))
         .route("/v1/books/unvalued", get(books::unvalued))
+        .route("/v1/holdings", get(wallet::holdings))
+        .route("/v1/wallet/{network}/export", get(wallet::export))
         .route("/v1/stuck", get(stuck))
         .route("/v1/exceptions", get(exceptions))
         .route("/v1/support/find", get(support_find))

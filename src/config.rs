@@ -448,6 +448,15 @@ pub struct UtxoConfig {
     /// and Solana.
     #[serde(default)]
     pub max_answer_bytes: Option<usize>,
+    /// Where the account key sits below the wallet's master key, `[d34db33f/84h/0h/0h]`:
+    /// `payrecon wallet export` writes it into the descriptors, which hardware wallets and
+    /// Sparrow need to sign for them.
+    #[serde(default)]
+    pub key_origin: Option<String>,
+    /// The stuck view warns when a wallet restored from this key needs a larger gap limit
+    /// than this to find every paid address (20 is Electrum's and Sparrow's default).
+    #[serde(default = "gap_limit_warning")]
+    pub gap_limit_warning: u32,
 }
 
 impl UtxoConfig {
@@ -475,6 +484,8 @@ impl UtxoConfig {
             poll_interval_ms: poll_interval_ms(),
             timeout_ms: timeout_ms(),
             max_answer_bytes: None,
+            key_origin: None,
+            gap_limit_warning: gap_limit_warning(),
         }
     }
 }
@@ -632,6 +643,10 @@ fn ethereum_mainnet() -> u64 {
 fn yes() -> bool {
     true
 }
+fn gap_limit_warning() -> u32 {
+    20
+}
+
 fn poll_interval_ms() -> u32 {
     2000
 }

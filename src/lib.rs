@@ -80,6 +80,7 @@ mod store;
 mod stuck;
 mod support;
 mod tokens;
+mod wallet;
 mod watcher;
 mod webhooks;
 
@@ -114,8 +115,8 @@ pub use order::{
 };
 pub use payments::{PaymentInstructions, PaymentSettings};
 pub use records::{
-    CryptoRate, ExceptionRecord, FailingEndpoint, IntentEvent, OperatorAction, ReportingRate,
-    StoredTransfer, Valuation, WatcherHealth,
+    CryptoRate, ExceptionRecord, FailingEndpoint, FundedIndexes, IntentEvent, OperatorAction,
+    ReportingRate, StoredTransfer, Valuation, WatcherHealth,
 };
 pub use report::{CsvSection, ReportFormat, ReportQuery, ReportTotals};
 pub use serve::serve;
@@ -123,6 +124,10 @@ pub use store::{Durability, StoreError as DatabaseError};
 pub use stuck::{Page, StuckItem, StuckOptions};
 pub use support::{AddressView, Finding, OrderView, TransferView};
 pub use tokens::Role;
+pub use wallet::{
+    GAP_MARGIN, Holding, HoldingTotal, HoldingsSort, HoldingsView, MAX_HOLDINGS_PAGE, UtxoWallet,
+    UtxoWallets, WalletExport, derivation_path,
+};
 pub use webhooks::{EVENT_ID_HEADER, SIGNATURE_HEADER, SIGNATURE_TOLERANCE, verify_signature};
 
 /// The chain types a caller names: [`chain::Method`], [`chain::Network`], amounts and

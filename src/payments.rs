@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use payrecon_chain_bitcoin::{SegwitDeriver, UtxoChain};
+use payrecon_chain_bitcoin::{KeyOrigin, SegwitDeriver, UtxoChain};
 use payrecon_chain_core::{
     AccountXpub, AddressDeriver, BlockId, ChainCursor, ChainEvent, DeriveError, Lookahead,
     MAX_CHECKPOINTS, Method, Network,
@@ -23,6 +23,7 @@ use crate::order::{OrderRef, OrderStatus};
 use crate::rates::{CoinGecko, Kraken, RateBook, RateSource, RecordedQuotes};
 use crate::store::payments::{self, NewEvent};
 use crate::store::{Answers, GroupWrite, WriteFuture, WriteTx};
+use crate::wallet::{UtxoWallet, UtxoWallets};
 
 /// Intents evaluated per `tick` call at most, so one call stays short.
 pub const TICK_BATCH: usize = 500;
@@ -46,6 +47,8 @@ pub struct PaymentSettings {
     pub policy: MatchPolicy,
     /// Chain parameters for payment URIs.
     pub uri: UriParams,
+    /// The Bitcoin-family accounts, as the merchant's wallet must import them.
+    pub wallets: UtxoWallets,
 }
 
 impl Default for PaymentSettings {
@@ -65,6 +68,7 @@ impl Default for PaymentSettings {
                 usdt_trc20_contract: "TR7NHqjeKQxGTCi8q8ZY4pL8otSzgjLj6t".into(),
                 label: "payrecon".into(),
             },
+            wallets: UtxoWallets::new(),
         }
     }
 }
@@ -144,6 +148,7 @@ fn add_networks(settings: &mut PaymentSettings, networks: &NetworksConfig) -> Re
         text.parse()
             .map_err(|e: DeriveError| Error::Config(format!("networks.{network}.xpub: {e}")))
     };
+    let mut wallets = UtxoWallets::new();
     let mut add = |network: Network, deriver: Arc<dyn AddressDeriver>, confirmations, tiers| {
         settings
             .derivers
@@ -164,7 +169,24 @@ fn add_networks(settings: &mut PaymentSettings, networks: &NetworksConfig) -> Re
             let utxo_network = config.network.parse().map_err(|e: DeriveError| {
                 Error::Config(format!("networks.{network}.network: {e}"))
             })?;
-            let deriver = SegwitDeriver::new(xpub(network, &config.xpub)?, chain, utxo_network);
+            let account = xpub(network, &config.xpub)?;
+            let origin = config
+                .key_origin
+                .as_deref()
+                .map(|text| text.parse::<KeyOrigin>())
+                .transpose()
+                .map_err(|e| Error::Config(format!("networks.{network}.key_origin: {e}")))?;
+            let wallet = UtxoWallet {
+                account: account.clone(),
+                network: utxo_network,
+                origin,
+                gap_limit_warning: config.gap_limit_warning,
+            };
+            wallet
+                .descriptors()
+                .map_err(|e| Error::Config(format!("networks.{network}.key_origin: {e}")))?;
+            wallets.insert(network, wallet);
+            let deriver = SegwitDeriver::new(account, chain, utxo_network);
             add(
                 network,
                 Arc::new(deriver),
@@ -211,6 +233,7 @@ fn add_networks(settings: &mut PaymentSettings, networks: &NetworksConfig) -> Re
             config.confirmation_tiers.clone(),
         );
     }
+    settings.wallets = wallets;
     Ok(())
 }
 

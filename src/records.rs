@@ -183,3 +183,16 @@ pub struct Valuation {
     /// When it was written.
     pub valued_at: DateTime<Utc>,
 }
+
+/// Receive indexes of one account key: how many were handed out and how they were paid.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct FundedIndexes {
+    /// Receive addresses handed out.
+    pub handed_out: u64,
+    /// The highest index handed out.
+    pub highest_index: Option<u32>,
+    /// Addresses that received anything (a transfer not removed by a reorg).
+    pub funded: u64,
+    /// The longest run of unpaid indexes before a paid one, from index 0.
+    pub largest_unfunded_run: u32,
+}

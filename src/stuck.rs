@@ -10,6 +10,7 @@ use serde::Serialize;
 use crate::error::Error;
 use crate::payments::PaymentSettings;
 use crate::records::{FailingEndpoint, WatcherHealth};
+use crate::wallet::WalletExport;
 
 /// When waiting turns into stuck.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,7 +39,7 @@ impl Default for StuckOptions {
 /// One thing an operator should look at.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct StuckItem {
-    /// marked_paid_unseen, seen_unconfirmed, exception, watcher, webhook or rates.
+    /// marked_paid_unseen, seen_unconfirmed, exception, watcher, webhook, rates or wallet.
     pub category: &'static str,
     /// The exception kind, watcher state or intent status.
     pub kind: String,
@@ -55,13 +56,14 @@ pub struct StuckItem {
 }
 
 /// The categories of the stuck view, in the order it lists them.
-const CATEGORIES: [&str; 6] = [
+const CATEGORIES: [&str; 7] = [
     "marked_paid_unseen",
     "seen_unconfirmed",
     "exception",
     "watcher",
     "webhook",
     "rates",
+    "wallet",
 ];
 
 /// Items of one `payrecon stuck` or `GET /v1/stuck` page at most.
@@ -155,6 +157,30 @@ impl<T> Page<T> {
             next: next.flatten(),
         }
     }
+}
+
+/// A row when a wallet restored from `network`'s account key, at its default gap limit, would
+/// miss paid addresses: the merchant must import with a wider one.
+pub(crate) fn wallet_gap_item(
+    export: &WalletExport,
+    warning: u32,
+    now: DateTime<Utc>,
+) -> Option<StuckItem> {
+    (export.gap_limit_needed > warning).then(|| StuckItem {
+        category: "wallet",
+        kind: "gap_limit".into(),
+        subject: export.network.to_string(),
+        order_ref: None,
+        what: format!(
+            "a wallet restored from the {} account needs a gap limit of {} to find every paid address ({} unpaid in a row); the threshold is {warning}",
+            export.network, export.gap_limit_needed, export.largest_unfunded_run
+        ),
+        since: now,
+        actions: vec![
+            "run `payrecon wallet export` and import with its recommended gap limit",
+            "set the gap limit in the merchant's wallet (Electrum, Sparrow) at least that high",
+        ],
+    })
 }
 
 /// A row per enabled asset whose rate cannot be locked now.

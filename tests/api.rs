@@ -437,7 +437,8 @@ on_both_databases! {
         for path in ["/v1/orders", "/v1/topups", "/v1/payments", "/v1/payments/{intent}/qr.svg", "/v1/payments/{intent}/mark-paid",
             "/v1/orders/{reference}/pay-from-balance", "/v1/balances/{account}", "/v1/reports/reconcile", "/v1/stuck",
             "/v1/exceptions/{id}/resolve", "/v1/audit-log", "/v1/webhooks/{endpoint}/replay", "/metrics", "/ready",
-            "/v1/periods/{period}/close", "/v1/periods/{period}/reopen", "/v1/exports/journal", "/v1/reports/rollforward"] {
+            "/v1/periods/{period}/close", "/v1/periods/{period}/reopen", "/v1/exports/journal", "/v1/reports/rollforward",
+            "/v1/holdings", "/v1/wallet/{network}/export"] {
             assert!(spec["paths"][path].is_object(), "{path} is described");
         }
         let page = api.http.get(format!("{}/ui/stuck", api.base)).send().await.unwrap().text().await.unwrap();
@@ -446,6 +447,29 @@ on_both_databases! {
         let (status, body) = api.call("GET", "/ready", None, None).await;
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(body["error"]["message"], "database unreachable", "the driver's words stay in the log");
+    }
+
+    async fn finance_reads_holdings_and_the_wallet_export_over_http(db) {
+        let seeded = seed(&db).await;
+        let api = Api::start(&seeded).await;
+        let (finance, shop) = (Some(api.finance.as_str()), Some(api.shop.as_str()));
+        let (status, _) = api.call("GET", "/v1/holdings", shop, None).await;
+        assert_eq!(status, StatusCode::FORBIDDEN);
+        let (status, holdings) = api.call("GET", "/v1/holdings?sort=index&limit=5", finance, None).await;
+        assert_eq!(status, StatusCode::OK, "{holdings}");
+        assert!(holdings["totals"].is_array() && holdings["addresses"].is_array(), "{holdings}");
+        let (status, body) = api.call("GET", "/v1/holdings?sort=size", finance, None).await;
+        assert_eq!((status, error_code(&body)), (StatusCode::UNPROCESSABLE_ENTITY, "invalid"), "{body}");
+        let (status, body) = api.call("GET", "/v1/holdings?offset=-1", finance, None).await;
+        assert_eq!((status, error_code(&body)), (StatusCode::BAD_REQUEST, "invalid_query"), "{body}");
+        let (status, export) = api.call("GET", "/v1/wallet/bitcoin/export", finance, None).await;
+        assert_eq!(status, StatusCode::OK, "{export}");
+        assert!(export["receive_descriptor"].as_str().unwrap().starts_with("wpkh("), "{export}");
+        assert!(export["change_descriptor"].as_str().unwrap().contains("/1/*)#"), "{export}");
+        for network in ["ethereum", "dogecoin"] {
+            let (status, body) = api.call("GET", &format!("/v1/wallet/{network}/export"), finance, None).await;
+            assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+        }
     }
 
     async fn finance_closes_months_and_downloads_journals_over_http(db) {

@@ -654,3 +654,53 @@ fn finance_closes_a_month_and_exports_its_journal() {
     let rollforward = json(&url, &["books", "rollforward", "--period", "2026-11"]);
     assert_eq!(rollforward["closes"], true);
 }
+
+#[test]
+fn the_wallet_export_and_holdings_from_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("wallet.db").display());
+    let config = dir.path().join("payrecon.toml");
+    let key = common::regtest::fresh_merchant_key();
+    std::fs::write(
+        &config,
+        format!(
+            "[networks.litecoin]\nxpub = \"{}\"\nnetwork = \"regtest\"\nconfirmations = 1\nkey_origin = \"{}\"\n",
+            key.account_xpub, key.origin
+        ),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    let with_config =
+        |args: &[&'static str]| -> Vec<&str> { [&["--config", config][..], args].concat() };
+    let export = json(
+        &url,
+        &with_config(&["wallet", "export", "--network", "litecoin"]),
+    );
+    assert!(
+        export["receive_descriptor"]
+            .as_str()
+            .unwrap()
+            .starts_with("wpkh([")
+    );
+    assert_eq!(export["highest_index"], Value::Null);
+    let text = payrecon(
+        &url,
+        &with_config(&["wallet", "export", "--network", "litecoin"]),
+    );
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(
+        text.contains("gap limit needed: 1\n") && text.contains("receive: wpkh("),
+        "{text}"
+    );
+    for (network, says) in [
+        ("bitcoin", "no Bitcoin-family account"),
+        ("ethereum", "bitcoin"),
+    ] {
+        let mut args = with_config(&["wallet", "export", "--network"]);
+        args.push(network);
+        assert!(refused(&url, &args).contains(says), "{network}");
+    }
+    let holdings = json(&url, &with_config(&["holdings", "--sort", "index"]));
+    assert_eq!(holdings["address_count"], 0);
+    assert!(refused(&url, &["holdings", "--sort", "size"]).contains("size"));
+}

@@ -10,6 +10,7 @@ mod operators;
 mod output;
 mod serve;
 mod shop;
+mod wallet;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -77,8 +78,15 @@ enum Command {
     /// The books: the valuation pass, entries without a fiat value, the roll-forward.
     #[command(subcommand)]
     Books(books::BooksCommand),
+    /// What each watched address holds: totals per asset and the funded addresses with their
+    /// derivation paths.
+    Holdings(wallet::HoldingsArgs),
+    /// The merchant's wallet: descriptors and the gap limit to import them with.
+    #[command(subcommand)]
+    Wallet(wallet::WalletCommand),
     /// What operators must look at: payments marked paid but unseen, payments not
-    /// confirming, open exceptions, watchers behind or failing, stale rates.
+    /// confirming, open exceptions, watchers behind or failing, stale rates, a wallet gap
+    /// limit too small.
     Stuck {
         /// Minutes after "I have paid" with nothing seen before it is stuck.
         #[arg(long, default_value_t = 30)]
@@ -233,6 +241,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Period(command) => books::period(command, &engine, json).await,
         Command::Export(command) => books::export(command, &engine).await,
         Command::Books(command) => books::books(command, &engine, json).await,
+        Command::Holdings(args) => wallet::holdings(args, &engine, json).await,
+        Command::Wallet(command) => wallet::wallet(command, &engine, json).await,
         Command::Stuck {
             marked_paid_minutes,
             seen_hours,

@@ -7,6 +7,7 @@ mod books;
 mod finance;
 mod operators;
 mod shop;
+mod wallet;
 mod watchers;
 
 use std::collections::HashMap;

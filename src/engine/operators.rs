@@ -13,7 +13,7 @@ use crate::records::{OperatorAction, WatcherHealth};
 use crate::store::{StoreError, ledger, operations, orders, payments};
 use crate::stuck::{
     MAX_STUCK_PAGE, Page, StuckCursor, StuckItem, StuckOptions, exception_actions, stale_rates,
-    watcher_item, webhook_item,
+    wallet_gap_item, watcher_item, webhook_item,
 };
 use crate::support::{AddressView, Finding, OrderView, TransferView, checked};
 use crate::tokens::{Caller, Role, digest, fresh_token};
@@ -301,6 +301,10 @@ impl Engine {
             }
             drop(conn);
             few.extend(stale_rates(self.payment_settings(), now).await);
+            for (network, wallet) in &self.payment_settings().wallets {
+                let export = self.wallet_export(*network).await?;
+                few.extend(wallet_gap_item(&export, wallet.gap_limit_warning, now));
+            }
             let mut few: Vec<(usize, StuckItem)> = few
                 .into_iter()
                 .map(|item| (StuckCursor::after(&item).category, item))

@@ -19,6 +19,7 @@ pub mod orders;
 pub mod payments;
 pub mod reports;
 mod statistics;
+pub(crate) mod wallet;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -142,10 +142,16 @@ impl Chain {
 
     /// A JSON-RPC call to the node (`wallet` routes it to the miner wallet).
     pub async fn call(&self, wallet: bool, method: &str, params: Value) -> Value {
-        let url = if wallet {
-            format!("{}/wallet/miner", self.rpc_url)
-        } else {
+        self.call_wallet(if wallet { "miner" } else { "" }, method, params)
+            .await
+    }
+
+    /// A JSON-RPC call routed to the node's wallet `wallet` (none when empty).
+    pub async fn call_wallet(&self, wallet: &str, method: &str, params: Value) -> Value {
+        let url = if wallet.is_empty() {
             self.rpc_url.clone()
+        } else {
+            format!("{}/wallet/{wallet}", self.rpc_url)
         };
         let (user_pass, host) = url
             .strip_prefix("http://")
@@ -382,6 +388,20 @@ where
 
 /// A fresh random account key on m/84'/2'/0': no other test or run derives its addresses.
 pub fn fresh_account_xpub() -> String {
+    fresh_merchant_key().account_xpub
+}
+
+/// A merchant's seed for one test: the master key a wallet signs with, and what payrecon is
+/// given (the account xpub on m/84'/2'/0' and its key origin).
+pub struct MerchantKey {
+    pub master: Xpriv,
+    pub account_xpub: String,
+    /// `[fingerprint/84h/2h/0h]`.
+    pub origin: String,
+}
+
+/// A fresh random merchant seed.
+pub fn fresh_merchant_key() -> MerchantKey {
     let secp = Secp256k1::new();
     let seed: [u8; 32] = *uuid::Uuid::new_v4()
         .as_bytes()
@@ -391,7 +411,11 @@ pub fn fresh_account_xpub() -> String {
     let master = Xpriv::new_master(payrecon_chain_core::bitcoin::NetworkKind::Test, &seed).unwrap();
     let path: DerivationPath = "m/84'/2'/0'".parse().unwrap();
     let account = master.derive_priv(&secp, &path).unwrap();
-    Xpub::from_priv(&secp, &account).to_string()
+    MerchantKey {
+        account_xpub: Xpub::from_priv(&secp, &account).to_string(),
+        origin: format!("[{}/84h/2h/0h]", master.fingerprint(&secp)),
+        master,
+    }
 }
 
 /// The Litecoin regtest network section, with a fresh key and `confirmations`.

@@ -1,6 +1,7 @@
 //! Bitcoin and Litecoin: BIP84 native segwit receive addresses (watch-only) and two scanners
 //! that follow them: through an Electrum server, or straight from a full node's RPC with its
-//! P2P announcements as the push channel.
+//! P2P announcements as the push channel; and the output descriptors that hand the account
+//! to the merchant's wallet.
 
 mod chain;
 mod derive;
@@ -9,6 +10,7 @@ mod electrum_stream;
 mod node;
 mod p2p;
 mod rpc;
+mod wallet;
 
 pub use chain::UtxoTarget;
 pub use derive::script_pubkey;
@@ -16,3 +18,4 @@ pub use derive::{SegwitDeriver, UtxoChain, UtxoNetwork};
 pub use electrum::{ElectrumScanner, ElectrumSettings};
 pub use node::{NodeScanner, NodeSettings};
 pub use rpc::{NodeAuth, RpcError};
+pub use wallet::{KeyOrigin, WalletDescriptors, descriptors, origin_text};

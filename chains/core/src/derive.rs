@@ -47,6 +47,11 @@ impl AccountXpub {
             .map_err(|e| DeriveError::Derivation(e.to_string()))
     }
 
+    /// The account key itself, for what hands it on (a wallet's output descriptors).
+    pub fn xpub(&self) -> &Xpub {
+        &self.xpub
+    }
+
     /// A short, stable name for the key, so each key has its own derivation counter.
     pub fn fingerprint(&self) -> String {
         format!("{}", self.xpub.fingerprint())

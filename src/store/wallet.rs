@@ -1,0 +1,96 @@
+//! SQL for where the money is: the receive indexes an account handed out and which were paid.
+
+use sqlx::{AnyConnection, Row};
+
+use super::StoreError;
+use crate::records::FundedIndexes;
+
+/// How `network`'s account `key_id` handed out and was paid: the longest run of unpaid
+/// indexes comes from one window function over the paid ones (each paid index minus the one
+/// before it), so no index list leaves the database.
+pub(crate) async fn funded_indexes(
+    conn: &mut AnyConnection,
+    network: &str,
+    key_id: &str,
+) -> Result<FundedIndexes, StoreError> {
+    let handed = sqlx::query(
+        "SELECT COUNT(*), MAX(derivation_index) FROM payment_intents \
+         WHERE network = $1 AND key_id = $2",
+    )
+    .bind(network)
+    .bind(key_id)
+    .fetch_one(&mut *conn)
+    .await?;
+    let paid = sqlx::query(
+        "WITH paid AS (SELECT DISTINCT i.derivation_index AS idx FROM payment_intents i \
+           WHERE i.network = $1 AND i.key_id = $2 AND EXISTS \
+             (SELECT 1 FROM transfers t WHERE t.intent_id = i.id AND t.removed = 0)), \
+         runs AS (SELECT idx - LAG(idx, 1, -1) OVER (ORDER BY idx) - 1 AS run FROM paid) \
+         SELECT COUNT(*), COALESCE(MAX(run), 0) FROM runs",
+    )
+    .bind(network)
+    .bind(key_id)
+    .fetch_one(&mut *conn)
+    .await?;
+    let count = |value: i64| u64::try_from(value).unwrap_or(0);
+    let index = |value: i64| {
+        u32::try_from(value).map_err(|_| {
+            StoreError::Corrupt(format!(
+                "derivation index {value} of {network} is not a BIP32 index"
+            ))
+        })
+    };
+    Ok(FundedIndexes {
+        handed_out: count(handed.try_get(0)?),
+        highest_index: handed
+            .try_get::<Option<i64>, _>(1)?
+            .map(index)
+            .transpose()?,
+        funded: count(paid.try_get(0)?),
+        largest_unfunded_run: index(paid.try_get(1)?)?,
+    })
+}
+
+/// What one address holds of one asset: its confirmed receipts not taken out by a reorg,
+/// less what confirmed outflows took from it. A Solana Pay payment counts at the merchant
+/// recipient it paid, not at its reference key.
+pub(crate) async fn holdings(
+    conn: &mut AnyConnection,
+    network: Option<&str>,
+) -> Result<Vec<HoldingRow>, StoreError> {
+    let backend = super::backend_of_conn(conn);
+    let sum = super::exact_sum(backend, "t.amount_base");
+    let sql = format!(
+        "SELECT t.network, COALESCE(i.pay_to, t.to_address), t.asset, \
+                MIN(i.derivation_index), {sum} \
+         FROM transfers t LEFT JOIN payment_intents i ON i.id = t.intent_id \
+         WHERE t.removed = 0 AND t.confirmations >= 1 AND ($1 = '' OR t.network = $2) \
+         GROUP BY t.network, COALESCE(i.pay_to, t.to_address), t.asset"
+    );
+    let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(network.unwrap_or(""))
+        .bind(network.unwrap_or(""))
+        .fetch_all(&mut *conn)
+        .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(HoldingRow {
+                network: row.try_get(0)?,
+                address: row.try_get(1)?,
+                asset: row.try_get(2)?,
+                derivation_index: row.try_get(3)?,
+                amount: super::decode_exact_sum(row, 4, backend)?,
+            })
+        })
+        .collect()
+}
+
+/// One address's holding of one asset, as the store sums it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct HoldingRow {
+    pub(crate) network: String,
+    pub(crate) address: String,
+    pub(crate) asset: String,
+    pub(crate) derivation_index: Option<i64>,
+    pub(crate) amount: i128,
+}

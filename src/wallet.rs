@@ -1,0 +1,363 @@
+//! Where the money is after it arrives: what each watched address holds, and the hand-off to
+//! the merchant's wallet that collects it.
+//!
+//! payrecon hands out one receive index per payment intent and most intents are never paid.
+//! A wallet restored from the account key stops looking after a run of unused addresses (its
+//! gap limit), so a paid address far past the last paid one stays invisible to it. The
+//! export says how wide that run is, and the stuck view warns before a wallet misses money.
+
+use std::collections::BTreeMap;
+
+use payrecon_chain_bitcoin::{KeyOrigin, UtxoNetwork, WalletDescriptors, descriptors, origin_text};
+use payrecon_chain_core::{AccountXpub, Amount, DeriveError, Method, Network};
+use serde::Serialize;
+
+use crate::records::FundedIndexes;
+use crate::store::StoreError;
+use crate::store::wallet::HoldingRow;
+
+/// Addresses added to the needed gap limit in the recommendation: room for the unpaid
+/// intents handed out while the wallet is being set up.
+pub const GAP_MARGIN: u32 = 20;
+
+/// A Bitcoin or Litecoin account as the merchant's wallet must see it.
+#[derive(Clone, Debug)]
+pub struct UtxoWallet {
+    /// The account key payrecon derives from.
+    pub account: AccountXpub,
+    /// Mainnet, testnet or regtest: decides how the key is written.
+    pub network: UtxoNetwork,
+    /// Where the key sits below the wallet's master key, when configured.
+    pub origin: Option<KeyOrigin>,
+    /// The stuck view warns when the needed gap limit passes this.
+    pub gap_limit_warning: u32,
+}
+
+impl UtxoWallet {
+    /// The account's receive and change descriptors; an origin that cannot be this key's is
+    /// refused.
+    pub fn descriptors(&self) -> Result<WalletDescriptors, DeriveError> {
+        descriptors(&self.account, self.network, self.origin.as_ref())
+    }
+
+    /// The path of receive address `index`, for people: the origin's path when configured,
+    /// else the account written as the key itself.
+    pub fn receive_path(&self, index: i64) -> String {
+        match &self.origin {
+            Some(origin) => format!("{}/0/{index}", origin_text(origin)),
+            None => format!("[account]/0/{index}"),
+        }
+    }
+}
+
+/// What `payrecon wallet export` prints: enough for Bitcoin Core, Litecoin Core, Sparrow or
+/// Electrum to find every payment payrecon credited.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct WalletExport {
+    /// bitcoin or litecoin.
+    pub network: Network,
+    /// The receive branch's descriptor, with its checksum.
+    pub receive_descriptor: String,
+    /// The change branch's descriptor, with its checksum.
+    pub change_descriptor: String,
+    /// `[fingerprint/path]`, when configured.
+    pub key_origin: Option<String>,
+    /// The highest receive index payrecon handed out (`None`: none yet).
+    pub highest_index: Option<u32>,
+    /// Receive addresses handed out.
+    pub addresses_handed_out: u64,
+    /// Of them, addresses that received anything.
+    pub funded_addresses: u64,
+    /// The longest run of unpaid indexes before a paid one, counted from index 0.
+    pub largest_unfunded_run: u32,
+    /// The smallest gap limit with which a wallet finds every paid address.
+    pub gap_limit_needed: u32,
+    /// [`WalletExport::gap_limit_needed`] plus [`GAP_MARGIN`].
+    pub gap_limit_recommended: u32,
+    /// The range to import for Bitcoin Core's `importdescriptors`: every handed-out index and
+    /// the margin past it.
+    pub import_range: [u32; 2],
+    /// What to watch out for.
+    pub notes: Vec<String>,
+}
+
+impl WalletExport {
+    /// The export of `wallet` on `network` with its `descriptors`, given what was handed out
+    /// and paid.
+    pub fn new(
+        network: Network,
+        wallet: &UtxoWallet,
+        descriptors: WalletDescriptors,
+        funded: &FundedIndexes,
+    ) -> WalletExport {
+        let gap_limit_needed = gap_limit_needed(funded.largest_unfunded_run);
+        let mut notes = Vec::new();
+        if wallet.origin.is_none() {
+            notes.push(format!(
+                "no key origin: set networks.{network}.key_origin = \"[fingerprint/84h/coin h/0h]\" for a wallet that signs with a hardware key"
+            ));
+        }
+        if gap_limit_needed > wallet.gap_limit_warning {
+            notes.push(format!(
+                "a wallet with the default gap limit of 20 misses payments: set its gap limit to at least {gap_limit_needed}"
+            ));
+        }
+        let top = funded.highest_index.unwrap_or(0);
+        WalletExport {
+            network,
+            receive_descriptor: descriptors.receive,
+            change_descriptor: descriptors.change,
+            key_origin: wallet.origin.as_ref().map(origin_text),
+            highest_index: funded.highest_index,
+            addresses_handed_out: funded.handed_out,
+            funded_addresses: funded.funded,
+            largest_unfunded_run: funded.largest_unfunded_run,
+            gap_limit_needed,
+            gap_limit_recommended: gap_limit_needed.saturating_add(GAP_MARGIN),
+            import_range: [0, top.saturating_add(GAP_MARGIN)],
+            notes,
+        }
+    }
+
+    /// The export as `payrecon wallet export` prints it.
+    pub fn text(&self) -> String {
+        let mut out = format!(
+            "network: {}\nreceive: {}\nchange: {}\nkey origin: {}\nhighest index handed out: {}\naddresses handed out: {}\npaid addresses: {}\nlongest unpaid run: {}\ngap limit needed: {}\ngap limit recommended: {}\nimportdescriptors range: [{}, {}]\n",
+            self.network,
+            self.receive_descriptor,
+            self.change_descriptor,
+            self.key_origin.as_deref().unwrap_or("(not configured)"),
+            self.highest_index
+                .map_or_else(|| "none".to_owned(), |i| i.to_string()),
+            self.addresses_handed_out,
+            self.funded_addresses,
+            self.largest_unfunded_run,
+            self.gap_limit_needed,
+            self.gap_limit_recommended,
+            self.import_range[0],
+            self.import_range[1],
+        );
+        for note in &self.notes {
+            out.push_str(&format!("note: {note}\n"));
+        }
+        out
+    }
+}
+
+/// A wallet with gap limit `g` stops after `g` unused addresses in a row, so it steps over a
+/// run of `run` unpaid ones only when `g > run`.
+pub(crate) fn gap_limit_needed(largest_unfunded_run: u32) -> u32 {
+    largest_unfunded_run.saturating_add(1)
+}
+
+/// The Bitcoin-family wallets of the configured networks.
+pub type UtxoWallets = BTreeMap<Network, UtxoWallet>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_of_unpaid_addresses_needs_one_more_than_its_length() {
+        assert_eq!(gap_limit_needed(0), 1);
+        assert_eq!(gap_limit_needed(19), 20);
+        assert_eq!(gap_limit_needed(u32::MAX), u32::MAX);
+    }
+}
+
+/// Addresses on one page of the holdings at most.
+pub const MAX_HOLDINGS_PAGE: usize = 10_000;
+
+/// How `payrecon holdings` and `GET /v1/holdings` order the funded addresses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HoldingsSort {
+    /// Largest holding first (per asset's base units), the address breaking ties.
+    #[default]
+    Amount,
+    /// By network, then address.
+    Address,
+    /// By network, then derivation index: the order a wallet scans in.
+    Index,
+}
+
+impl HoldingsSort {
+    /// The names the CLI and the API accept.
+    pub const NAMES: [&'static str; 3] = ["amount", "address", "index"];
+}
+
+impl std::str::FromStr for HoldingsSort {
+    type Err = crate::error::Error;
+
+    fn from_str(text: &str) -> Result<HoldingsSort, crate::error::Error> {
+        match text {
+            "amount" => Ok(HoldingsSort::Amount),
+            "address" => Ok(HoldingsSort::Address),
+            "index" => Ok(HoldingsSort::Index),
+            other => Err(crate::error::Error::InvalidInput(format!(
+                "sort {other:?}: use amount, address or index"
+            ))),
+        }
+    }
+}
+
+/// What one watched address holds of one asset.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Holding {
+    /// The network.
+    pub network: String,
+    /// The address (for Solana Pay the merchant recipient).
+    pub address: String,
+    /// The asset: a method id, or `token:<contract>` for a token payrecon does not accept.
+    pub asset: String,
+    /// Base units, as text (wei exceed a JSON number).
+    pub amount: String,
+    /// The same in whole coins, for a method.
+    pub amount_decimal: Option<String>,
+    /// The key's derivation index, when payrecon derived the address.
+    pub derivation_index: Option<u32>,
+    /// Its derivation path, where the chain has one.
+    pub derivation_path: Option<String>,
+}
+
+/// One asset's total over every address that holds it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct HoldingTotal {
+    /// The network.
+    pub network: String,
+    /// The asset.
+    pub asset: String,
+    /// Base units, as text.
+    pub amount: String,
+    /// The same in whole coins, for a method.
+    pub amount_decimal: Option<String>,
+    /// Addresses holding some.
+    pub addresses: u64,
+}
+
+/// Totals per asset and one page of the funded addresses.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct HoldingsView {
+    /// Per network and asset.
+    pub totals: Vec<HoldingTotal>,
+    /// The page's addresses, in the asked order.
+    pub addresses: Vec<Holding>,
+    /// Addresses holding something, over every page.
+    pub address_count: u64,
+    /// Pass as `offset` for the next page; `None` on the last.
+    pub next_offset: Option<u64>,
+}
+
+/// A holding's amount can never fall below zero: an outflow spends what arrived.
+fn checked_amount(row: &HoldingRow) -> Result<u128, crate::error::Error> {
+    u128::try_from(row.amount).map_err(|_| {
+        crate::error::Error::Database(StoreError::Corrupt(format!(
+            "{} {} at {} sums to {}: more left than arrived",
+            row.network, row.asset, row.address, row.amount
+        )))
+    })
+}
+
+/// Totals and the page `offset..offset + limit` of `rows` in `sort` order; addresses holding
+/// nothing (swept) are left out unless `include_empty`.
+pub(crate) fn holdings_view(
+    rows: Vec<HoldingRow>,
+    wallets: &UtxoWallets,
+    sort: HoldingsSort,
+    include_empty: bool,
+    offset: u64,
+    limit: usize,
+) -> Result<HoldingsView, crate::error::Error> {
+    let mut totals: BTreeMap<(String, String), (u128, u64)> = BTreeMap::new();
+    let mut held = Vec::new();
+    for row in rows {
+        let amount = checked_amount(&row)?;
+        let total = totals
+            .entry((row.network.clone(), row.asset.clone()))
+            .or_default();
+        total.0 += amount;
+        if amount > 0 {
+            total.1 += 1;
+        }
+        if amount > 0 || include_empty {
+            held.push((amount, row));
+        }
+    }
+    match sort {
+        HoldingsSort::Amount => held.sort_by(|(a, x), (b, y)| {
+            b.cmp(a)
+                .then_with(|| (&x.network, &x.address).cmp(&(&y.network, &y.address)))
+        }),
+        HoldingsSort::Address => held.sort_by(|(_, x), (_, y)| {
+            (&x.network, &x.address, &x.asset).cmp(&(&y.network, &y.address, &y.asset))
+        }),
+        HoldingsSort::Index => held.sort_by(|(_, x), (_, y)| {
+            (&x.network, x.derivation_index, &x.address, &x.asset).cmp(&(
+                &y.network,
+                y.derivation_index,
+                &y.address,
+                &y.asset,
+            ))
+        }),
+    }
+    let address_count = held.len() as u64;
+    let start = usize::try_from(offset)
+        .unwrap_or(usize::MAX)
+        .min(held.len());
+    let end = start.saturating_add(limit).min(held.len());
+    let next_offset = (end < held.len()).then_some(end as u64);
+    let addresses = held
+        .drain(start..end)
+        .map(|(amount, row)| holding(amount, row, wallets))
+        .collect();
+    Ok(HoldingsView {
+        totals: totals
+            .into_iter()
+            .map(|((network, asset), (amount, addresses))| HoldingTotal {
+                amount_decimal: decimal_of(&asset, amount),
+                amount: amount.to_string(),
+                network,
+                asset,
+                addresses,
+            })
+            .collect(),
+        addresses,
+        address_count,
+        next_offset,
+    })
+}
+
+fn holding(amount: u128, row: HoldingRow, wallets: &UtxoWallets) -> Holding {
+    let index = row.derivation_index.and_then(|i| u32::try_from(i).ok());
+    let network: Option<Network> = row.network.parse().ok();
+    Holding {
+        amount_decimal: decimal_of(&row.asset, amount),
+        amount: amount.to_string(),
+        derivation_path: network
+            .zip(index)
+            .and_then(|(n, i)| derivation_path(n, i, wallets)),
+        derivation_index: index,
+        network: row.network,
+        address: row.address,
+        asset: row.asset,
+    }
+}
+
+/// `amount` in whole coins when `asset` is one of the shop's methods.
+fn decimal_of(asset: &str, amount: u128) -> Option<String> {
+    let method: Method = asset.parse().ok()?;
+    Some(Amount::from_base_units(amount).to_decimal_string(method.decimals()))
+}
+
+/// The path of receive index `index` on `network`: BIP84 below the configured origin on the
+/// Bitcoin family, BIP44 `m/44'/60'/0'/0/i` and `m/44'/195'/0'/0/i` on Ethereum and Tron;
+/// none on Solana, whose payments all reach the merchant recipient.
+pub fn derivation_path(network: Network, index: u32, wallets: &UtxoWallets) -> Option<String> {
+    match network {
+        Network::Bitcoin | Network::Litecoin => wallets
+            .get(&network)
+            .map(|w| w.receive_path(i64::from(index))),
+        Network::Ethereum => Some(format!("m/44h/60h/0h/0/{index}")),
+        Network::Tron => Some(format!("m/44h/195h/0h/0/{index}")),
+        Network::Solana => None,
+    }
+}

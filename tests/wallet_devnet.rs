@@ -1,0 +1,93 @@
+//! The hand-off to the merchant's wallet on the Litecoin regtest node, both sources and both
+//! databases: 30 payments spread over 500 handed-out addresses, the descriptors payrecon
+//! exports imported into a watch-only wallet of the node (`importmulti`, rescanned), and the node wallet's balance equal to payrecon's holdings to the litoshi.
+
+mod common;
+
+use common::checks::{order, wait_status};
+use common::regtest::{Chain, fresh_merchant_key, ltc_engine};
+use common::topup;
+use payrecon::config::UtxoConfig;
+use payrecon::{HoldingsSort, IntentStatus, PaymentIntent};
+use payrecon_chain_core::{Amount, Method, Network};
+use serde_json::json;
+
+/// Handed out, and of them paid: every 13th from index 0, then the last, 135 past the one
+/// before (a run of 134 unpaid addresses a default wallet never crosses).
+const HANDED_OUT: u32 = 500;
+
+fn paid_indexes() -> Vec<u32> {
+    (0..29).map(|k| k * 13).chain([HANDED_OUT - 1]).collect()
+}
+
+on_both_databases_and_sources! {
+    async fn the_node_wallet_imports_the_descriptors_and_holds_what_payrecon_holds(db, source) {
+        let chain = Chain::lock().await;
+        let key = fresh_merchant_key();
+        let (engine, _clock) = ltc_engine(&db, &chain, 1, &key.account_xpub, |c| {
+            c.networks.litecoin = Some(UtxoConfig {
+                key_origin: Some(key.origin.clone()),
+                ..source.config(&key.account_xpub, &chain, 1)
+            });
+        })
+        .await;
+        let mut intents: Vec<PaymentIntent> = Vec::new();
+        for n in 0..HANDED_OUT {
+            let reference = format!("T-{n}");
+            engine.create_topup(&topup(&reference, "42", "100")).await.unwrap();
+            intents.push(engine.create_payment(&order(&reference), Method::Ltc).await.unwrap().intent);
+        }
+        intents.sort_by_key(|intent| intent.derivation_index);
+        let paid: Vec<&PaymentIntent> = paid_indexes().iter().map(|i| &intents[*i as usize]).collect();
+        let watcher = source.watch(&engine, &chain);
+        let outputs: Vec<(&str, &str)> = paid.iter().map(|intent| (intent.pay_to.as_str(), "1")).collect();
+        chain.send_many(&outputs).await;
+        chain.mine(1).await;
+        for intent in &paid {
+            wait_status(&engine, &intent.id, IntentStatus::Settled).await;
+        }
+
+        let export = engine.wallet_export(Network::Litecoin).await.unwrap();
+        assert_eq!(export.highest_index, Some(HANDED_OUT - 1));
+        assert_eq!((export.addresses_handed_out, export.funded_addresses), (500, 30));
+        assert_eq!((export.largest_unfunded_run, export.gap_limit_needed), (134, 135));
+        assert_eq!(export.key_origin.as_deref(), Some(key.origin.as_str()));
+        assert!(export.receive_descriptor.starts_with(&format!("wpkh({}", key.origin.replace('h', "'"))), "{}", export.receive_descriptor);
+        let stuck = engine.stuck(&Default::default()).await.unwrap();
+        assert!(stuck.iter().any(|item| item.category == "wallet" && item.subject == "litecoin"), "{stuck:?}");
+
+        let holdings = engine.holdings(Some(Network::Litecoin), HoldingsSort::Index, false, 0, 100).await.unwrap();
+        assert_eq!(holdings.address_count, 30);
+        assert_eq!(holdings.totals[0].amount, "3000000000");
+        let first = &holdings.addresses[0];
+        assert_eq!(first.derivation_path.as_deref(), Some(format!("{}/0/0", key.origin).as_str()));
+
+        // Litecoin Core computes the same checksums and imports both branches.
+        for descriptor in [&export.receive_descriptor, &export.change_descriptor] {
+            let (body, checksum) = descriptor.split_once('#').unwrap();
+            let info = chain.call(false, "getdescriptorinfo", json!([body])).await;
+            assert_eq!(info["checksum"], json!(checksum), "{info}");
+        }
+        // Debian's litecoind is built without SQLite, so it has no descriptor wallets and no
+        // `importdescriptors`; its legacy wallets import the same descriptors, checksums and
+        // ranges through `importmulti`, watch-only.
+        let wallet = format!("watch-{}", uuid::Uuid::new_v4().simple());
+        chain.call(false, "createwallet", json!([wallet, true, true, "", false, false])).await;
+        let import = |descriptor: &str, internal: bool| json!({
+            "desc": descriptor, "timestamp": 0, "range": export.import_range,
+            "watchonly": true, "internal": internal, "keypool": false,
+        });
+        let imported = chain
+            .call_wallet(&wallet, "importmulti", json!([[
+                import(&export.receive_descriptor, false),
+                import(&export.change_descriptor, true),
+            ], {"rescan": true}]))
+            .await;
+        assert!(imported.as_array().unwrap().iter().all(|r| r["success"] == json!(true)), "{imported}");
+        let balances = chain.call_wallet(&wallet, "getbalances", json!([])).await;
+        let trusted = Amount::from_decimal_str(&balances["watchonly"]["trusted"].to_string(), 8).unwrap();
+        assert_eq!(trusted.to_string(), holdings.totals[0].amount, "{balances}");
+        chain.call(false, "unloadwallet", json!([wallet])).await;
+        watcher.stop().await.unwrap();
+    }
+}
