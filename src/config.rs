@@ -282,6 +282,15 @@ impl Default for BooksConfig {
             gl("1591", "Reversed credits to recover"),
         );
         accounts.insert("fx:gain_loss".into(), gl("2660", "FX gains and losses"));
+        accounts.insert(
+            "treasury:*".into(),
+            gl("1520", "Crypto in treasury wallets"),
+        );
+        accounts.insert(
+            "external:*".into(),
+            gl("1595", "Crypto sent out, to classify"),
+        );
+        accounts.insert("expense:network_fees:*".into(), gl("4970", "Network fees"));
         BooksConfig {
             reporting_currency: None,
             timezone: "UTC".into(),
@@ -457,6 +466,11 @@ pub struct UtxoConfig {
     /// than this to find every paid address (20 is Electrum's and Sparrow's default).
     #[serde(default = "gap_limit_warning")]
     pub gap_limit_warning: u32,
+    /// The merchant's own addresses on this network (cold storage, an exchange deposit
+    /// address it controls): money swept there is booked to `treasury:…`, anywhere else to
+    /// `external:…`.
+    #[serde(default)]
+    pub treasury_addresses: Vec<String>,
 }
 
 impl UtxoConfig {
@@ -486,6 +500,7 @@ impl UtxoConfig {
             max_answer_bytes: None,
             key_origin: None,
             gap_limit_warning: gap_limit_warning(),
+            treasury_addresses: Vec::new(),
         }
     }
 }

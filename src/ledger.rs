@@ -145,6 +145,13 @@ pub enum Account {
     RevenueRentals,
     /// Money held for an operator: `suspense:<reason>`.
     Suspense(SuspenseReason),
+    /// Crypto the merchant moved to one of its own configured addresses:
+    /// `treasury:<network>:<ASSET>`.
+    Treasury(Method),
+    /// Crypto sent from a watched address anywhere else: `external:<network>:<ASSET>`.
+    External(Method),
+    /// Network fees paid from watched addresses: `expense:network_fees:<network>:<ASSET>`.
+    NetworkFees(Method),
 }
 
 impl Account {
@@ -152,10 +159,21 @@ impl Account {
     /// method's custody holds nothing but that method's asset.
     pub fn allows(&self, currency: Currency) -> bool {
         match (self, currency) {
-            (Account::Custody(m), Currency::Crypto(c)) | (Account::Fx(m), Currency::Crypto(c)) => {
-                *m == c
-            }
-            (Account::Custody(_), Currency::Usd) => false,
+            (
+                Account::Custody(m)
+                | Account::Fx(m)
+                | Account::Treasury(m)
+                | Account::External(m)
+                | Account::NetworkFees(m),
+                Currency::Crypto(c),
+            ) => *m == c,
+            (
+                Account::Custody(_)
+                | Account::Treasury(_)
+                | Account::External(_)
+                | Account::NetworkFees(_),
+                Currency::Usd,
+            ) => false,
             (Account::Fx(_), Currency::Usd) => true,
             (Account::CustomerBalance(_) | Account::RevenueRentals, c) => c == Currency::Usd,
             (Account::Suspense(_), _) => true,
@@ -180,6 +198,11 @@ impl fmt::Display for Account {
             Account::CustomerBalance(id) => write!(f, "customer:{id}:balance"),
             Account::RevenueRentals => f.write_str("revenue:rentals"),
             Account::Suspense(reason) => write!(f, "suspense:{}", reason.as_str()),
+            Account::Treasury(m) => write!(f, "treasury:{}:{}", m.network(), m.asset()),
+            Account::External(m) => write!(f, "external:{}:{}", m.network(), m.asset()),
+            Account::NetworkFees(m) => {
+                write!(f, "expense:network_fees:{}:{}", m.network(), m.asset())
+            }
         }
     }
 }
@@ -190,14 +213,19 @@ impl FromStr for Account {
     fn from_str(s: &str) -> Result<Account, LedgerError> {
         let unknown = || LedgerError::UnknownAccount(s.chars().take(80).collect());
         let parts: Vec<&str> = s.split(':').collect();
+        let method_of = |network: &str, asset: &str| -> Result<Method, LedgerError> {
+            let network: Network = network.parse().map_err(|_| unknown())?;
+            Method::ALL
+                .into_iter()
+                .find(|m| m.network() == network && m.asset().ticker() == asset)
+                .ok_or_else(unknown)
+        };
         match parts.as_slice() {
-            ["custody", network, asset] => {
-                let network: Network = network.parse().map_err(|_| unknown())?;
-                Method::ALL
-                    .into_iter()
-                    .find(|m| m.network() == network && m.asset().ticker() == *asset)
-                    .map(Account::Custody)
-                    .ok_or_else(unknown)
+            ["custody", network, asset] => method_of(network, asset).map(Account::Custody),
+            ["treasury", network, asset] => method_of(network, asset).map(Account::Treasury),
+            ["external", network, asset] => method_of(network, asset).map(Account::External),
+            ["expense", "network_fees", network, asset] => {
+                method_of(network, asset).map(Account::NetworkFees)
             }
             ["fx", method] => method.parse().map(Account::Fx).map_err(|_| unknown()),
             ["customer", id, "balance"] => AccountId::new(*id)
@@ -288,6 +316,8 @@ pub enum EntryKind {
     Reversal,
     /// An operator's correction.
     Adjustment,
+    /// Crypto leaving a watched address, with its network fee.
+    Outflow,
 }
 
 impl EntryKind {
@@ -298,6 +328,7 @@ impl EntryKind {
             EntryKind::BalancePayment => "balance_payment",
             EntryKind::Reversal => "reversal",
             EntryKind::Adjustment => "adjustment",
+            EntryKind::Outflow => "outflow",
         }
     }
 }
@@ -311,6 +342,7 @@ impl FromStr for EntryKind {
             EntryKind::BalancePayment,
             EntryKind::Reversal,
             EntryKind::Adjustment,
+            EntryKind::Outflow,
         ]
         .into_iter()
         .find(|k| k.as_str() == s)

@@ -70,6 +70,7 @@ mod networks;
 mod operator;
 mod order;
 mod outbox;
+mod outflows;
 mod payments;
 mod rates;
 mod records;
@@ -113,6 +114,7 @@ pub use order::{
     AccountId, Order, OrderKind, OrderRef, OrderRuleError, OrderStatus, RentalOrderRequest,
     TopupRequest,
 };
+pub use outflows::OutflowRules;
 pub use payments::{PaymentInstructions, PaymentSettings};
 pub use records::{
     CryptoRate, ExceptionRecord, FailingEndpoint, FundedIndexes, IntentEvent, OperatorAction,

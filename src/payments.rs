@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use payrecon_chain_bitcoin::{KeyOrigin, SegwitDeriver, UtxoChain};
 use payrecon_chain_core::{
     AccountXpub, AddressDeriver, BlockId, ChainCursor, ChainEvent, DeriveError, Lookahead,
-    MAX_CHECKPOINTS, Method, Network,
+    MAX_CHECKPOINTS, Method, Network, OutflowEvent,
 };
 use payrecon_chain_ethereum::EthereumDeriver;
 use payrecon_chain_solana::SolanaPayDeriver;
@@ -20,6 +20,7 @@ use crate::error::Error;
 use crate::intent::{IntentRate, IntentStatus, PaymentIntent, UriParams, crypto_amount_for};
 use crate::matcher::{ConfirmationRule, MatchPolicy};
 use crate::order::{OrderRef, OrderStatus};
+use crate::outflows::OutflowRules;
 use crate::rates::{CoinGecko, Kraken, RateBook, RateSource, RecordedQuotes};
 use crate::store::payments::{self, NewEvent};
 use crate::store::{Answers, GroupWrite, WriteFuture, WriteTx};
@@ -49,6 +50,8 @@ pub struct PaymentSettings {
     pub uri: UriParams,
     /// The Bitcoin-family accounts, as the merchant's wallet must import them.
     pub wallets: UtxoWallets,
+    /// Where outflows went and when they are booked.
+    pub outflows: OutflowRules,
 }
 
 impl Default for PaymentSettings {
@@ -69,6 +72,7 @@ impl Default for PaymentSettings {
                 label: "payrecon".into(),
             },
             wallets: UtxoWallets::new(),
+            outflows: OutflowRules::default(),
         }
     }
 }
@@ -149,6 +153,7 @@ fn add_networks(settings: &mut PaymentSettings, networks: &NetworksConfig) -> Re
             .map_err(|e: DeriveError| Error::Config(format!("networks.{network}.xpub: {e}")))
     };
     let mut wallets = UtxoWallets::new();
+    let mut outflow_rules = OutflowRules::default();
     let mut add = |network: Network, deriver: Arc<dyn AddressDeriver>, confirmations, tiers| {
         settings
             .derivers
@@ -186,6 +191,12 @@ fn add_networks(settings: &mut PaymentSettings, networks: &NetworksConfig) -> Re
                 .descriptors()
                 .map_err(|e| Error::Config(format!("networks.{network}.key_origin: {e}")))?;
             wallets.insert(network, wallet);
+            outflow_rules
+                .treasury
+                .insert(network, config.treasury_addresses.iter().cloned().collect());
+            outflow_rules
+                .confirmations
+                .insert(network, config.confirmations);
             let deriver = SegwitDeriver::new(account, chain, utxo_network);
             add(
                 network,
@@ -234,6 +245,7 @@ fn add_networks(settings: &mut PaymentSettings, networks: &NetworksConfig) -> Re
         );
     }
     settings.wallets = wallets;
+    settings.outflows = outflow_rules;
     Ok(())
 }
 
@@ -510,6 +522,23 @@ pub struct PaymentInstructions {
 
 /// Refuses a watcher's batch that no chain could produce: a transfer of another network, a
 /// cursor without a usable tip or with too many or misplaced checkpoints.
+/// Refuses a watcher's outflow report about another network, or one spending an output of
+/// another network.
+pub(crate) fn check_outflows(network: Network, outflows: &[OutflowEvent]) -> Result<(), Error> {
+    let stray = outflows.iter().find(|event| {
+        event.id().network != network
+            || matches!(event, OutflowEvent::Sent { outflow, .. }
+                if outflow.spends.as_ref().is_some_and(|s| s.network != network))
+    });
+    match stray {
+        Some(event) => Err(Error::InvalidEvent(format!(
+            "the {network} watcher reported outflow {} of another network",
+            event.id()
+        ))),
+        None => Ok(()),
+    }
+}
+
 pub(crate) fn check_batch(
     network: Network,
     events: &[ChainEvent],

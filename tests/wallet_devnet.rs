@@ -5,10 +5,13 @@
 mod common;
 
 use common::checks::{order, wait_status};
-use common::regtest::{Chain, fresh_merchant_key, ltc_engine};
+use common::regtest::{Chain, MerchantKey, fresh_merchant_key, ltc_engine};
 use common::topup;
 use payrecon::config::UtxoConfig;
+use payrecon::ledger::{Account, Currency};
 use payrecon::{HoldingsSort, IntentStatus, PaymentIntent};
+use payrecon_chain_core::bitcoin::bip32::DerivationPath;
+use payrecon_chain_core::bitcoin::secp256k1::Secp256k1;
 use payrecon_chain_core::{Amount, Method, Network};
 use serde_json::json;
 
@@ -41,8 +44,8 @@ on_both_databases_and_sources! {
         let paid: Vec<&PaymentIntent> = paid_indexes().iter().map(|i| &intents[*i as usize]).collect();
         let watcher = source.watch(&engine, &chain);
         let outputs: Vec<(&str, &str)> = paid.iter().map(|intent| (intent.pay_to.as_str(), "1")).collect();
-        chain.send_many(&outputs).await;
-        chain.mine(1).await;
+        let funding_txid = chain.send_many(&outputs).await;
+        let funding_block = chain.block_hash(chain.mine(1).await).await;
         for intent in &paid {
             wait_status(&engine, &intent.id, IntentStatus::Settled).await;
         }
@@ -87,7 +90,118 @@ on_both_databases_and_sources! {
         let balances = chain.call_wallet(&wallet, "getbalances", json!([])).await;
         let trusted = Amount::from_decimal_str(&balances["watchonly"]["trusted"].to_string(), 8).unwrap();
         assert_eq!(trusted.to_string(), holdings.totals[0].amount, "{balances}");
+
+        // The merchant sweeps five of the payments with the seed's keys, 10,000 litoshi of fee.
+        let funding = chain.call(false, "getrawtransaction", json!([funding_txid, true, funding_block])).await;
+        let swept: Vec<(String, u64)> = paid[..5]
+            .iter()
+            .map(|intent| {
+                let vout = funding["vout"].as_array().unwrap().iter()
+                    .find(|o| o["scriptPubKey"]["addresses"][0] == json!(intent.pay_to) || o["scriptPubKey"]["address"] == json!(intent.pay_to))
+                    .unwrap_or_else(|| panic!("an output pays {}", intent.pay_to));
+                (funding_txid.clone(), vout["n"].as_u64().unwrap())
+            })
+            .collect();
+        let fee = 10_000u64;
+        let elsewhere = chain.wallet_address().await;
+        let sweep_txid = sweep_with_seed(&chain, &key, &swept, &elsewhere, 5 * 100_000_000 - fee).await;
+        let sweep_height = chain.mine(1).await;
+        let expected = (30 - 5) * 100_000_000u64;
+        common::regtest::eventually("the sweep to be recorded", || async {
+            held_litoshi(&engine).await == expected
+        }).await;
+        let fees = engine.account_balance(&Account::NetworkFees(Method::Ltc), Currency::Crypto(Method::Ltc)).await.unwrap();
+        assert_eq!(fees, i128::from(fee), "the fee of {sweep_txid}");
+        let sent_out = engine.account_balance(&Account::External(Method::Ltc), Currency::Crypto(Method::Ltc)).await.unwrap();
+        assert_eq!(sent_out, i128::from(5 * 100_000_000 - fee));
+        let balances = chain.call_wallet(&wallet, "getbalances", json!([])).await;
+        let trusted = Amount::from_decimal_str(&balances["watchonly"]["trusted"].to_string(), 8).unwrap();
+        assert_eq!(trusted.base_units(), u128::from(expected), "{balances}");
+
+        // A reorg takes the sweep's block away: the holdings are restored and the booking
+        // reversed.
+        // The sweep returns to the mempool; a fee delta keeps it out of the longer branch.
+        chain.invalidate(sweep_height).await;
+        chain.call(false, "prioritisetransaction", json!([sweep_txid, 0, -100_000_000])).await;
+        chain.mine(2).await;
+        common::regtest::eventually("the sweep to be taken back", || async {
+            held_litoshi(&engine).await == 30 * 100_000_000
+        }).await;
+        let fees = engine.account_balance(&Account::NetworkFees(Method::Ltc), Currency::Crypto(Method::Ltc)).await.unwrap();
+        assert_eq!(fees, 0);
+        assert!(engine.trial_balance().await.unwrap().is_sound());
+        chain.call(false, "prioritisetransaction", json!([sweep_txid, 0, 100_000_000])).await;
+        chain.mine(1).await;
+        common::regtest::eventually("the sweep to be mined again", || async {
+            held_litoshi(&engine).await == expected
+        }).await;
         chain.call(false, "unloadwallet", json!([wallet])).await;
         watcher.stop().await.unwrap();
     }
+}
+
+async fn held_litoshi(engine: &payrecon::Engine) -> u64 {
+    let view = engine
+        .holdings(Some(Network::Litecoin), HoldingsSort::Address, false, 0, 1)
+        .await
+        .unwrap();
+    view.totals.first().map_or(0, |t| t.amount.parse().unwrap())
+}
+
+/// Signs with the seed's private keys, as the merchant's wallet would: a legacy wallet of the
+/// node given the account's private descriptor spends exactly `inputs` to `to`.
+async fn sweep_with_seed(
+    chain: &Chain,
+    key: &MerchantKey,
+    inputs: &[(String, u64)],
+    to: &str,
+    litoshi: u64,
+) -> String {
+    let secp = Secp256k1::new();
+    let path: DerivationPath = "m/84'/2'/0'".parse().unwrap();
+    let account = key.master.derive_priv(&secp, &path).unwrap();
+    let wallet = format!("sign-{}", uuid::Uuid::new_v4().simple());
+    chain
+        .call(
+            false,
+            "createwallet",
+            json!([wallet, false, true, "", false, false]),
+        )
+        .await;
+    let descriptor = format!("wpkh({account}/0/*)");
+    let info = chain
+        .call(false, "getdescriptorinfo", json!([descriptor]))
+        .await;
+    let imported = chain
+        .call_wallet(
+            &wallet,
+            "importmulti",
+            json!([[{
+        "desc": format!("{descriptor}#{}", info["checksum"].as_str().unwrap()),
+        "timestamp": "now", "range": [0, 600], "internal": false, "keypool": false,
+    }], {"rescan": false}]),
+        )
+        .await;
+    assert!(imported[0]["success"] == json!(true), "{imported}");
+    let inputs: Vec<_> = inputs
+        .iter()
+        .map(|(txid, vout)| json!({"txid": txid, "vout": vout}))
+        .collect();
+    let amount = Amount::from_base_units(u128::from(litoshi)).to_decimal_string(8);
+    let raw = chain
+        .call(
+            false,
+            "createrawtransaction",
+            json!([inputs, [{to: amount}]]),
+        )
+        .await;
+    let signed = chain
+        .call_wallet(&wallet, "signrawtransactionwithwallet", json!([raw]))
+        .await;
+    assert_eq!(signed["complete"], json!(true), "{signed}");
+    let txid = chain
+        .call(false, "sendrawtransaction", json!([signed["hex"]]))
+        .await;
+    chain.call(false, "unloadwallet", json!([wallet])).await;
+    txid.as_str().unwrap().to_owned()
 }

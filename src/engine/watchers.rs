@@ -7,12 +7,12 @@ use crate::error::Error;
 use crate::leases::{Lease, millis};
 use crate::matcher;
 use crate::outbox::{DISPATCH_BATCH, SEND_BATCH, retry_at};
-use crate::payments::{TICK_BATCH, check_batch};
+use crate::payments::{TICK_BATCH, check_batch, check_outflows};
 use crate::records::WatcherHealth;
 use crate::store::operations::DueDelivery;
 use crate::store::{leases, operations, payments};
 use chrono::{DateTime, Utc};
-use payrecon_chain_core::{ChainCursor, ChainEvent, Network};
+use payrecon_chain_core::{ChainCursor, ChainEvent, Network, OutflowEvent, ScanBatch};
 use std::time::Duration;
 
 impl Engine {
@@ -20,7 +20,13 @@ impl Engine {
     /// (tests can choose the one-by-one reference path): its reads and writes take a
     /// number of statements that does not grow with its length.
     pub async fn apply_chain_events(&self, events: &[ChainEvent]) -> Result<(), Error> {
-        self.apply(events, None, None).await
+        self.apply(events, &[], None, None).await
+    }
+
+    /// Applies outflow reports (value leaving watched addresses), in one transaction; each is
+    /// booked once as deep as its network's payments must be.
+    pub async fn apply_outflows(&self, outflows: &[OutflowEvent]) -> Result<(), Error> {
+        self.apply(&[], outflows, None, None).await
     }
 
     /// Applies a watcher's events and moves its cursor in the same transaction: after a crash
@@ -32,7 +38,7 @@ impl Engine {
         cursor: &ChainCursor,
     ) -> Result<(), Error> {
         check_batch(network, events, cursor)?;
-        self.apply(events, Some((network, cursor)), None).await
+        self.apply(events, &[], Some((network, cursor)), None).await
     }
 
     /// [`Engine::apply_chain_events_at`] for a watcher running under `lease`: refused with
@@ -44,13 +50,33 @@ impl Engine {
         lease: &crate::leases::Lease,
     ) -> Result<(), Error> {
         check_batch(lease.network, events, cursor)?;
-        self.apply(events, Some((lease.network, cursor)), Some(lease))
+        self.apply(events, &[], Some((lease.network, cursor)), Some(lease))
             .await
+    }
+
+    /// A scan's receipts and outflows with its cursor, in one transaction (under `lease` when
+    /// given): what the watcher loop commits.
+    pub async fn apply_scan(
+        &self,
+        network: Network,
+        batch: &ScanBatch,
+        lease: Option<&crate::leases::Lease>,
+    ) -> Result<(), Error> {
+        check_batch(network, &batch.events, &batch.cursor)?;
+        check_outflows(network, &batch.outflows)?;
+        self.apply(
+            &batch.events,
+            &batch.outflows,
+            Some((network, &batch.cursor)),
+            lease,
+        )
+        .await
     }
 
     async fn apply(
         &self,
         events: &[ChainEvent],
+        outflows: &[OutflowEvent],
         cursor: Option<(Network, &ChainCursor)>,
         lease: Option<&crate::leases::Lease>,
     ) -> Result<(), Error> {
@@ -77,6 +103,7 @@ impl Engine {
             || crash_point("apply.after_event"),
         )
         .await?;
+        crate::outflows::apply(&mut tx, &settings.outflows, outflows, now).await?;
         if let Some((network, cursor)) = cursor {
             crate::store::cursors::put(tx.conn(), network, cursor, now).await?;
         }

@@ -11,6 +11,7 @@
 use payrecon_chain_core::{ChainCursor, Network};
 use sqlx::{AnyConnection, AnyPool, Row};
 
+use super::outflows::{self, OutflowRow, OutputState};
 use super::payments::{TRANSFER_COLUMNS, decode_transfer};
 use super::{Backend, StoreError};
 use crate::records::StoredTransfer;
@@ -39,6 +40,10 @@ pub(crate) struct FeedRead {
     /// The watcher's committed cursor, in the same snapshot.
     pub cursor: Option<ChainCursor>,
     pub next_from: i64,
+    /// UTXO chains: the held outputs (a full read), or those whose state may have changed.
+    pub outputs: Vec<OutputState>,
+    /// Outflows to check for depth and reorgs (a full read), or those written since.
+    pub outflows: Vec<OutflowRow>,
 }
 
 /// Everything `network`'s watcher follows at `now_ms`: keys inside their monitoring window and
@@ -49,6 +54,7 @@ pub(crate) async fn read_all(
     backend: Backend,
     network: Network,
     now_ms: i64,
+    outflows_since_ms: i64,
 ) -> Result<FeedRead, StoreError> {
     let mut tx = snapshot(pool, backend).await?;
     let next_from = next_from(&mut tx, backend).await?;
@@ -73,6 +79,12 @@ pub(crate) async fn read_all(
     .iter()
     .map(decode_watched_transfer)
     .collect::<Result<_, _>>()?;
+    let outputs = if holds_outputs(network) {
+        outflows::held_outputs(&mut tx, network).await?
+    } else {
+        Vec::new()
+    };
+    let outflows = outflows::recent(&mut tx, network, outflows_since_ms).await?;
     let cursor = super::cursors::get(&mut tx, network).await?;
     tx.commit().await?;
     Ok(FeedRead {
@@ -80,7 +92,14 @@ pub(crate) async fn read_all(
         transfers,
         cursor,
         next_from,
+        outputs,
+        outflows,
     })
+}
+
+/// Whether `network` pays to outputs a watcher follows until they are spent.
+fn holds_outputs(network: Network) -> bool {
+    matches!(network, Network::Bitcoin | Network::Litecoin)
 }
 
 /// What changed on `network` from feed position `from` on: intents created, and transfers
@@ -120,6 +139,12 @@ pub(crate) async fn read_changes(
     .iter()
     .map(decode_watched_transfer)
     .collect::<Result<_, _>>()?;
+    let outputs = if holds_outputs(network) {
+        outflows::output_changes(&mut tx, network, from).await?
+    } else {
+        Vec::new()
+    };
+    let outflows = outflows::changed(&mut tx, network, from).await?;
     let cursor = super::cursors::get(&mut tx, network).await?;
     tx.commit().await?;
     Ok(FeedRead {
@@ -127,6 +152,8 @@ pub(crate) async fn read_changes(
         transfers,
         cursor,
         next_from,
+        outputs,
+        outflows,
     })
 }
 

@@ -16,6 +16,7 @@ pub mod leases;
 pub mod ledger;
 pub mod operations;
 pub mod orders;
+pub(crate) mod outflows;
 pub mod payments;
 pub mod reports;
 mod statistics;
@@ -47,7 +48,7 @@ const POSTGRES_MAX_CONNECTIONS: u32 = 16;
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The schema, in order. Each version has one script per database.
-const MIGRATIONS: [(i64, &str, &str, &str); 12] = [
+const MIGRATIONS: [(i64, &str, &str, &str); 13] = [
     (
         1,
         "foundation",
@@ -119,6 +120,12 @@ const MIGRATIONS: [(i64, &str, &str, &str); 12] = [
         "books",
         include_str!("../../migrations/sqlite/0012_books.sql"),
         include_str!("../../migrations/postgres/0012_books.sql"),
+    ),
+    (
+        13,
+        "outflows",
+        include_str!("../../migrations/sqlite/0013_outflows.sql"),
+        include_str!("../../migrations/postgres/0013_outflows.sql"),
     ),
 ];
 

@@ -52,22 +52,33 @@ pub(crate) async fn funded_indexes(
 }
 
 /// What one address holds of one asset: its confirmed receipts not taken out by a reorg,
-/// less what confirmed outflows took from it. A Solana Pay payment counts at the merchant
+/// less what standing outflows (always in a block) took from it, fees included. A Solana Pay payment counts at the merchant
 /// recipient it paid, not at its reference key.
 pub(crate) async fn holdings(
     conn: &mut AnyConnection,
     network: Option<&str>,
 ) -> Result<Vec<HoldingRow>, StoreError> {
     let backend = super::backend_of_conn(conn);
-    let sum = super::exact_sum(backend, "t.amount_base");
+    let sum = super::exact_sum(backend, "h.amount");
     let sql = format!(
-        "SELECT t.network, COALESCE(i.pay_to, t.to_address), t.asset, \
-                MIN(i.derivation_index), {sum} \
-         FROM transfers t LEFT JOIN payment_intents i ON i.id = t.intent_id \
-         WHERE t.removed = 0 AND t.confirmations >= 1 AND ($1 = '' OR t.network = $2) \
-         GROUP BY t.network, COALESCE(i.pay_to, t.to_address), t.asset"
+        "SELECT h.network, h.address, h.asset, MIN(h.derivation_index), {sum} FROM ( \
+           SELECT t.network, COALESCE(i.pay_to, t.to_address) AS address, t.asset, \
+                  i.derivation_index, t.amount_base AS amount \
+           FROM transfers t LEFT JOIN payment_intents i ON i.id = t.intent_id \
+           WHERE t.removed = 0 AND t.confirmations >= 1 AND ($1 = '' OR t.network = $2) \
+           UNION ALL \
+           SELECT o.network, o.from_address, o.asset, CAST(NULL AS BIGINT), '-' || o.amount_base \
+           FROM outflows o WHERE o.removed = 0 AND ($3 = '' OR o.network = $4) \
+           UNION ALL \
+           SELECT o.network, o.from_address, o.asset, CAST(NULL AS BIGINT), '-' || o.fee_base \
+           FROM outflows o WHERE o.removed = 0 AND o.fee_base <> '0' AND ($5 = '' OR o.network = $6) \
+         ) h GROUP BY h.network, h.address, h.asset"
     );
     let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(network.unwrap_or(""))
+        .bind(network.unwrap_or(""))
+        .bind(network.unwrap_or(""))
+        .bind(network.unwrap_or(""))
         .bind(network.unwrap_or(""))
         .bind(network.unwrap_or(""))
         .fetch_all(&mut *conn)

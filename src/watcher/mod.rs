@@ -219,23 +219,15 @@ impl<S: ChainScanner> Watcher<S> {
                     "the scan did not finish within its deadline of {deadline:?}"
                 ))
             })??;
-        if !batch.events.is_empty() {
+        if !batch.events.is_empty() || !batch.outflows.is_empty() {
             crate::crash::crash_point("watcher.after_scan");
         }
-        let events = batch.events.len();
+        let events = batch.events.len() + batch.outflows.len();
         if events > 0 || view.cursor.as_ref() != Some(&batch.cursor) {
-            let applied = match &self.lease {
-                Some(lease) => {
-                    self.engine
-                        .apply_chain_events_fenced(&batch.events, &batch.cursor, lease)
-                        .await
-                }
-                None => {
-                    self.engine
-                        .apply_chain_events_at(network, &batch.events, &batch.cursor)
-                        .await
-                }
-            };
+            let applied = self
+                .engine
+                .apply_scan(network, &batch, self.lease.as_ref())
+                .await;
             if let Err(Error::LeaseLost(_)) = applied {
                 self.lease = None;
                 return Err(ScanError::Transient(LEASE_LOST.into()));

@@ -6,7 +6,7 @@
 //! in-memory timetable. A round with a million open intents and nothing new reads nothing but
 //! the empty changes and the cursor.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,6 +16,7 @@ use payrecon_chain_core::{KnownTransfer, Network, Transfer, TransferId, WatchVie
 use crate::engine::Engine;
 use crate::error::Error;
 use crate::store::feed::{self, FeedRead, WatchedTransfer};
+use crate::store::outflows::OutputState;
 
 /// What [`LiveView::refresh`] read and how long the database took.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -40,6 +41,11 @@ pub struct LiveView {
     key_windows: BTreeMap<i64, Vec<Arc<str>>>,
     /// When each known transfer's intent's window closes.
     known_windows: BTreeMap<i64, Vec<TransferId>>,
+    /// Held outputs per address (UTXO chains): an address stays followed while it holds
+    /// anything, so its outflows are seen however old its intent.
+    held_per_key: HashMap<Arc<str>, u32>,
+    /// Keys whose window closed and that stay followed only because they hold outputs.
+    lingering: HashSet<Arc<str>>,
 }
 
 impl LiveView {
@@ -47,11 +53,13 @@ impl LiveView {
     pub async fn load(engine: &Engine, network: Network) -> Result<LiveView, Error> {
         let now = engine.clock().now();
         let store = engine.db();
+        let window = engine.payment_settings().monitoring_window;
         let read = feed::read_all(
             store.pool(),
             store.backend(),
             network,
             now.timestamp_millis(),
+            (now - window).timestamp_millis(),
         )
         .await?;
         let mut live = LiveView {
@@ -63,6 +71,8 @@ impl LiveView {
             next_from: 0,
             key_windows: BTreeMap::new(),
             known_windows: BTreeMap::new(),
+            held_per_key: HashMap::new(),
+            lingering: HashSet::new(),
         };
         live.apply(read, now);
         Ok(live)
@@ -148,12 +158,26 @@ impl LiveView {
                 }
             }
         }
+        for output in read.outputs {
+            self.hold(output);
+        }
+        for row in read.outflows {
+            if row.removed {
+                self.view.known_outflows.remove(&row.outflow.id);
+            } else {
+                self.view
+                    .known_outflows
+                    .insert(row.outflow.id.clone(), row.known());
+            }
+        }
         let still_open = self.key_windows.split_off(&(now_ms + 1));
         for key in std::mem::replace(&mut self.key_windows, still_open)
             .into_values()
             .flatten()
         {
-            if self.view.watch_keys.remove(&key) {
+            if self.held_per_key.contains_key(&key) {
+                self.lingering.insert(key);
+            } else if self.view.watch_keys.remove(&key) {
                 keys_closed += 1;
             }
         }
@@ -168,6 +192,36 @@ impl LiveView {
         self.view.now_ms = now_ms;
         self.next_from = read.next_from;
         (keys_added, keys_closed)
+    }
+}
+
+impl LiveView {
+    /// Brings one output's held state in step, and with it whether its address is followed.
+    fn hold(&mut self, output: OutputState) {
+        let key: Arc<str> = Arc::from(output.address.as_str());
+        if output.held {
+            if self
+                .view
+                .held
+                .insert(&output.txid, output.vout, output.value)
+            {
+                *self.held_per_key.entry(key.clone()).or_default() += 1;
+                if !self.view.watch_keys.contains(&key) {
+                    self.view.watch_keys.insert_shared(key.clone());
+                    self.lingering.insert(key);
+                }
+            }
+        } else if self.view.held.remove(&output.txid, output.vout)
+            && let Some(count) = self.held_per_key.get_mut(&key)
+        {
+            *count -= 1;
+            if *count == 0 {
+                self.held_per_key.remove(&key);
+                if self.lingering.remove(&key) {
+                    self.view.watch_keys.remove(&key);
+                }
+            }
+        }
     }
 }
 

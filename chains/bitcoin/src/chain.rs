@@ -61,6 +61,11 @@ impl UtxoTarget {
         }
     }
 
+    /// The bech32 human-readable part of its addresses.
+    pub(crate) fn hrp(&self) -> &'static str {
+        crate::derive::hrp(self.chain, self.network)
+    }
+
     /// The one method an output on this chain pays in.
     pub fn method(&self) -> Method {
         match self.chain {

@@ -61,14 +61,19 @@ impl SegwitDeriver {
 
     /// The bech32 human-readable part of this chain and network.
     fn hrp(&self) -> &'static str {
-        match (self.chain, self.network) {
-            (UtxoChain::Bitcoin, UtxoNetwork::Mainnet) => "bc",
-            (UtxoChain::Bitcoin, UtxoNetwork::Testnet) => "tb",
-            (UtxoChain::Bitcoin, UtxoNetwork::Regtest) => "bcrt",
-            (UtxoChain::Litecoin, UtxoNetwork::Mainnet) => "ltc",
-            (UtxoChain::Litecoin, UtxoNetwork::Testnet) => "tltc",
-            (UtxoChain::Litecoin, UtxoNetwork::Regtest) => "rltc",
-        }
+        hrp(self.chain, self.network)
+    }
+}
+
+/// The bech32 human-readable part of `chain` on `network`.
+pub(crate) fn hrp(chain: UtxoChain, network: UtxoNetwork) -> &'static str {
+    match (chain, network) {
+        (UtxoChain::Bitcoin, UtxoNetwork::Mainnet) => "bc",
+        (UtxoChain::Bitcoin, UtxoNetwork::Testnet) => "tb",
+        (UtxoChain::Bitcoin, UtxoNetwork::Regtest) => "bcrt",
+        (UtxoChain::Litecoin, UtxoNetwork::Mainnet) => "ltc",
+        (UtxoChain::Litecoin, UtxoNetwork::Testnet) => "tltc",
+        (UtxoChain::Litecoin, UtxoNetwork::Regtest) => "rltc",
     }
 }
 

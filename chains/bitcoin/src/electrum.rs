@@ -18,11 +18,13 @@ use electrum_client::{ElectrumApi, Error as ElectrumError};
 use payrecon_chain_core::bitcoin::block::Header;
 use payrecon_chain_core::bitcoin::{self, BlockHash, ScriptBuf, Transaction, Txid};
 use payrecon_chain_core::{
-    BlockId, ChainCursor, ChainEvent, ChainScanner, KeyIndex, KnownTransfer, Network,
-    ReceivedAsset, ScanBatch, ScanError, SecretUrl, Transfer, TransferId, WatchKeys, WatchView,
+    BlockId, ChainCursor, ChainEvent, ChainScanner, HeldOutputs, KeyIndex, KnownTransfer, Network,
+    OutflowEvent, ReceivedAsset, ScanBatch, ScanError, SecretUrl, Transfer, TransferId, WatchKeys,
+    WatchView,
 };
 
 use crate::electrum_stream::{self, ElectrumClient};
+use crate::spends::{Lookup, Spending};
 use crate::{UtxoTarget, script_pubkey};
 
 /// Recent block hashes kept for the cursor, below the tip.
@@ -175,8 +177,9 @@ struct Session {
     scripts: HashMap<ScriptBuf, Watched>,
     /// The watch keys as output scripts, in step with the view's keys: what is subscribed.
     index: KeyIndex<ScriptBuf>,
-    /// Outputs of every transaction in a followed history (a transaction never changes).
-    outputs: HashMap<Txid, Vec<(ScriptBuf, u64)>>,
+    /// Inputs and outputs of every transaction in a followed history (a transaction never
+    /// changes).
+    transactions: HashMap<Txid, TxParts>,
     /// The tip moved other than by extension since the last scan: read every history again.
     reorged: bool,
 }
@@ -216,7 +219,7 @@ impl Session {
             block_times: BTreeMap::new(),
             scripts: HashMap::new(),
             index: KeyIndex::default(),
-            outputs: HashMap::new(),
+            transactions: HashMap::new(),
             reorged: false,
         };
         session.reload_recent()?;
@@ -446,10 +449,11 @@ impl Session {
             .values()
             .flat_map(|w| w.history.iter().flatten().map(|(txid, _)| *txid))
             .collect();
-        self.outputs.retain(|txid, _| referenced.contains(txid));
+        self.transactions
+            .retain(|txid, _| referenced.contains(txid));
         let missing: Vec<Txid> = referenced
             .into_iter()
-            .filter(|txid| !self.outputs.contains_key(txid))
+            .filter(|txid| !self.transactions.contains_key(txid))
             .collect();
         for chunk in missing.chunks(TRANSACTIONS_PER_BATCH) {
             let raws = self
@@ -464,7 +468,7 @@ impl Session {
                 )));
             }
             for (txid, raw) in chunk.iter().zip(raws) {
-                self.outputs.insert(*txid, outputs_of(txid, &raw)?);
+                self.transactions.insert(*txid, parts_of(txid, &raw)?);
             }
         }
         Ok(())
@@ -525,10 +529,10 @@ impl Session {
         let mut found = Vec::new();
         for (script, watched) in &self.scripts {
             for (txid, height) in watched.history.iter().flatten() {
-                let outputs = self.outputs.get(txid).ok_or_else(|| {
+                let parts = self.transactions.get(txid).ok_or_else(|| {
                     ScanError::Transient(format!("transaction {txid} was not read"))
                 })?;
-                for (vout, (out_script, value)) in outputs.iter().enumerate() {
+                for (vout, (out_script, value)) in parts.outputs.iter().enumerate() {
                     if out_script != script {
                         continue;
                     }
@@ -557,6 +561,10 @@ impl Session {
             .fold(self.tip_height, u64::max);
         let mut events = Vec::new();
         let mut present = HashSet::new();
+        let mut received = HeldOutputs::default();
+        for (id, _, value, _) in &found {
+            received.insert(&id.txid, id.position, *value);
+        }
         for (id, key, value, block_height) in found {
             let confirmations =
                 block_height.map_or(0, |h| u32::try_from(tip_height + 1 - h).unwrap_or(u32::MAX));
@@ -605,12 +613,98 @@ impl Session {
                 tip_height,
             });
         }
+        let outflows = self.outflow_events(settings, view, &received, tip_height)?;
         Ok(ScanBatch {
             events,
+            outflows,
             cursor: self.cursor(),
             more: false,
             head: tip_height,
         })
+    }
+
+    /// Outflows in the followed histories: each mined transaction's inputs that spend a held
+    /// output (or one received in this scan), and the removal of a known outflow from a
+    /// followed address whose transaction left every history.
+    fn outflow_events(
+        &self,
+        settings: &ElectrumSettings,
+        view: &WatchView,
+        received: &HeldOutputs,
+        tip_height: u64,
+    ) -> Result<Vec<OutflowEvent>, ScanError> {
+        let lookup = Lookup {
+            held: &view.held,
+            received,
+            network: settings.network_id(),
+            method: settings.target.method(),
+            hrp: settings.target.hrp(),
+        };
+        let mut read = HashSet::new();
+        let mut present = HashSet::new();
+        let mut events = Vec::new();
+        for watched in self.scripts.values() {
+            for (txid, height) in watched.history.iter().flatten() {
+                let Some(height) = u64::try_from(*height).ok().filter(|h| *h > 0) else {
+                    continue;
+                };
+                if !read.insert(*txid) {
+                    continue;
+                }
+                let parts = self.transactions.get(txid).ok_or_else(|| {
+                    ScanError::Transient(format!("transaction {txid} was not read"))
+                })?;
+                let txid = txid.to_string();
+                let spending = Spending {
+                    txid: &txid,
+                    inputs: parts.inputs.clone(),
+                    outputs: parts
+                        .outputs
+                        .iter()
+                        .map(|(s, v)| (s.as_script(), *v))
+                        .collect(),
+                };
+                for outflow in lookup.outflows(&spending) {
+                    let confirmations =
+                        u32::try_from(tip_height.saturating_sub(height) + 1).unwrap_or(u32::MAX);
+                    let previous = view.known_outflows.get(&outflow.id);
+                    present.insert(outflow.id.clone());
+                    let changed = previous.is_none_or(|k| {
+                        k.block_height != height
+                            || (k.confirmations != confirmations
+                                && k.confirmations < view.settle_depth)
+                    });
+                    if changed {
+                        let seen_at_ms = previous
+                            .map(|k| k.seen_at_ms)
+                            .or_else(|| self.block_time_ms(height))
+                            .map_or(view.now_ms, |t| t.min(view.now_ms));
+                        events.push(OutflowEvent::Sent {
+                            outflow,
+                            confirmations,
+                            block_height: height,
+                            seen_at_ms,
+                            tip_height,
+                        });
+                    }
+                }
+            }
+        }
+        let followed: HashSet<&str> = self
+            .scripts
+            .values()
+            .filter(|w| w.history.is_some())
+            .map(|w| w.key.as_str())
+            .collect();
+        for gone in view.known_outflows.values().filter(|k| {
+            followed.contains(k.outflow.from_address.as_str()) && !present.contains(&k.outflow.id)
+        }) {
+            events.push(OutflowEvent::Removed {
+                id: gone.outflow.id.clone(),
+                tip_height,
+            });
+        }
+        Ok(events)
     }
 
     fn cursor(&self) -> ChainCursor {
@@ -629,10 +723,17 @@ impl Session {
     }
 }
 
-/// The outputs (script, value in satoshi) of the raw transaction the server answered for
-/// `txid`. The bytes must decode and hash to `txid`, so a corrupted or substituted answer is
-/// refused rather than read as someone's payment.
-fn outputs_of(txid: &Txid, raw: &[u8]) -> Result<Vec<(ScriptBuf, u64)>, ScanError> {
+/// What a transaction of a followed history is read for: the outpoints its inputs spend and
+/// its outputs (script, value in satoshi).
+struct TxParts {
+    inputs: Vec<Option<(String, u32)>>,
+    outputs: Vec<(ScriptBuf, u64)>,
+}
+
+/// The parts of the raw transaction the server answered for `txid`. The bytes must decode and
+/// hash to `txid`, so a corrupted or substituted answer is refused rather than read as
+/// someone's payment.
+fn parts_of(txid: &Txid, raw: &[u8]) -> Result<TxParts, ScanError> {
     let tx: Transaction = bitcoin::consensus::deserialize(raw)
         .map_err(|e| ScanError::Fatal(format!("transaction {txid} does not decode: {e}")))?;
     if tx.compute_txid() != *txid {
@@ -641,11 +742,25 @@ fn outputs_of(txid: &Txid, raw: &[u8]) -> Result<Vec<(ScriptBuf, u64)>, ScanErro
             tx.compute_txid()
         )));
     }
-    Ok(tx
-        .output
-        .into_iter()
-        .map(|out| (out.script_pubkey, out.value.to_sat()))
-        .collect())
+    Ok(TxParts {
+        inputs: tx
+            .input
+            .iter()
+            .map(|input| {
+                (!input.previous_output.is_null()).then(|| {
+                    (
+                        input.previous_output.txid.to_string(),
+                        input.previous_output.vout,
+                    )
+                })
+            })
+            .collect(),
+        outputs: tx
+            .output
+            .into_iter()
+            .map(|out| (out.script_pubkey, out.value.to_sat()))
+            .collect(),
+    })
 }
 
 fn height_u32(height: u64) -> Result<u32, ScanError> {
@@ -722,7 +837,7 @@ mod tests {
         #[test]
         fn a_served_transaction_reads_as_its_outputs(tx in arbitrary_transaction()) {
             let raw = bitcoin::consensus::serialize(&tx);
-            let outputs = outputs_of(&tx.compute_txid(), &raw).unwrap();
+            let outputs = parts_of(&tx.compute_txid(), &raw).unwrap().outputs;
             let expected: Vec<(ScriptBuf, u64)> = tx.output.iter().map(|o| (o.script_pubkey.clone(), o.value.to_sat())).collect();
             proptest::prop_assert_eq!(outputs, expected);
         }
@@ -744,7 +859,7 @@ mod tests {
                 1 => raw.truncate(i),
                 _ => raw.insert(i, byte),
             }
-            if let Ok(outputs) = outputs_of(&tx.compute_txid(), &raw) {
+            if let Ok(TxParts { outputs, .. }) = parts_of(&tx.compute_txid(), &raw) {
                 let expected: Vec<(ScriptBuf, u64)> = tx.output.iter().map(|o| (o.script_pubkey.clone(), o.value.to_sat())).collect();
                 proptest::prop_assert_eq!(outputs, expected);
             }
@@ -752,7 +867,7 @@ mod tests {
 
         #[test]
         fn any_bytes_are_refused_or_a_transaction(raw in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300)) {
-            let _ = outputs_of(&Txid::from_byte_array([0; 32]), &raw);
+            let _ = parts_of(&Txid::from_byte_array([0; 32]), &raw);
         }
     }
 

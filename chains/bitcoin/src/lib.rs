@@ -10,6 +10,7 @@ mod electrum_stream;
 mod node;
 mod p2p;
 mod rpc;
+mod spends;
 mod wallet;
 
 pub use chain::UtxoTarget;

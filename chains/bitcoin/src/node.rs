@@ -25,8 +25,8 @@ use payrecon_chain_core::bitcoin::ScriptBuf;
 use payrecon_chain_core::bitcoin::hex::FromHex;
 use payrecon_chain_core::blocks::{self, BlockRange};
 use payrecon_chain_core::{
-    Amount, ChainEvent, ChainScanner, KeyIndex, KnownTransfer, Network, ReceivedAsset, ScanBatch,
-    ScanError, SecretUrl, Transfer, TransferId, WatchView,
+    Amount, ChainEvent, ChainScanner, HeldOutputs, KeyIndex, KnownTransfer, Method, Network,
+    ReceivedAsset, ScanBatch, ScanError, SecretUrl, Transfer, TransferId, WatchView,
 };
 use serde::Deserialize;
 use serde_json::json;
@@ -34,6 +34,7 @@ use serde_json::value::RawValue;
 
 use crate::p2p::PushChannel;
 use crate::rpc::{NodeAuth, NodeRpc, RpcError};
+use crate::spends::{Lookup, Spending, coin_units};
 use crate::{UtxoTarget, script_pubkey};
 
 /// `RPC_INVALID_ADDRESS_OR_KEY`: no such transaction (in the mempool, or at all).
@@ -119,10 +120,22 @@ struct NodeBlock {
 #[derive(Deserialize)]
 struct NodeTransaction {
     txid: String,
+    /// Its inputs: what an outflow spends.
+    #[serde(default)]
+    vin: Vec<NodeInput>,
     vout: Vec<NodeOutput>,
     /// `getrawtransaction` only: depth of its block, absent while in the mempool.
     #[serde(default)]
     confirmations: Option<u32>,
+}
+
+/// An input's previous outpoint; a coinbase input has none.
+#[derive(Deserialize)]
+struct NodeInput {
+    #[serde(default)]
+    txid: Option<String>,
+    #[serde(default)]
+    vout: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -157,6 +170,78 @@ impl NodeOutput {
     fn amount(&self) -> Result<Amount, ScanError> {
         Amount::from_decimal_str(self.value.get(), COIN_DECIMALS)
             .map_err(|e| ScanError::Fatal(format!("output value {}: {e}", self.value.get())))
+    }
+}
+
+/// What a block scan looks each transaction up in.
+struct BlockScan<'a> {
+    scripts: &'a KeyIndex<ScriptBuf>,
+    held: &'a HeldOutputs,
+    network: Network,
+    method: Method,
+    hrp: &'a str,
+}
+
+impl BlockScan<'_> {
+    /// Adds what the block at `height` carries to `range`: each input spending a held output
+    /// (or one `received` earlier in this scan) as an outflow, then each output paying a
+    /// watched script as a transfer, remembered in `received`.
+    fn read(
+        &self,
+        height: u64,
+        transactions: Vec<NodeTransaction>,
+        received: &mut HeldOutputs,
+        range: &mut BlockRange,
+    ) -> Result<(), ScanError> {
+        for tx in transactions {
+            let outputs = tx
+                .vout
+                .iter()
+                .map(|output| Ok((output.script()?, output.amount()?)))
+                .collect::<Result<Vec<_>, ScanError>>()?;
+            let spending = Spending {
+                txid: &tx.txid,
+                inputs: tx
+                    .vin
+                    .iter()
+                    .map(|input| input.txid.clone().zip(input.vout))
+                    .collect(),
+                outputs: outputs
+                    .iter()
+                    .map(|(script, amount)| Ok((script.as_script(), coin_units(*amount)?)))
+                    .collect::<Result<_, ScanError>>()?,
+            };
+            let lookup = Lookup {
+                held: self.held,
+                received,
+                network: self.network,
+                method: self.method,
+                hrp: self.hrp,
+            };
+            for outflow in lookup.outflows(&spending) {
+                range.push_outflow(outflow, height)?;
+            }
+            for (output, (script, amount)) in tx.vout.iter().zip(&outputs) {
+                let Some(key) = self.scripts.get(script) else {
+                    continue;
+                };
+                received.insert(&tx.txid, output.n, coin_units(*amount)?);
+                let transfer = Transfer {
+                    id: TransferId {
+                        network: self.network,
+                        txid: tx.txid.clone(),
+                        position: output.n,
+                    },
+                    to_address: key.to_string(),
+                    asset: ReceivedAsset::Method {
+                        method: self.method,
+                    },
+                    amount: *amount,
+                };
+                range.push_transfer(transfer, height)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -351,6 +436,8 @@ impl ChainScanner for NodeScanner {
         let mut range = BlockRange::new(resume);
         let last = head.min(range.from().saturating_add(per_scan - 1));
         let heights: Vec<u64> = (range.from()..=last).collect();
+        let hrp = self.settings.target.hrp();
+        let mut received = HeldOutputs::default();
         for chunk in heights.chunks(per_request) {
             for block in read_blocks(rpc, chunk).await? {
                 range.push_block(
@@ -359,24 +446,14 @@ impl ChainScanner for NodeScanner {
                     &block.previousblockhash,
                     block.time.saturating_mul(1000),
                 )?;
-                for tx in block.tx {
-                    for output in &tx.vout {
-                        let Some(key) = scripts.get(&output.script()?) else {
-                            continue;
-                        };
-                        let transfer = Transfer {
-                            id: TransferId {
-                                network,
-                                txid: tx.txid.clone(),
-                                position: output.n,
-                            },
-                            to_address: key.to_string(),
-                            asset: ReceivedAsset::Method { method },
-                            amount: output.amount()?,
-                        };
-                        range.push_transfer(transfer, block.height)?;
-                    }
-                }
+                let found = BlockScan {
+                    scripts,
+                    held: &view.held,
+                    network,
+                    method,
+                    hrp,
+                };
+                found.read(block.height, block.tx, &mut received, &mut range)?;
             }
         }
         let mut batch = range.into_batch(view, head, blocks::depth);

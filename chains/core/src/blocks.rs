@@ -9,7 +9,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::future::Future;
 
 use crate::{
-    BlockId, ChainCursor, ChainEvent, KnownTransfer, ScanBatch, ScanError, Transfer, WatchView,
+    BlockId, ChainCursor, ChainEvent, Outflow, OutflowEvent, ScanBatch, ScanError, Transfer,
+    TransferId, WatchView,
 };
 
 /// Recent block ids kept in the cursor for finding a fork point.
@@ -160,6 +161,7 @@ pub struct BlockRange {
     resume: Resume,
     blocks: BTreeMap<u64, ReadBlock>,
     found: Vec<(Transfer, u64)>,
+    outflows: Vec<(Outflow, u64)>,
 }
 
 impl BlockRange {
@@ -169,6 +171,7 @@ impl BlockRange {
             resume,
             blocks: BTreeMap::new(),
             found: Vec::new(),
+            outflows: Vec::new(),
         }
     }
 
@@ -232,6 +235,18 @@ impl BlockRange {
         Ok(())
     }
 
+    /// Records value leaving a watched address in a block already read.
+    pub fn push_outflow(&mut self, outflow: Outflow, height: u64) -> Result<(), ScanError> {
+        if !self.blocks.contains_key(&height) {
+            return Err(ScanError::Fatal(format!(
+                "outflow {} placed in block {height}, which this scan did not read",
+                outflow.id
+            )));
+        }
+        self.outflows.push((outflow, height));
+        Ok(())
+    }
+
     /// The scan's events and cursor. `confirmations(height, tip)` states how final a block is
     /// (its depth, or the chain's own finality); `head` is the node's head, to say whether
     /// more is waiting.
@@ -250,61 +265,76 @@ impl BlockRange {
             .cursor
             .as_ref()
             .map_or(tip, |cursor| tip.max(cursor.tip.height));
-        let known = &view.known;
-        let needs_update = |k: &KnownTransfer, now: u32| {
-            k.confirmations != now && k.confirmations < view.settle_depth
+        let diff = Diff {
+            blocks: &self.blocks,
+            from,
+            tip,
+            head,
+            now_ms: view.now_ms,
+            settle_depth: view.settle_depth,
+            confirmations: &confirmations,
         };
-        let mut events = Vec::new();
-        let mut present = HashSet::new();
-        for (transfer, height) in self.found {
-            let now = confirmations(height, tip);
-            let previous = known.get(&transfer.id);
-            let seen_at_ms = match previous {
-                Some(k) => k.seen_at_ms,
-                None => self.blocks[&height].time_ms.min(view.now_ms),
-            };
-            let changed =
-                previous.is_none_or(|k| k.block_height != Some(height) || needs_update(k, now));
-            present.insert(transfer.id.clone());
-            if changed {
-                events.push(ChainEvent::Observed {
-                    transfer,
-                    confirmations: now,
+        let events = diff
+            .changes(
+                self.found,
+                &view.known,
+                |t| &t.id,
+                |k| (&k.transfer, k.block_height, k.confirmations, k.seen_at_ms),
+            )
+            .into_iter()
+            .map(|change| match change {
+                Change::Seen {
+                    item,
+                    confirmations,
+                    height,
+                    seen_at_ms,
+                } => ChainEvent::Observed {
+                    transfer: item,
+                    confirmations,
                     block_height: Some(height),
                     seen_at_ms,
                     tip_height: report_tip,
-                });
-            }
-        }
-        for k in view.known.values() {
-            if present.contains(&k.transfer.id) {
-                continue;
-            }
-            match k.block_height {
-                // Read again and not found, or above the tip of a chain read to its end: a
-                // reorg took it.
-                Some(height) if height >= from && (height <= tip || tip >= head) => {
-                    events.push(ChainEvent::Removed {
-                        id: k.transfer.id.clone(),
-                        tip_height: report_tip,
-                    });
-                }
-                // Below the range and still canonical: only its depth moved.
-                Some(height) if height < from => {
-                    let now = confirmations(height, tip);
-                    if needs_update(k, now) {
-                        events.push(ChainEvent::Observed {
-                            transfer: k.transfer.clone(),
-                            confirmations: now,
-                            block_height: Some(height),
-                            seen_at_ms: k.seen_at_ms,
-                            tip_height: report_tip,
-                        });
-                    }
-                }
-                _ => {}
-            }
-        }
+                },
+                Change::Gone(id) => ChainEvent::Removed {
+                    id,
+                    tip_height: report_tip,
+                },
+            })
+            .collect();
+        let outflows = diff
+            .changes(
+                self.outflows,
+                &view.known_outflows,
+                |o| &o.id,
+                |k| {
+                    (
+                        &k.outflow,
+                        Some(k.block_height),
+                        k.confirmations,
+                        k.seen_at_ms,
+                    )
+                },
+            )
+            .into_iter()
+            .map(|change| match change {
+                Change::Seen {
+                    item,
+                    confirmations,
+                    height,
+                    seen_at_ms,
+                } => OutflowEvent::Sent {
+                    outflow: item,
+                    confirmations,
+                    block_height: height,
+                    seen_at_ms,
+                    tip_height: report_tip,
+                },
+                Change::Gone(id) => OutflowEvent::Removed {
+                    id,
+                    tip_height: report_tip,
+                },
+            })
+            .collect();
 
         let mut checkpoints = self.resume.checkpoints;
         checkpoints.extend(self.blocks.into_iter().map(|(height, block)| BlockId {
@@ -317,6 +347,7 @@ impl BlockRange {
         let keep_from = checkpoints.len().saturating_sub(KEPT_CHECKPOINTS);
         ScanBatch {
             events,
+            outflows,
             cursor: ChainCursor {
                 tip: tip_block,
                 checkpoints: checkpoints.split_off(keep_from),
@@ -327,10 +358,101 @@ impl BlockRange {
     }
 }
 
+/// What changed about one tracked item (a receipt or an outflow) since the engine recorded it.
+enum Change<T> {
+    /// New, in another block, or deeper than recorded.
+    Seen {
+        item: T,
+        confirmations: u32,
+        height: u64,
+        seen_at_ms: i64,
+    },
+    /// A reorg took it out.
+    Gone(TransferId),
+}
+
+/// The range a scan read, against which receipts and outflows are diffed alike.
+struct Diff<'a, C> {
+    blocks: &'a BTreeMap<u64, ReadBlock>,
+    from: u64,
+    tip: u64,
+    head: u64,
+    now_ms: i64,
+    settle_depth: u32,
+    confirmations: &'a C,
+}
+
+impl<C: Fn(u64, u64) -> u32> Diff<'_, C> {
+    /// `found` in this range against `known`: what is new or moved, and what a reorg took.
+    /// `prior` reads a known item's recorded state: the item, its block, confirmations and
+    /// first sight.
+    fn changes<T: Clone, K>(
+        &self,
+        found: Vec<(T, u64)>,
+        known: &BTreeMap<TransferId, K>,
+        id: impl Fn(&T) -> &TransferId,
+        prior: impl Fn(&K) -> (&T, Option<u64>, u32, i64),
+    ) -> Vec<Change<T>> {
+        let needs_update =
+            |recorded: u32, now: u32| recorded != now && recorded < self.settle_depth;
+        let mut changes = Vec::new();
+        let mut present = HashSet::new();
+        for (item, height) in found {
+            let now = (self.confirmations)(height, self.tip);
+            let previous = known.get(id(&item)).map(&prior);
+            let seen_at_ms = match previous {
+                Some((_, _, _, seen_at_ms)) => seen_at_ms,
+                None => self.blocks[&height].time_ms.min(self.now_ms),
+            };
+            let changed = previous.is_none_or(|(_, block, recorded, _)| {
+                block != Some(height) || needs_update(recorded, now)
+            });
+            present.insert(id(&item).clone());
+            if changed {
+                changes.push(Change::Seen {
+                    item,
+                    confirmations: now,
+                    height,
+                    seen_at_ms,
+                });
+            }
+        }
+        for (key, recorded) in known {
+            if present.contains(key) {
+                continue;
+            }
+            let (item, block, confirmations, seen_at_ms) = prior(recorded);
+            match block {
+                // Read again and not found, or above the tip of a chain read to its end: a
+                // reorg took it.
+                Some(height)
+                    if height >= self.from && (height <= self.tip || self.tip >= self.head) =>
+                {
+                    changes.push(Change::Gone(key.clone()));
+                }
+                // Below the range and still canonical: only its depth moved.
+                Some(height) if height < self.from => {
+                    let now = (self.confirmations)(height, self.tip);
+                    if needs_update(confirmations, now) {
+                        changes.push(Change::Seen {
+                            item: item.clone(),
+                            confirmations: now,
+                            height,
+                            seen_at_ms,
+                        });
+                    }
+                }
+                _ => {}
+            }
+        }
+        changes
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Amount, Method, Network, ReceivedAsset, TransferId};
+    use crate::{Amount, KnownTransfer, Method, Network, ReceivedAsset, TransferId};
 
     fn transfer(txid: &str) -> Transfer {
         Transfer {

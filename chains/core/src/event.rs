@@ -139,3 +139,62 @@ pub struct ChainCursor {
     /// one whose hash the chain still has (BDK's checkpoints), and unwinds what lay above.
     pub checkpoints: Vec<BlockId>,
 }
+
+/// Value that left a watched address: the merchant's wallet collecting a payment, or anything
+/// else spending from it. Reported like receipts: state, not deltas, the newest tip wins.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Outflow {
+    /// The spending transaction and, on UTXO chains, the input's index; on account chains 0
+    /// for the native value and log index + 1 for a token transfer.
+    pub id: TransferId,
+    /// The output spent (UTXO chains): the engine reads the address and amount it recorded
+    /// for it.
+    pub spends: Option<TransferId>,
+    /// The watched address the value left; empty when `spends` names it.
+    pub from_address: String,
+    /// What left.
+    pub asset: ReceivedAsset,
+    /// How much left the address to its destination, in base units, the fee not included.
+    pub amount: Amount,
+    /// The network fee this row paid from the address, in the native coin's base units (a
+    /// row of the native asset carries it).
+    pub fee: Amount,
+    /// The one address the value went to; `None` when it was split or cannot be named.
+    pub to_address: Option<String>,
+}
+
+/// A watcher's report about one outflow.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "event")]
+pub enum OutflowEvent {
+    /// The outflow is in a block with this many confirmations.
+    Sent {
+        /// The outflow.
+        outflow: Outflow,
+        /// Block depth (or the chain's own finality, as for receipts).
+        confirmations: u32,
+        /// The block that carries it.
+        block_height: u64,
+        /// The block's time, Unix milliseconds.
+        seen_at_ms: i64,
+        /// The chain height the watcher had reached.
+        tip_height: u64,
+    },
+    /// A reorg took the outflow out: the value is back on the address.
+    Removed {
+        /// The outflow that is gone.
+        id: TransferId,
+        /// The chain height the watcher had reached when it noticed.
+        tip_height: u64,
+    },
+}
+
+impl OutflowEvent {
+    /// The outflow this event is about.
+    pub fn id(&self) -> &TransferId {
+        match self {
+            OutflowEvent::Sent { outflow, .. } => &outflow.id,
+            OutflowEvent::Removed { id, .. } => id,
+        }
+    }
+}

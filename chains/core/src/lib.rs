@@ -23,7 +23,8 @@ pub use derive::{
     evm_account_bytes,
 };
 pub use event::{
-    BlockId, ChainCursor, ChainEvent, MAX_CHECKPOINTS, ReceivedAsset, Transfer, TransferId,
+    BlockId, ChainCursor, ChainEvent, MAX_CHECKPOINTS, Outflow, OutflowEvent, ReceivedAsset,
+    Transfer, TransferId,
 };
 pub use keys::{
     IndexChanges, KeyChange, KeyIndex, KeysPosition, MAX_LOGGED_KEY_CHANGES, WatchKeys,
@@ -31,7 +32,9 @@ pub use keys::{
 };
 pub use method::{Asset, Method, Network, ParseMethodError, ParseNetworkError};
 pub use retry::{Attempt, RetryPolicy};
-pub use scan::{ChainScanner, KnownTransfer, ScanBatch, ScanError, WatchView};
+pub use scan::{
+    ChainScanner, HeldOutputs, KnownOutflow, KnownTransfer, ScanBatch, ScanError, WatchView,
+};
 pub use secret::{Secret, SecretUrl};
 
 /// Re-exported so chain crates share one secp256k1 and one base58check.

@@ -6,10 +6,13 @@
 //! not against the scanner's memory, a scan whose events were lost (crash, failed commit) is
 //! simply repeated, and a restarted scanner finds exactly what is missing.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 
-use crate::{ChainCursor, ChainEvent, Network, SecretUrl, Transfer, TransferId, WatchKeys};
+use crate::{
+    ChainCursor, ChainEvent, Network, Outflow, OutflowEvent, SecretUrl, Transfer, TransferId,
+    WatchKeys,
+};
 
 /// A transfer the engine has recorded and not seen removed, with its newest state.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -24,6 +27,65 @@ pub struct KnownTransfer {
     pub tip_height: u64,
     /// When it was first seen, Unix milliseconds.
     pub seen_at_ms: i64,
+}
+
+/// An outflow the engine has recorded and not seen removed, with its newest state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KnownOutflow {
+    /// The outflow.
+    pub outflow: Outflow,
+    /// Confirmations at the newest observation.
+    pub confirmations: u32,
+    /// Its block.
+    pub block_height: u64,
+    /// The tip height of that observation.
+    pub tip_height: u64,
+    /// Its block's time, Unix milliseconds.
+    pub seen_at_ms: i64,
+}
+
+/// The outputs received on watched addresses (UTXO chains) and not yet spent, with their
+/// values: what a scanner looks each input up in to find outflows. Compact on purpose, as a
+/// shop collects millions: 36 bytes of outpoint and 8 of value each, about 56 bytes per
+/// output in the hash table (56 MB per million).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HeldOutputs {
+    outputs: HashMap<([u8; 32], u32), u64>,
+}
+
+impl HeldOutputs {
+    /// Holds `txid:vout` worth `value`; a txid that is not 64 hex digits is ignored (it cannot
+    /// be a UTXO chain's).
+    /// Returns whether it was not held before.
+    pub fn insert(&mut self, txid: &str, vout: u32, value: u64) -> bool {
+        outpoint(txid, vout).is_some_and(|key| self.outputs.insert(key, value).is_none())
+    }
+
+    /// Forgets `txid:vout` (spent, or its receipt removed); returns whether it was held.
+    pub fn remove(&mut self, txid: &str, vout: u32) -> bool {
+        outpoint(txid, vout).is_some_and(|key| self.outputs.remove(&key).is_some())
+    }
+
+    /// The value of `txid:vout` when it is held.
+    pub fn get(&self, txid: &str, vout: u32) -> Option<u64> {
+        outpoint(txid, vout).and_then(|key| self.outputs.get(&key).copied())
+    }
+
+    /// How many outputs are held.
+    pub fn len(&self) -> usize {
+        self.outputs.len()
+    }
+
+    /// Whether none is held.
+    pub fn is_empty(&self) -> bool {
+        self.outputs.is_empty()
+    }
+}
+
+/// The 32 bytes of a transaction id as its explorers print it, and the output index.
+fn outpoint(txid: &str, vout: u32) -> Option<([u8; 32], u32)> {
+    use bitcoin::hex::FromHex;
+    <[u8; 32]>::from_hex(txid).ok().map(|bytes| (bytes, vout))
 }
 
 /// What the engine hands a scanner for one scan. The engine keeps it in memory and brings it
@@ -47,6 +109,11 @@ pub struct WatchView {
     /// Confirmations beyond which the matcher needs no more updates of a transfer's depth.
     /// Removals are still reported at any depth.
     pub settle_depth: u32,
+    /// Outputs received on watched addresses and not spent (UTXO chains), however old their
+    /// intent: a scanner that follows outflows reports each input spending one.
+    pub held: HeldOutputs,
+    /// Outflows already recorded and not removed, for their depth and a reorg's removals.
+    pub known_outflows: BTreeMap<TransferId, KnownOutflow>,
 }
 
 /// What one scan found.
@@ -54,6 +121,8 @@ pub struct WatchView {
 pub struct ScanBatch {
     /// New or changed observations and removals, to apply in one transaction.
     pub events: Vec<ChainEvent>,
+    /// New or changed outflows and their removals, applied in the same transaction.
+    pub outflows: Vec<OutflowEvent>,
     /// The cursor to commit with them.
     pub cursor: ChainCursor,
     /// The scanner is behind and has more to do right away (do not wait before the next scan).

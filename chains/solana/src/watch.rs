@@ -357,6 +357,7 @@ impl ChainScanner for SolanaScanner {
         };
         Ok(ScanBatch {
             events,
+            outflows: Vec::new(),
             cursor: ChainCursor {
                 tip: BlockId { height: tip, hash },
                 checkpoints: Vec::new(),

@@ -1,0 +1,172 @@
+//! Money leaving watched addresses, from recorded reports, on SQLite and PostgreSQL: outflows
+//! booked from custody to treasury or external with the fee to an expense account once deep
+//! enough, holdings going down and back up with a reorg, replays changing nothing, and reports
+//! that cannot be true refused whole.
+
+mod common;
+
+use common::checks::order;
+use common::payments::{Tx, config, engine_with_prices, start_time};
+use common::regtest::fresh_merchant_key;
+use common::topup;
+use payrecon::config::UtxoConfig;
+use payrecon::ledger::{Account, Currency};
+use payrecon::{Engine, Error, HoldingsSort, PaymentIntent};
+use payrecon_chain_core::{
+    Amount, Asset, Method, Network, Outflow, OutflowEvent, ReceivedAsset, TransferId,
+};
+
+const TREASURY: &str = "rltc1qtreasury";
+
+async fn litecoin_engine(db: &common::TestDb) -> Engine {
+    let key = fresh_merchant_key();
+    let config = config(|c| {
+        c.payments.enabled_methods = vec![Method::Ltc];
+        c.networks.litecoin = Some(UtxoConfig {
+            treasury_addresses: vec![TREASURY.into()],
+            ..UtxoConfig::new(key.account_xpub.clone(), "regtest", 2)
+        });
+    });
+    engine_with_prices(db, config, &[(Asset::Ltc, "100")])
+        .await
+        .0
+}
+
+async fn paid(engine: &Engine, reference: &str, txid: &str) -> (PaymentIntent, Tx) {
+    engine
+        .create_topup(&topup(reference, "7", "100"))
+        .await
+        .unwrap();
+    let intent = engine
+        .create_payment(&order(reference), Method::Ltc)
+        .await
+        .unwrap()
+        .intent;
+    let receipt = Tx::new(
+        Network::Litecoin,
+        txid,
+        &intent.pay_to,
+        Method::Ltc,
+        100_000_000,
+        start_time(),
+    );
+    engine
+        .apply_chain_events(&[receipt.observed(2, 100)])
+        .await
+        .unwrap();
+    (intent, receipt)
+}
+
+/// Spends `spent` in input `input` of `txid`, `fee` of it to the network.
+fn sweep(txid: &str, input: u32, spent: &Tx, fee: u128, to: Option<&str>) -> Outflow {
+    Outflow {
+        id: TransferId {
+            network: Network::Litecoin,
+            txid: txid.into(),
+            position: input,
+        },
+        spends: Some(spent.id.clone()),
+        from_address: String::new(),
+        asset: ReceivedAsset::Method {
+            method: Method::Ltc,
+        },
+        amount: Amount::from_base_units(spent.amount.base_units() - fee),
+        fee: Amount::from_base_units(fee),
+        to_address: to.map(str::to_owned),
+    }
+}
+
+fn sent(outflow: &Outflow, confirmations: u32, tip: u64) -> OutflowEvent {
+    OutflowEvent::Sent {
+        outflow: outflow.clone(),
+        confirmations,
+        block_height: tip + 1 - u64::from(confirmations),
+        seen_at_ms: start_time().timestamp_millis(),
+        tip_height: tip,
+    }
+}
+
+async fn balance(engine: &Engine, account: Account) -> i128 {
+    engine
+        .account_balance(&account, Currency::Crypto(Method::Ltc))
+        .await
+        .unwrap()
+}
+
+async fn held(engine: &Engine) -> String {
+    let view = engine
+        .holdings(
+            Some(Network::Litecoin),
+            HoldingsSort::Address,
+            false,
+            0,
+            100,
+        )
+        .await
+        .unwrap();
+    view.totals
+        .first()
+        .map_or_else(|| "0".into(), |t| t.amount.clone())
+}
+
+on_both_databases! {
+    async fn outflows_book_custody_out_and_a_reorg_puts_it_back(db) {
+        let engine = litecoin_engine(&db).await;
+        let (_, first) = paid(&engine, "O-1", &"a1".repeat(32)).await;
+        let (_, second) = paid(&engine, "O-2", &"a2".repeat(32)).await;
+        assert_eq!(held(&engine).await, "200000000");
+        let custody = balance(&engine, Account::Custody(Method::Ltc)).await;
+
+        // One sweep spends both to the treasury, 1000 litoshi of fee taken from the first.
+        let sweep_txid = "b1".repeat(32);
+        let rows = [sweep(&sweep_txid, 0, &first, 1_000, Some(TREASURY)), sweep(&sweep_txid, 1, &second, 0, Some(TREASURY))];
+        // One confirmation: recorded, the holdings follow the chain, not booked yet.
+        engine.apply_outflows(&rows.iter().map(|o| sent(o, 1, 101)).collect::<Vec<_>>()).await.unwrap();
+        assert_eq!(held(&engine).await, "0");
+        assert_eq!(balance(&engine, Account::Custody(Method::Ltc)).await, custody);
+        // Two: booked.
+        let deep: Vec<_> = rows.iter().map(|o| sent(o, 2, 102)).collect();
+        engine.apply_outflows(&deep).await.unwrap();
+        assert_eq!(balance(&engine, Account::Custody(Method::Ltc)).await, custody - 200_000_000);
+        assert_eq!(balance(&engine, Account::Treasury(Method::Ltc)).await, 199_999_000);
+        assert_eq!(balance(&engine, Account::NetworkFees(Method::Ltc)).await, 1_000);
+        let entry = engine.entry(&format!("outflow:litecoin:{sweep_txid}:0:1")).await.unwrap().expect("booked");
+        assert!(entry.entry.memo.contains(TREASURY), "{}", entry.entry.memo);
+        // A replay, and an older report, change nothing.
+        engine.apply_outflows(&deep).await.unwrap();
+        engine.apply_outflows(&[sent(&rows[0], 1, 101)]).await.unwrap();
+        assert_eq!(balance(&engine, Account::Treasury(Method::Ltc)).await, 199_999_000);
+        assert!(engine.trial_balance().await.unwrap().is_sound());
+
+        // A reorg takes the sweep out: reversed, the holdings are back.
+        let removed: Vec<_> = rows.iter().map(|o| OutflowEvent::Removed { id: o.id.clone(), tip_height: 103 }).collect();
+        engine.apply_outflows(&removed).await.unwrap();
+        assert_eq!(held(&engine).await, "200000000");
+        assert_eq!(balance(&engine, Account::Custody(Method::Ltc)).await, custody);
+        assert_eq!(balance(&engine, Account::NetworkFees(Method::Ltc)).await, 0);
+        engine.apply_outflows(&removed).await.unwrap();
+        assert_eq!(balance(&engine, Account::Custody(Method::Ltc)).await, custody);
+
+        // Mined again elsewhere, to another address: booked again, now sent out.
+        let again = sweep(&sweep_txid, 0, &first, 500, Some("rltc1qsomeoneelse"));
+        engine.apply_outflows(&[sent(&again, 2, 105)]).await.unwrap();
+        assert_eq!(balance(&engine, Account::External(Method::Ltc)).await, 99_999_500);
+        assert!(engine.entry(&format!("outflow:litecoin:{sweep_txid}:0:2")).await.unwrap().is_some());
+        assert_eq!(held(&engine).await, "100000000");
+        assert!(engine.trial_balance().await.unwrap().is_sound());
+    }
+
+    async fn an_outflow_that_cannot_be_true_is_refused_whole(db) {
+        let engine = litecoin_engine(&db).await;
+        let (_, receipt) = paid(&engine, "O-3", &"c1".repeat(32)).await;
+        let good = sweep(&"d1".repeat(32), 0, &receipt, 100, None);
+        let mut wrong_amount = sweep(&"d1".repeat(32), 1, &receipt, 100, None);
+        wrong_amount.amount = Amount::from_base_units(5);
+        let refused = engine.apply_outflows(&[sent(&good, 2, 102), sent(&wrong_amount, 2, 102)]).await.unwrap_err();
+        assert!(matches!(refused, Error::InvalidEvent(_)), "{refused}");
+        assert_eq!(held(&engine).await, "100000000", "the good row was rolled back with the bad one");
+        let unknown = Tx::new(Network::Litecoin, &"e1".repeat(32), "rltc1qnobody", Method::Ltc, 7, start_time());
+        let refused = engine.apply_outflows(&[sent(&sweep(&"d2".repeat(32), 0, &unknown, 0, None), 2, 102)]).await.unwrap_err();
+        assert!(refused.to_string().contains("never recorded"), "{refused}");
+    }
+}
