@@ -178,6 +178,7 @@ pub fn routers(engine: Engine, options: ApiOptions, shutdown: watch::Receiver<bo
         .route("/v1/exports/journal", get(books::journal))
         .route("/v1/books/unvalued", get(books::unvalued))
         .route("/v1/holdings", get(wallet::holdings))
+        .route("/v1/reports/holdings", get(wallet::rollforward))
         .route("/v1/wallet/{network}/export", get(wallet::export))
         .route("/v1/stuck", get(stuck))
         .route("/v1/exceptions", get(exceptions))

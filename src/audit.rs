@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use payrecon_chain_bitcoin::{ElectrumScanner, NodeScanner};
 
 use crate::networks::UtxoSource;
-use payrecon_chain_core::{ChainScanner, KnownTransfer, Network, ScanError, Transfer};
+use payrecon_chain_core::{
+    Amount, BlockId, ChainScanner, KnownTransfer, Network, ScanError, Transfer,
+};
 use payrecon_chain_ethereum::EthereumScanner;
 use payrecon_chain_solana::SolanaScanner;
 use payrecon_chain_tron::TronScanner;
@@ -128,6 +130,21 @@ impl Rechecker {
             Rechecker::Ethereum(s) => s.recheck(transfers, settle_depth).await,
             Rechecker::Tron(s) => s.recheck(transfers, settle_depth).await,
             Rechecker::Solana(s) => s.recheck(transfers, settle_depth).await,
+        }
+    }
+
+    /// What `addresses` held of the native coin at the last block before `until_ms`.
+    pub(crate) async fn balances_at(
+        &mut self,
+        addresses: &[String],
+        until_ms: i64,
+    ) -> Result<(BlockId, Vec<Amount>), ScanError> {
+        match self {
+            Rechecker::Electrum(s) => s.balances_at(addresses, until_ms).await,
+            Rechecker::Node(s) => s.balances_at(addresses, until_ms).await,
+            Rechecker::Ethereum(s) => s.balances_at(addresses, until_ms).await,
+            Rechecker::Tron(s) => s.balances_at(addresses, until_ms).await,
+            Rechecker::Solana(s) => s.balances_at(addresses, until_ms).await,
         }
     }
 }

@@ -69,6 +69,14 @@ pub(crate) async fn apply(
                     }
                     outflow.from_address = transfer.to_address;
                 }
+                if let Some(existing) = &existing
+                    && existing.outflow != outflow
+                {
+                    return Err(Error::InvalidEvent(format!(
+                        "outflow {} was reported before with other content: a transaction never changes",
+                        outflow.id
+                    )));
+                }
                 let network = outflow.id.network;
                 let to_treasury = outflow
                     .to_address
@@ -183,7 +191,7 @@ fn booking(row: &OutflowRow, generation: i64) -> Result<NewEntry, Error> {
 }
 
 /// The coin a network's fees are paid in.
-fn native_method(network: Network) -> Method {
+pub(crate) fn native_method(network: Network) -> Method {
     match network {
         Network::Bitcoin => Method::Btc,
         Network::Litecoin => Method::Ltc,

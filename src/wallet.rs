@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use crate::records::FundedIndexes;
 use crate::store::StoreError;
-use crate::store::wallet::HoldingRow;
+use crate::store::wallet::{HoldingRow, MovementRow};
 
 /// Addresses added to the needed gap limit in the recommendation: room for the unpaid
 /// intents handed out while the wallet is being set up.
@@ -360,4 +360,181 @@ pub fn derivation_path(network: Network, index: u32, wallets: &UtxoWallets) -> O
         Network::Tron => Some(format!("m/44h/195h/0h/0/{index}")),
         Network::Solana => None,
     }
+}
+
+/// One asset's holdings roll-forward over a period, in base units:
+/// opening + received − sent − fees = closing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct AssetRollForward {
+    /// The network.
+    pub network: String,
+    /// The asset: a method id, or `token:<contract>`.
+    pub asset: String,
+    /// Held at the period's start.
+    pub opening: String,
+    /// Received on watched addresses in the period.
+    pub received: String,
+    /// Sent to the merchant's configured treasury addresses.
+    pub sent_to_treasury: String,
+    /// Sent anywhere else.
+    pub sent_elsewhere: String,
+    /// Network fees paid from watched addresses (in the native coin's row).
+    pub fees: String,
+    /// opening + received − sent − fees.
+    pub closing: String,
+    /// What the watched addresses held at the period's end, summed address by address.
+    pub held_at_end: String,
+    /// Whether `closing` equals `held_at_end` exactly.
+    pub closes: bool,
+    /// USD for one coin at the period's start, when a rate could be had.
+    pub rate_at_start_usd: Option<String>,
+    /// The opening at that rate.
+    pub opening_value_usd: Option<String>,
+    /// USD for one coin at the period's end (or now, for a period still running).
+    pub rate_at_end_usd: Option<String>,
+    /// The closing at that rate.
+    pub closing_value_usd: Option<String>,
+}
+
+/// The holdings roll-forward of a period, per network and asset.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct HoldingsRollForward {
+    /// The period.
+    pub period: crate::books::Period,
+    /// Its first instant.
+    pub from: chrono::DateTime<chrono::Utc>,
+    /// The instant after it.
+    pub to: chrono::DateTime<chrono::Utc>,
+    /// Per network and asset.
+    pub assets: Vec<AssetRollForward>,
+    /// Whether every asset closes.
+    pub closes: bool,
+}
+
+/// Sums per (network, asset) of one movement kind.
+type Sums = BTreeMap<(String, String), i128>;
+
+/// The roll-forward from the movements before the period, in it, and what each address held
+/// at its end (a separate count): every figure exact, the fair values left to the caller.
+pub(crate) fn holdings_rollforward(
+    period: crate::books::Period,
+    (from, to): (chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>),
+    before: &[MovementRow],
+    during: &[MovementRow],
+    held_at_end: &[HoldingRow],
+) -> HoldingsRollForward {
+    let mut kinds: BTreeMap<&str, Sums> = BTreeMap::new();
+    let mut opening = Sums::new();
+    let mut assets = std::collections::BTreeSet::new();
+    for row in before {
+        let sign = if row.kind == "received" { 1 } else { -1 };
+        *opening
+            .entry((row.network.clone(), row.asset.clone()))
+            .or_default() += sign * row.amount;
+        assets.insert((row.network.clone(), row.asset.clone()));
+    }
+    for row in during {
+        *kinds
+            .entry(row.kind.as_str())
+            .or_default()
+            .entry((row.network.clone(), row.asset.clone()))
+            .or_default() += row.amount;
+        assets.insert((row.network.clone(), row.asset.clone()));
+    }
+    let mut held = Sums::new();
+    for row in held_at_end {
+        *held
+            .entry((row.network.clone(), row.asset.clone()))
+            .or_default() += row.amount;
+        assets.insert((row.network.clone(), row.asset.clone()));
+    }
+    let of = |kind: &str, key: &(String, String)| {
+        kinds
+            .get(kind)
+            .and_then(|sums| sums.get(key))
+            .copied()
+            .unwrap_or(0)
+    };
+    let assets: Vec<AssetRollForward> = assets
+        .into_iter()
+        .map(|key| {
+            let open = opening.get(&key).copied().unwrap_or(0);
+            let (received, treasury, external, fees) = (
+                of("received", &key),
+                of("treasury", &key),
+                of("external", &key),
+                of("fee", &key),
+            );
+            let closing = open + received - treasury - external - fees;
+            let end = held.get(&key).copied().unwrap_or(0);
+            AssetRollForward {
+                network: key.0,
+                asset: key.1,
+                opening: open.to_string(),
+                received: received.to_string(),
+                sent_to_treasury: treasury.to_string(),
+                sent_elsewhere: external.to_string(),
+                fees: fees.to_string(),
+                closing: closing.to_string(),
+                held_at_end: end.to_string(),
+                closes: closing == end,
+                rate_at_start_usd: None,
+                opening_value_usd: None,
+                rate_at_end_usd: None,
+                closing_value_usd: None,
+            }
+        })
+        .collect();
+    HoldingsRollForward {
+        period,
+        from,
+        to,
+        closes: assets.iter().all(|a| a.closes),
+        assets,
+    }
+}
+
+/// `base_units` of `method` at `usd_per_unit`, to the cent.
+pub(crate) fn usd_value(
+    method: Method,
+    base_units: &str,
+    usd_per_unit: rust_decimal::Decimal,
+) -> Option<String> {
+    let units: i128 = base_units.parse().ok()?;
+    let coins =
+        rust_decimal::Decimal::try_from_i128_with_scale(units, u32::from(method.decimals()))
+            .ok()?;
+    let value = coins
+        .checked_mul(usd_per_unit)?
+        .round_dp_with_strategy(2, rust_decimal::RoundingStrategy::MidpointAwayFromZero);
+    Some(format!("{value:.2}"))
+}
+
+/// One network's holdings checked against its chain at a period's last block.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct HoldingsVerification {
+    /// The network.
+    pub network: String,
+    /// The block the chain was asked at: the last one before the period's end (the tip for a
+    /// period still running).
+    pub block: Option<payrecon_chain_core::BlockId>,
+    /// Funded addresses compared.
+    pub addresses_checked: u64,
+    /// Every address where the chain and payrecon disagree.
+    pub differences: Vec<HoldingDifference>,
+    /// Why the network could not be checked, when it could not.
+    pub unchecked: Option<String>,
+}
+
+/// An address whose balance on the chain is not what payrecon's events add up to.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct HoldingDifference {
+    /// The address.
+    pub address: String,
+    /// The asset.
+    pub asset: String,
+    /// What payrecon's receipts and outflows add up to, base units.
+    pub payrecon: String,
+    /// What the chain says, base units.
+    pub chain: String,
 }

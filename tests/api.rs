@@ -438,7 +438,7 @@ on_both_databases! {
             "/v1/orders/{reference}/pay-from-balance", "/v1/balances/{account}", "/v1/reports/reconcile", "/v1/stuck",
             "/v1/exceptions/{id}/resolve", "/v1/audit-log", "/v1/webhooks/{endpoint}/replay", "/metrics", "/ready",
             "/v1/periods/{period}/close", "/v1/periods/{period}/reopen", "/v1/exports/journal", "/v1/reports/rollforward",
-            "/v1/holdings", "/v1/wallet/{network}/export"] {
+            "/v1/holdings", "/v1/wallet/{network}/export", "/v1/reports/holdings"] {
             assert!(spec["paths"][path].is_object(), "{path} is described");
         }
         let page = api.http.get(format!("{}/ui/stuck", api.base)).send().await.unwrap().text().await.unwrap();
@@ -466,6 +466,11 @@ on_both_databases! {
         assert_eq!(status, StatusCode::OK, "{export}");
         assert!(export["receive_descriptor"].as_str().unwrap().starts_with("wpkh("), "{export}");
         assert!(export["change_descriptor"].as_str().unwrap().contains("/1/*)#"), "{export}");
+        let (status, rollforward) = api.call("GET", "/v1/reports/holdings?period=2026-11", finance, None).await;
+        assert_eq!(status, StatusCode::OK, "{rollforward}");
+        assert_eq!(rollforward["closes"], true, "{rollforward}");
+        let (status, _) = api.call("GET", "/v1/reports/holdings?period=2026-13", finance, None).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
         for network in ["ethereum", "dogecoin"] {
             let (status, body) = api.call("GET", &format!("/v1/wallet/{network}/export"), finance, None).await;
             assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");

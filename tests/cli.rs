@@ -702,5 +702,11 @@ fn the_wallet_export_and_holdings_from_the_command_line() {
     }
     let holdings = json(&url, &with_config(&["holdings", "--sort", "index"]));
     assert_eq!(holdings["address_count"], 0);
+    let rollforward = json(
+        &url,
+        &with_config(&["report", "holdings", "--period", "2026-11"]),
+    );
+    assert_eq!(rollforward["closes"], true);
+    assert!(refused(&url, &["report", "holdings", "--period", "2026-13"]).contains("YYYY-MM"));
     assert!(refused(&url, &["holdings", "--sort", "size"]).contains("size"));
 }

@@ -6,31 +6,12 @@
 mod common;
 
 use common::checks::order;
-use common::payments::{Tx, config, engine_with_prices, start_time};
-use common::regtest::fresh_merchant_key;
+use common::outflows::{TREASURY, litecoin_engine, sent, sweep};
+use common::payments::{Tx, start_time};
 use common::topup;
-use payrecon::config::UtxoConfig;
 use payrecon::ledger::{Account, Currency};
 use payrecon::{Engine, Error, HoldingsSort, PaymentIntent};
-use payrecon_chain_core::{
-    Amount, Asset, Method, Network, Outflow, OutflowEvent, ReceivedAsset, TransferId,
-};
-
-const TREASURY: &str = "rltc1qtreasury";
-
-async fn litecoin_engine(db: &common::TestDb) -> Engine {
-    let key = fresh_merchant_key();
-    let config = config(|c| {
-        c.payments.enabled_methods = vec![Method::Ltc];
-        c.networks.litecoin = Some(UtxoConfig {
-            treasury_addresses: vec![TREASURY.into()],
-            ..UtxoConfig::new(key.account_xpub.clone(), "regtest", 2)
-        });
-    });
-    engine_with_prices(db, config, &[(Asset::Ltc, "100")])
-        .await
-        .0
-}
+use payrecon_chain_core::{Amount, Method, Network, OutflowEvent};
 
 async fn paid(engine: &Engine, reference: &str, txid: &str) -> (PaymentIntent, Tx) {
     engine
@@ -55,35 +36,6 @@ async fn paid(engine: &Engine, reference: &str, txid: &str) -> (PaymentIntent, T
         .await
         .unwrap();
     (intent, receipt)
-}
-
-/// Spends `spent` in input `input` of `txid`, `fee` of it to the network.
-fn sweep(txid: &str, input: u32, spent: &Tx, fee: u128, to: Option<&str>) -> Outflow {
-    Outflow {
-        id: TransferId {
-            network: Network::Litecoin,
-            txid: txid.into(),
-            position: input,
-        },
-        spends: Some(spent.id.clone()),
-        from_address: String::new(),
-        asset: ReceivedAsset::Method {
-            method: Method::Ltc,
-        },
-        amount: Amount::from_base_units(spent.amount.base_units() - fee),
-        fee: Amount::from_base_units(fee),
-        to_address: to.map(str::to_owned),
-    }
-}
-
-fn sent(outflow: &Outflow, confirmations: u32, tip: u64) -> OutflowEvent {
-    OutflowEvent::Sent {
-        outflow: outflow.clone(),
-        confirmations,
-        block_height: tip + 1 - u64::from(confirmations),
-        seen_at_ms: start_time().timestamp_millis(),
-        tip_height: tip,
-    }
 }
 
 async fn balance(engine: &Engine, account: Account) -> i128 {
@@ -147,13 +99,37 @@ on_both_databases! {
         engine.apply_outflows(&removed).await.unwrap();
         assert_eq!(balance(&engine, Account::Custody(Method::Ltc)).await, custody);
 
-        // Mined again elsewhere, to another address: booked again, now sent out.
-        let again = sweep(&sweep_txid, 0, &first, 500, Some("rltc1qsomeoneelse"));
-        engine.apply_outflows(&[sent(&again, 2, 105)]).await.unwrap();
-        assert_eq!(balance(&engine, Account::External(Method::Ltc)).await, 99_999_500);
+        // Mined again: booked again under the next key. The same transaction cannot come back
+        // with other content.
+        engine.apply_outflows(&[sent(&rows[0], 2, 105)]).await.unwrap();
+        assert_eq!(balance(&engine, Account::Treasury(Method::Ltc)).await, 99_999_000);
         assert!(engine.entry(&format!("outflow:litecoin:{sweep_txid}:0:2")).await.unwrap().is_some());
         assert_eq!(held(&engine).await, "100000000");
+        let mut changed = rows[1].clone();
+        changed.to_address = Some("rltc1qsomeoneelse".into());
+        let refused = engine.apply_outflows(&[sent(&changed, 2, 106)]).await.unwrap_err();
+        assert!(refused.to_string().contains("other content"), "{refused}");
+        // Spent elsewhere instead: another transaction, sent out.
+        let elsewhere = sweep(&"b2".repeat(32), 0, &second, 500, Some("rltc1qsomeoneelse"));
+        engine.apply_outflows(&[sent(&elsewhere, 2, 106)]).await.unwrap();
+        assert_eq!(balance(&engine, Account::External(Method::Ltc)).await, 99_999_500);
+        assert_eq!(held(&engine).await, "0");
         assert!(engine.trial_balance().await.unwrap().is_sound());
+
+        // The month's holdings roll forward exactly: 2 LTC in, 0.99999 to the treasury,
+        // 0.999995 elsewhere, 1,500 litoshi of fees.
+        let month = engine.period_of(start_time());
+        let rollforward = engine.holdings_rollforward(month).await.unwrap();
+        let ltc = rollforward.assets.iter().find(|a| a.asset == "ltc").unwrap();
+        assert_eq!(
+            [&ltc.opening, &ltc.received, &ltc.sent_to_treasury, &ltc.sent_elsewhere, &ltc.fees, &ltc.closing, &ltc.held_at_end].map(|s| s.as_str()),
+            ["0", "200000000", "99999000", "99999500", "1500", "0", "0"]
+        );
+        assert!(ltc.closes && rollforward.closes);
+        assert_eq!((ltc.rate_at_end_usd.as_deref(), ltc.opening_value_usd.as_deref()), (Some("100"), Some("0.00")));
+        let next = engine.holdings_rollforward(month.next()).await.unwrap();
+        let ltc = next.assets.iter().find(|a| a.asset == "ltc").unwrap();
+        assert_eq!((ltc.opening.as_str(), ltc.closing.as_str(), ltc.closes), ("0", "0", true));
     }
 
     async fn an_outflow_that_cannot_be_true_is_refused_whole(db) {

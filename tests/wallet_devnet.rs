@@ -5,10 +5,11 @@
 mod common;
 
 use common::checks::{order, wait_status};
-use common::regtest::{Chain, MerchantKey, fresh_merchant_key, ltc_engine};
+use common::regtest::{Chain, MerchantKey, Source, fresh_merchant_key, ltc_engine};
 use common::topup;
 use payrecon::config::UtxoConfig;
 use payrecon::ledger::{Account, Currency};
+use payrecon::test_utils::clock::Clock;
 use payrecon::{HoldingsSort, IntentStatus, PaymentIntent};
 use payrecon_chain_core::bitcoin::bip32::DerivationPath;
 use payrecon_chain_core::bitcoin::secp256k1::Secp256k1;
@@ -27,7 +28,7 @@ on_both_databases_and_sources! {
     async fn the_node_wallet_imports_the_descriptors_and_holds_what_payrecon_holds(db, source) {
         let chain = Chain::lock().await;
         let key = fresh_merchant_key();
-        let (engine, _clock) = ltc_engine(&db, &chain, 1, &key.account_xpub, |c| {
+        let (engine, clock) = ltc_engine(&db, &chain, 1, &key.account_xpub, |c| {
             c.networks.litecoin = Some(UtxoConfig {
                 key_origin: Some(key.origin.clone()),
                 ..source.config(&key.account_xpub, &chain, 1)
@@ -136,7 +137,29 @@ on_both_databases_and_sources! {
             held_litoshi(&engine).await == expected
         }).await;
         chain.call(false, "unloadwallet", json!([wallet])).await;
+
+        // The month's roll-forward closes; then a payment arrives while payrecon is not
+        // running, and the check against the chain names it.
+        let month = engine.period_of(clock.now());
+        let rollforward = engine.holdings_rollforward(month).await.unwrap();
+        assert!(rollforward.closes, "{rollforward:?}");
         watcher.stop().await.unwrap();
+        let planted = &paid[7].pay_to;
+        chain.send(planted, "0.5").await;
+        chain.mine(1).await;
+        let config = common::payments::config(|c| c.networks.litecoin = Some(source.config(&key.account_xpub, &chain, 1)));
+        let verification = engine.verify_holdings(&config, month).await.unwrap();
+        let litecoin = verification.iter().find(|v| v.network == "litecoin").unwrap();
+        match source {
+            Source::Electrum => {
+                assert_eq!(litecoin.addresses_checked, 30);
+                assert_eq!(litecoin.block.as_ref().map(|b| b.height), Some(chain.height().await));
+                assert_eq!(litecoin.differences.len(), 1, "{litecoin:?}");
+                let difference = &litecoin.differences[0];
+                assert_eq!((&difference.address, difference.payrecon.as_str(), difference.chain.as_str()), (planted, "100000000", "150000000"));
+            }
+            Source::Node => assert!(litecoin.unchecked.is_some(), "{litecoin:?}"),
+        }
     }
 }
 

@@ -141,6 +141,19 @@ async fn month(engine: &Engine, count: usize) -> anyhow::Result<Vec<BenchLine>> 
 
     reset_peak_memory();
     let started = Instant::now();
+    let rollforward = engine.holdings_rollforward(period).await?;
+    anyhow::ensure!(
+        rollforward.closes,
+        "the holdings roll-forward: {rollforward:?}"
+    );
+    lines.push(of_report(with_peak(line(
+        "holdings roll-forward",
+        count,
+        started.elapsed(),
+    ))));
+
+    reset_peak_memory();
+    let started = Instant::now();
     let closed = engine.close_period(period, "bench").await?;
     anyhow::ensure!(
         closed.entries as usize == count,

@@ -6,6 +6,7 @@ use payrecon_chain_core::Network;
 use serde::Deserialize;
 
 use super::{ApiQuery, ApiResult, ApiState, Finance, ok};
+use crate::books::Period;
 use crate::error::Error;
 use crate::wallet::HoldingsSort;
 
@@ -61,4 +62,20 @@ pub(super) async fn holdings(
         )
         .await?;
     ok(&view)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PeriodQuery {
+    period: String,
+}
+
+/// `GET /v1/reports/holdings?period=2026-11`: the holdings roll-forward of a month.
+pub(super) async fn rollforward(
+    State(state): State<ApiState>,
+    _: Finance,
+    ApiQuery(query): ApiQuery<PeriodQuery>,
+) -> ApiResult {
+    let period: Period = query.period.parse()?;
+    ok(&state.engine.holdings_rollforward(period).await?)
 }

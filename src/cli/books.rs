@@ -87,7 +87,7 @@ pub(super) enum BooksCommand {
     },
 }
 
-fn parse_period(text: &str) -> Result<Period, String> {
+pub(super) fn parse_period(text: &str) -> Result<Period, String> {
     text.parse().map_err(|e: payrecon::Error| e.to_string())
 }
 

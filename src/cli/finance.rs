@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Subcommand;
 use payrecon::chain::Method;
-use payrecon::{Config, CsvSection, Engine, ReportFormat, ReportQuery, parse_time};
+use payrecon::{Config, CsvSection, Engine, Period, ReportFormat, ReportQuery, parse_time};
 
 use super::named;
 use super::output::{emit, print_out};
@@ -40,6 +40,17 @@ pub(super) enum ReportCommand {
         #[arg(long)]
         audit: bool,
     },
+    /// The holdings roll-forward of a month per network and asset: opening, received, sent
+    /// to the treasury and elsewhere, fees, closing, at fair value at its start and end.
+    Holdings {
+        /// The month, YYYY-MM, in the books' time zone.
+        #[arg(long, value_parser = super::books::parse_period)]
+        period: Period,
+        /// Also fetch from each chain what every funded address held at the month's last
+        /// block, and name every difference. Exits non-zero when there is one.
+        #[arg(long)]
+        verify: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -55,6 +66,23 @@ pub(super) async fn report(
     config: &Config,
 ) -> anyhow::Result<()> {
     match command {
+        ReportCommand::Holdings { period, verify } => {
+            let report = engine.holdings_rollforward(period).await?;
+            if !verify {
+                return emit(true, &report, String::new);
+            }
+            let verification = engine.verify_holdings(config, period).await?;
+            emit(
+                true,
+                &serde_json::json!({ "rollforward": report, "verification": verification }),
+                String::new,
+            )?;
+            anyhow::ensure!(
+                verification.iter().all(|v| v.differences.is_empty()),
+                "the chain differs from payrecon's holdings at the end of {period}"
+            );
+            Ok(())
+        }
         ReportCommand::Reconcile {
             from,
             to,

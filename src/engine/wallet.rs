@@ -1,12 +1,21 @@
 //! The hand-off to the merchant's wallet: what it imports to find every payment.
 
-use payrecon_chain_core::Network;
+use payrecon_chain_core::{Method, Network};
 
 use crate::engine::Engine;
 use crate::error::Error;
 use crate::records::FundedIndexes;
 use crate::store;
-use crate::wallet::{HoldingsSort, HoldingsView, MAX_HOLDINGS_PAGE, WalletExport, holdings_view};
+use std::collections::BTreeMap;
+
+use crate::audit::Rechecker;
+use crate::books::Period;
+use crate::config::Config;
+use crate::outflows::native_method;
+use crate::wallet::{
+    HoldingDifference, HoldingsRollForward, HoldingsSort, HoldingsVerification, HoldingsView,
+    MAX_HOLDINGS_PAGE, WalletExport, holdings_rollforward, holdings_view, usd_value,
+};
 
 impl Engine {
     /// The output descriptors of `network`'s account (Bitcoin or Litecoin) with the gap limit a
@@ -37,7 +46,8 @@ impl Engine {
     ) -> Result<HoldingsView, Error> {
         let limit = limit.clamp(1, MAX_HOLDINGS_PAGE);
         let mut conn = self.db().pool().acquire().await?;
-        let rows = store::wallet::holdings(&mut conn, network.map(|n| n.as_str())).await?;
+        let rows =
+            store::wallet::holdings(&mut conn, network.map(|n| n.as_str()), i64::MAX).await?;
         drop(conn);
         holdings_view(
             rows,
@@ -47,6 +57,104 @@ impl Engine {
             offset,
             limit,
         )
+    }
+
+    /// The holdings roll-forward of `period` per network and asset: opening, received, sent
+    /// to the treasury and elsewhere, fees and closing, checked against what the addresses held
+    /// at its end (summed address by address), with fair values at its start and end.
+    pub async fn holdings_rollforward(&self, period: Period) -> Result<HoldingsRollForward, Error> {
+        let (from, to) = self.period_bounds(period);
+        let (from_ms, to_ms) = (from.timestamp_millis(), to.timestamp_millis());
+        let mut conn = self.db().pool().acquire().await?;
+        let before = store::wallet::holding_movements(&mut conn, i64::MIN, from_ms).await?;
+        let during = store::wallet::holding_movements(&mut conn, from_ms, to_ms).await?;
+        let held = store::wallet::holdings(&mut conn, None, to_ms).await?;
+        drop(conn);
+        let mut report = holdings_rollforward(period, (from, to), &before, &during, &held);
+        let Some(rates) = self.payment_settings().rates.as_deref() else {
+            return Ok(report);
+        };
+        let now = self.now();
+        for asset in &mut report.assets {
+            let Ok(method) = asset.asset.parse::<Method>() else {
+                continue;
+            };
+            if let Ok(rate) = rates.market_rate(method.asset(), from.min(now), now).await {
+                asset.rate_at_start_usd = Some(rate.usd_per_unit.to_string());
+                asset.opening_value_usd = usd_value(method, &asset.opening, rate.usd_per_unit);
+            }
+            if let Ok(rate) = rates.market_rate(method.asset(), to.min(now), now).await {
+                asset.rate_at_end_usd = Some(rate.usd_per_unit.to_string());
+                asset.closing_value_usd = usd_value(method, &asset.closing, rate.usd_per_unit);
+            }
+        }
+        Ok(report)
+    }
+
+    /// Every funded address's holding at the end of `period`, checked against its chain at
+    /// the period's last block through the configured source (the Bitcoin family, through an
+    /// Electrum server, so far): every difference named. A network that cannot be checked
+    /// says why.
+    pub async fn verify_holdings(
+        &self,
+        config: &Config,
+        period: Period,
+    ) -> Result<Vec<HoldingsVerification>, Error> {
+        let (_, to) = self.period_bounds(period);
+        let mut conn = self.db().pool().acquire().await?;
+        let rows = store::wallet::holdings(&mut conn, None, to.timestamp_millis()).await?;
+        drop(conn);
+        let mut by_network: BTreeMap<String, Vec<(String, String, i128)>> = BTreeMap::new();
+        for row in rows {
+            by_network
+                .entry(row.network)
+                .or_default()
+                .push((row.address, row.asset, row.amount));
+        }
+        let mut verifications = Vec::new();
+        for (network_name, rows) in by_network {
+            let mut verification = HoldingsVerification {
+                network: network_name.clone(),
+                block: None,
+                addresses_checked: 0,
+                differences: Vec::new(),
+                unchecked: None,
+            };
+            let network: Network = network_name
+                .parse()
+                .map_err(|_| Error::Report(format!("unknown network {network_name}")))?;
+            let native: Vec<&(String, String, i128)> = rows
+                .iter()
+                .filter(|(_, asset, _)| *asset == native_method(network).id())
+                .collect();
+            let addresses: Vec<String> = native.iter().map(|(a, ..)| a.clone()).collect();
+            let checked = match Rechecker::for_network(config, network) {
+                Ok(mut checker) => checker
+                    .balances_at(&addresses, to.timestamp_millis())
+                    .await
+                    .map_err(|e| e.to_string()),
+                Err(why) => Err(why),
+            };
+            match checked {
+                Ok((block, balances)) => {
+                    verification.block = Some(block);
+                    verification.addresses_checked = addresses.len() as u64;
+                    for ((address, asset, ours), chain) in native.into_iter().zip(balances) {
+                        if u128::try_from(*ours).ok() != Some(chain.base_units()) {
+                            verification.differences.push(HoldingDifference {
+                                address: address.clone(),
+                                asset: asset.clone(),
+                                payrecon: ours.to_string(),
+                                chain: chain.to_string(),
+                            });
+                        }
+                    }
+                }
+                Err(why) => verification.unchecked = Some(why),
+            }
+            verifications.push(verification);
+        }
+        Ok(verifications)
     }
 
     /// How `network`'s current account key handed out receive indexes and which were paid.

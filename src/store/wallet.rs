@@ -52,11 +52,13 @@ pub(crate) async fn funded_indexes(
 }
 
 /// What one address holds of one asset: its confirmed receipts not taken out by a reorg,
-/// less what standing outflows (always in a block) took from it, fees included. A Solana Pay payment counts at the merchant
-/// recipient it paid, not at its reference key.
+/// less what standing outflows (always in a block) took from it, fees included, as of `until_ms`
+/// (by when the chain carried each). A Solana Pay payment counts at the merchant recipient it
+/// paid, not at its reference key.
 pub(crate) async fn holdings(
     conn: &mut AnyConnection,
     network: Option<&str>,
+    until_ms: i64,
 ) -> Result<Vec<HoldingRow>, StoreError> {
     let backend = super::backend_of_conn(conn);
     let sum = super::exact_sum(backend, "h.amount");
@@ -66,12 +68,14 @@ pub(crate) async fn holdings(
                   i.derivation_index, t.amount_base AS amount \
            FROM transfers t LEFT JOIN payment_intents i ON i.id = t.intent_id \
            WHERE t.removed = 0 AND t.confirmations >= 1 AND ($1 = '' OR t.network = $2) \
+             AND t.seen_at_ms < $7 \
            UNION ALL \
            SELECT o.network, o.from_address, o.asset, CAST(NULL AS BIGINT), '-' || o.amount_base \
-           FROM outflows o WHERE o.removed = 0 AND ($3 = '' OR o.network = $4) \
+           FROM outflows o WHERE o.removed = 0 AND ($3 = '' OR o.network = $4) AND o.seen_at_ms < $8 \
            UNION ALL \
            SELECT o.network, o.from_address, o.asset, CAST(NULL AS BIGINT), '-' || o.fee_base \
            FROM outflows o WHERE o.removed = 0 AND o.fee_base <> '0' AND ($5 = '' OR o.network = $6) \
+             AND o.seen_at_ms < $9 \
          ) h GROUP BY h.network, h.address, h.asset"
     );
     let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -81,6 +85,9 @@ pub(crate) async fn holdings(
         .bind(network.unwrap_or(""))
         .bind(network.unwrap_or(""))
         .bind(network.unwrap_or(""))
+        .bind(until_ms)
+        .bind(until_ms)
+        .bind(until_ms)
         .fetch_all(&mut *conn)
         .await?;
     rows.iter()
@@ -104,4 +111,56 @@ pub(crate) struct HoldingRow {
     pub(crate) asset: String,
     pub(crate) derivation_index: Option<i64>,
     pub(crate) amount: i128,
+}
+
+/// One kind of movement of one asset on one network between two times: `received`,
+/// `treasury`, `external` or `fee`, each a non-negative sum of base units. Dated by when the
+/// chain carried it (a receipt's first sight, an outflow's block).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct MovementRow {
+    pub(crate) network: String,
+    pub(crate) asset: String,
+    pub(crate) kind: String,
+    pub(crate) amount: i128,
+}
+
+/// Every asset's movements by kind in `[from_ms, to_ms)`.
+pub(crate) async fn holding_movements(
+    conn: &mut AnyConnection,
+    from_ms: i64,
+    to_ms: i64,
+) -> Result<Vec<MovementRow>, StoreError> {
+    let backend = super::backend_of_conn(conn);
+    let sum = super::exact_sum(backend, "m.amount");
+    let sql = format!(
+        "SELECT m.network, m.asset, m.kind, {sum} FROM ( \
+           SELECT t.network, t.asset, 'received' AS kind, t.amount_base AS amount FROM transfers t \
+           WHERE t.removed = 0 AND t.confirmations >= 1 AND t.seen_at_ms >= $1 AND t.seen_at_ms < $2 \
+           UNION ALL \
+           SELECT o.network, o.asset, o.destination, o.amount_base FROM outflows o \
+           WHERE o.removed = 0 AND o.seen_at_ms >= $3 AND o.seen_at_ms < $4 \
+           UNION ALL \
+           SELECT o.network, o.asset, 'fee', o.fee_base FROM outflows o \
+           WHERE o.removed = 0 AND o.fee_base <> '0' AND o.seen_at_ms >= $5 AND o.seen_at_ms < $6 \
+         ) m GROUP BY m.network, m.asset, m.kind"
+    );
+    let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(from_ms)
+        .bind(to_ms)
+        .bind(from_ms)
+        .bind(to_ms)
+        .bind(from_ms)
+        .bind(to_ms)
+        .fetch_all(&mut *conn)
+        .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(MovementRow {
+                network: row.try_get(0)?,
+                asset: row.try_get(1)?,
+                kind: row.try_get(2)?,
+                amount: super::decode_exact_sum(row, 3, backend)?,
+            })
+        })
+        .collect()
 }

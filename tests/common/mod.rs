@@ -10,6 +10,7 @@ pub mod anvil;
 pub mod books;
 pub mod checks;
 pub mod faults;
+pub mod outflows;
 pub mod payments;
 pub mod regtest;
 pub mod replay;

@@ -18,9 +18,9 @@ use electrum_client::{ElectrumApi, Error as ElectrumError};
 use payrecon_chain_core::bitcoin::block::Header;
 use payrecon_chain_core::bitcoin::{self, BlockHash, ScriptBuf, Transaction, Txid};
 use payrecon_chain_core::{
-    BlockId, ChainCursor, ChainEvent, ChainScanner, HeldOutputs, KeyIndex, KnownTransfer, Network,
-    OutflowEvent, ReceivedAsset, ScanBatch, ScanError, SecretUrl, Transfer, TransferId, WatchKeys,
-    WatchView,
+    Amount, BlockId, ChainCursor, ChainEvent, ChainScanner, HeldOutputs, KeyIndex, KnownTransfer,
+    Network, OutflowEvent, ReceivedAsset, ScanBatch, ScanError, SecretUrl, Transfer, TransferId,
+    WatchKeys, WatchView,
 };
 
 use crate::electrum_stream::{self, ElectrumClient};
@@ -121,6 +121,14 @@ impl ChainScanner for ElectrumScanner {
         self.session = None;
     }
 
+    async fn balances_at(
+        &mut self,
+        addresses: &[String],
+        until_ms: i64,
+    ) -> Result<(BlockId, Vec<Amount>), ScanError> {
+        self.balances(addresses, until_ms).await
+    }
+
     async fn recheck(
         &mut self,
         transfers: &[KnownTransfer],
@@ -136,6 +144,32 @@ impl ChainScanner for ElectrumScanner {
             };
             session.follow_tip()?;
             let found = session.recheck(&settings, &transfers)?;
+            Ok::<_, ScanError>((session, found))
+        })
+        .await
+        .map_err(|e| ScanError::Transient(format!("scanner task: {e}")))??;
+        self.session = Some(session);
+        Ok(found)
+    }
+}
+
+impl ElectrumScanner {
+    /// [`ChainScanner::balances_at`] on the blocking client.
+    async fn balances(
+        &mut self,
+        addresses: &[String],
+        until_ms: i64,
+    ) -> Result<(BlockId, Vec<Amount>), ScanError> {
+        let settings = self.settings.clone();
+        let session = self.session.take();
+        let addresses = addresses.to_vec();
+        let (session, found) = tokio::task::spawn_blocking(move || {
+            let mut session = match session {
+                Some(session) => session,
+                None => Session::connect(&settings, None)?,
+            };
+            session.follow_tip()?;
+            let found = session.balances_at(&settings, &addresses, until_ms)?;
             Ok::<_, ScanError>((session, found))
         })
         .await
@@ -405,6 +439,94 @@ impl Session {
             }
         }
         Ok(found)
+    }
+
+    /// The last block before `until_ms` (the tip when none is that late), found by halving
+    /// the heights on block times, and what each address held there: the outputs paying it in
+    /// its history up to that block, less those spent in it.
+    fn balances_at(
+        &mut self,
+        settings: &ElectrumSettings,
+        addresses: &[String],
+        until_ms: i64,
+    ) -> Result<(BlockId, Vec<Amount>), ScanError> {
+        let time_ms = |session: &mut Session, height: u64| -> Result<i64, ScanError> {
+            let header = session
+                .client
+                .block_header(height_u32(height)? as usize)
+                .map_err(classify)?;
+            Ok(i64::from(header.time) * 1000)
+        };
+        let (mut low, mut high) = (0, self.tip_height);
+        if time_ms(self, high)? >= until_ms {
+            // The last block before `until_ms` lies in [low, high).
+            while high - low > 1 {
+                let middle = low + (high - low) / 2;
+                if time_ms(self, middle)? < until_ms {
+                    low = middle;
+                } else {
+                    high = middle;
+                }
+            }
+            high = low;
+        }
+        let end = high;
+        let hash = self
+            .client
+            .block_header(height_u32(end)? as usize)
+            .map_err(classify)?
+            .block_hash();
+        let mut balances = Vec::with_capacity(addresses.len());
+        for chunk in addresses.chunks(settings.batch_size.max(1)) {
+            let scripts = chunk
+                .iter()
+                .map(|a| {
+                    script_pubkey(a)
+                        .map_err(|e| ScanError::Fatal(format!("{a} is not a segwit address: {e}")))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            for (script, history) in scripts.iter().zip(self.histories(&scripts)?) {
+                let mined: Vec<Txid> = history
+                    .iter()
+                    .filter(|h| {
+                        u64::try_from(h.height).is_ok_and(|height| height > 0 && height <= end)
+                    })
+                    .map(|h| h.tx_hash)
+                    .collect();
+                let mut parts = Vec::with_capacity(mined.len());
+                for txids in mined.chunks(TRANSACTIONS_PER_BATCH) {
+                    let raws = self
+                        .client
+                        .batch_transaction_get_raw(txids)
+                        .map_err(classify)?;
+                    for (txid, raw) in txids.iter().zip(raws) {
+                        parts.push((txid.to_string(), parts_of(txid, &raw)?));
+                    }
+                }
+                let spent: HashSet<(&str, u32)> = parts
+                    .iter()
+                    .flat_map(|(_, p)| p.inputs.iter().flatten())
+                    .map(|(txid, vout)| (txid.as_str(), *vout))
+                    .collect();
+                let mut balance: u64 = 0;
+                for (txid, tx) in &parts {
+                    for (vout, (out_script, value)) in tx.outputs.iter().enumerate() {
+                        let vout = u32::try_from(vout).unwrap_or(u32::MAX);
+                        if out_script == script && !spent.contains(&(txid.as_str(), vout)) {
+                            balance = balance.saturating_add(*value);
+                        }
+                    }
+                }
+                balances.push(Amount::from(balance));
+            }
+        }
+        Ok((
+            BlockId {
+                height: end,
+                hash: hash.to_string(),
+            },
+            balances,
+        ))
     }
 
     /// The histories of `scripts`, one per script, in one batch.

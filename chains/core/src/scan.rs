@@ -10,8 +10,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 
 use crate::{
-    ChainCursor, ChainEvent, Network, Outflow, OutflowEvent, SecretUrl, Transfer, TransferId,
-    WatchKeys,
+    Amount, BlockId, ChainCursor, ChainEvent, Network, Outflow, OutflowEvent, SecretUrl, Transfer,
+    TransferId, WatchKeys,
 };
 
 /// A transfer the engine has recorded and not seen removed, with its newest state.
@@ -176,6 +176,23 @@ pub trait ChainScanner: Send {
         transfers: &[KnownTransfer],
         settle_depth: u32,
     ) -> impl Future<Output = Result<Vec<Option<u32>>, ScanError>> + Send;
+
+    /// What each of `addresses` held of the chain's native coin at the last block before
+    /// `until_ms` (the tip when no block is that late yet), and that block: finance's check of
+    /// the holdings at a period's end. Watchers never call it. A source that cannot look back
+    /// says so.
+    fn balances_at(
+        &mut self,
+        addresses: &[String],
+        until_ms: i64,
+    ) -> impl Future<Output = Result<(BlockId, Vec<Amount>), ScanError>> + Send {
+        let _ = (addresses, until_ms);
+        async {
+            Err(ScanError::Fatal(
+                "this source cannot tell an address's balance at a past block".into(),
+            ))
+        }
+    }
 
     /// Resolves when the node pushes news worth scanning before the next poll (a new head on a
     /// subscription). Polling stays the safety net: a scanner without a push channel never

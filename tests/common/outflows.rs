@@ -1,0 +1,65 @@
+//! Test support for outflows: a Litecoin engine with a treasury address, and outflow reports
+//! spending recorded receipts.
+
+use payrecon::Engine;
+use payrecon::config::UtxoConfig;
+use payrecon_chain_core::{
+    Amount, Asset, Method, Network, Outflow, OutflowEvent, ReceivedAsset, TransferId,
+};
+
+use super::TestDb;
+use super::payments::{Tx, config, engine_with_prices, start_time};
+use super::regtest::fresh_merchant_key;
+
+/// The merchant's own address: outflows there book to `treasury:`.
+pub const TREASURY: &str = "rltc1qtreasury";
+
+/// An LTC engine (regtest key, 2 confirmations) whose treasury is [`TREASURY`].
+pub async fn litecoin_engine(db: &TestDb) -> Engine {
+    let key = fresh_merchant_key();
+    let config = config(|c| {
+        c.payments.enabled_methods = vec![Method::Ltc];
+        c.networks.litecoin = Some(UtxoConfig {
+            treasury_addresses: vec![TREASURY.into()],
+            ..UtxoConfig::new(key.account_xpub.clone(), "regtest", 2)
+        });
+    });
+    engine_with_prices(db, config, &[(Asset::Ltc, "100")])
+        .await
+        .0
+}
+
+/// Input `input` of `txid` spending `spent`, `fee` of it to the network.
+pub fn sweep(txid: &str, input: u32, spent: &Tx, fee: u128, to: Option<&str>) -> Outflow {
+    Outflow {
+        id: TransferId {
+            network: Network::Litecoin,
+            txid: txid.into(),
+            position: input,
+        },
+        spends: Some(spent.id.clone()),
+        from_address: String::new(),
+        asset: ReceivedAsset::Method {
+            method: Method::Ltc,
+        },
+        amount: Amount::from_base_units(spent.amount.base_units() - fee),
+        fee: Amount::from_base_units(fee),
+        to_address: to.map(str::to_owned),
+    }
+}
+
+/// `outflow` in a block `confirmations` deep at `tip`, dated at the test's start.
+pub fn sent(outflow: &Outflow, confirmations: u32, tip: u64) -> OutflowEvent {
+    sent_at(outflow, confirmations, tip, start_time().timestamp_millis())
+}
+
+/// [`sent`] in a block of time `at_ms`.
+pub fn sent_at(outflow: &Outflow, confirmations: u32, tip: u64, at_ms: i64) -> OutflowEvent {
+    OutflowEvent::Sent {
+        outflow: outflow.clone(),
+        confirmations,
+        block_height: tip + 1 - u64::from(confirmations),
+        seen_at_ms: at_ms,
+        tip_height: tip,
+    }
+}
