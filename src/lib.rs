@@ -117,8 +117,8 @@ pub use order::{
 pub use outflows::OutflowRules;
 pub use payments::{PaymentInstructions, PaymentSettings};
 pub use records::{
-    CryptoRate, ExceptionRecord, FailingEndpoint, FundedIndexes, IntentEvent, OperatorAction,
-    ReportingRate, StoredTransfer, Valuation, WatcherHealth,
+    AssetRollForward, CryptoRate, ExceptionRecord, FailingEndpoint, FundedIndexes, IntentEvent,
+    OperatorAction, ReportingRate, StoredTransfer, Valuation, WatcherHealth,
 };
 pub use report::{CsvSection, ReportFormat, ReportQuery, ReportTotals};
 pub use serve::serve;
@@ -127,9 +127,9 @@ pub use stuck::{Page, StuckItem, StuckOptions};
 pub use support::{AddressView, Finding, OrderView, TransferView};
 pub use tokens::Role;
 pub use wallet::{
-    AssetRollForward, GAP_MARGIN, Holding, HoldingDifference, HoldingTotal, HoldingsRollForward,
-    HoldingsSort, HoldingsVerification, HoldingsView, MAX_HOLDINGS_PAGE, UtxoWallet, UtxoWallets,
-    WalletExport, derivation_path,
+    GAP_MARGIN, Holding, HoldingDifference, HoldingTotal, HoldingsRollForward, HoldingsSort,
+    HoldingsVerification, HoldingsView, MAX_HOLDINGS_PAGE, UtxoWallet, UtxoWallets, WalletExport,
+    derivation_path,
 };
 pub use webhooks::{EVENT_ID_HEADER, SIGNATURE_HEADER, SIGNATURE_TOLERANCE, verify_signature};
 

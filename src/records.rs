@@ -196,3 +196,37 @@ pub struct FundedIndexes {
     /// The longest run of unpaid indexes before a paid one, from index 0.
     pub largest_unfunded_run: u32,
 }
+
+/// One asset's holdings roll-forward over a period, in base units:
+/// opening + received − sent − fees = closing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct AssetRollForward {
+    /// The network.
+    pub network: String,
+    /// The asset: a method id, or `token:<contract>`.
+    pub asset: String,
+    /// Held at the period's start.
+    pub opening: String,
+    /// Received on watched addresses in the period.
+    pub received: String,
+    /// Sent to the merchant's configured treasury addresses.
+    pub sent_to_treasury: String,
+    /// Sent anywhere else.
+    pub sent_elsewhere: String,
+    /// Network fees paid from watched addresses (in the native coin's row).
+    pub fees: String,
+    /// opening + received − sent − fees.
+    pub closing: String,
+    /// What the watched addresses held at the period's end, summed address by address.
+    pub held_at_end: String,
+    /// Whether `closing` equals `held_at_end` exactly.
+    pub closes: bool,
+    /// USD for one coin at the period's start, when a rate could be had.
+    pub rate_at_start_usd: Option<String>,
+    /// The opening at that rate.
+    pub opening_value_usd: Option<String>,
+    /// USD for one coin at the period's end (or now, for a period still running).
+    pub rate_at_end_usd: Option<String>,
+    /// The closing at that rate.
+    pub closing_value_usd: Option<String>,
+}

@@ -12,7 +12,7 @@ use payrecon_chain_bitcoin::{KeyOrigin, UtxoNetwork, WalletDescriptors, descript
 use payrecon_chain_core::{AccountXpub, Amount, DeriveError, Method, Network};
 use serde::Serialize;
 
-use crate::records::FundedIndexes;
+use crate::records::{AssetRollForward, FundedIndexes};
 use crate::store::StoreError;
 use crate::store::wallet::{HoldingRow, MovementRow};
 
@@ -362,40 +362,6 @@ pub fn derivation_path(network: Network, index: u32, wallets: &UtxoWallets) -> O
     }
 }
 
-/// One asset's holdings roll-forward over a period, in base units:
-/// opening + received − sent − fees = closing.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct AssetRollForward {
-    /// The network.
-    pub network: String,
-    /// The asset: a method id, or `token:<contract>`.
-    pub asset: String,
-    /// Held at the period's start.
-    pub opening: String,
-    /// Received on watched addresses in the period.
-    pub received: String,
-    /// Sent to the merchant's configured treasury addresses.
-    pub sent_to_treasury: String,
-    /// Sent anywhere else.
-    pub sent_elsewhere: String,
-    /// Network fees paid from watched addresses (in the native coin's row).
-    pub fees: String,
-    /// opening + received − sent − fees.
-    pub closing: String,
-    /// What the watched addresses held at the period's end, summed address by address.
-    pub held_at_end: String,
-    /// Whether `closing` equals `held_at_end` exactly.
-    pub closes: bool,
-    /// USD for one coin at the period's start, when a rate could be had.
-    pub rate_at_start_usd: Option<String>,
-    /// The opening at that rate.
-    pub opening_value_usd: Option<String>,
-    /// USD for one coin at the period's end (or now, for a period still running).
-    pub rate_at_end_usd: Option<String>,
-    /// The closing at that rate.
-    pub closing_value_usd: Option<String>,
-}
-
 /// The holdings roll-forward of a period, per network and asset.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct HoldingsRollForward {
@@ -423,6 +389,22 @@ pub(crate) fn holdings_rollforward(
     during: &[MovementRow],
     held_at_end: &[HoldingRow],
 ) -> HoldingsRollForward {
+    let assets = asset_rollforwards(before, during, held_at_end);
+    HoldingsRollForward {
+        period,
+        from,
+        to,
+        closes: assets.iter().all(|a| a.closes),
+        assets,
+    }
+}
+
+/// Each asset's roll-forward (see [`holdings_rollforward`]).
+pub(crate) fn asset_rollforwards(
+    before: &[MovementRow],
+    during: &[MovementRow],
+    held_at_end: &[HoldingRow],
+) -> Vec<AssetRollForward> {
     let mut kinds: BTreeMap<&str, Sums> = BTreeMap::new();
     let mut opening = Sums::new();
     let mut assets = std::collections::BTreeSet::new();
@@ -455,7 +437,7 @@ pub(crate) fn holdings_rollforward(
             .copied()
             .unwrap_or(0)
     };
-    let assets: Vec<AssetRollForward> = assets
+    assets
         .into_iter()
         .map(|key| {
             let open = opening.get(&key).copied().unwrap_or(0);
@@ -484,14 +466,7 @@ pub(crate) fn holdings_rollforward(
                 closing_value_usd: None,
             }
         })
-        .collect();
-    HoldingsRollForward {
-        period,
-        from,
-        to,
-        closes: assets.iter().all(|a| a.closes),
-        assets,
-    }
+        .collect()
 }
 
 /// `base_units` of `method` at `usd_per_unit`, to the cent.

@@ -170,6 +170,8 @@ async fn finance_sees_the_books_and_closes_and_reopens_a_month() {
         "State: open",
         "Top-ups credited",
         "Customers' balances",
+        "Holdings on watched addresses",
+        "Sent elsewhere",
         "0 entries without a fiat value",
         "Market value USD",
         "btc",

@@ -116,6 +116,11 @@ on_both_databases! {
         assert_eq!(held(&engine).await, "0");
         assert!(engine.trial_balance().await.unwrap().is_sound());
 
+        // The books value outflow entries like any other (one crypto, fee included).
+        let pass = engine.value_entries().await.unwrap();
+        assert_eq!(pass.failed, 0, "{pass:?}");
+        assert!(engine.unvalued_entries(10).await.unwrap().1.is_empty());
+
         // The month's holdings roll forward exactly: 2 LTC in, 0.99999 to the treasury,
         // 0.999995 elsewhere, 1,500 litoshi of fees.
         let month = engine.period_of(start_time());
@@ -127,6 +132,9 @@ on_both_databases! {
         );
         assert!(ltc.closes && rollforward.closes);
         assert_eq!((ltc.rate_at_end_usd.as_deref(), ltc.opening_value_usd.as_deref()), (Some("100"), Some("0.00")));
+        let report: serde_json::Value = serde_json::from_str(&engine.period_report(month).await.unwrap()).unwrap();
+        assert_eq!(report["holdings"][0]["fees"], "1500", "the month's report carries it");
+        assert_eq!(report["holdings"][0]["closes"], true);
         let next = engine.holdings_rollforward(month.next()).await.unwrap();
         let ltc = next.assets.iter().find(|a| a.asset == "ltc").unwrap();
         assert_eq!((ltc.opening.as_str(), ltc.closing.as_str(), ltc.closes), ("0", "0", true));

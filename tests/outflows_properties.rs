@@ -10,10 +10,9 @@ mod common;
 use std::collections::BTreeMap;
 
 use chrono::{Duration, TimeZone, Utc};
-use common::checks::order;
-use common::outflows::{TREASURY, litecoin_engine, sent_at, sweep};
+use common::outflows::{TREASURY, hand_out, litecoin_engine, sent_at, sweep};
 use common::payments::Tx;
-use common::{Db, TestDb, topup};
+use common::{Db, TestDb};
 use payrecon::ledger::{Account, Currency};
 use payrecon::{Engine, HoldingsSort, PaymentIntent};
 use payrecon_chain_core::{ChainEvent, Method, Network, OutflowEvent};
@@ -89,21 +88,7 @@ async fn apply(engine: &Engine, batch: &Batch) {
 async fn run(db: Db, ops: Vec<Op>) {
     let test_db = TestDb::new(db).await;
     let engine = litecoin_engine(&test_db).await;
-    let mut intents: Vec<PaymentIntent> = Vec::new();
-    for n in 0..ADDRESSES {
-        let reference = format!("P-{n}");
-        engine
-            .create_topup(&topup(&reference, "7", "100"))
-            .await
-            .unwrap();
-        intents.push(
-            engine
-                .create_payment(&order(&reference), Method::Ltc)
-                .await
-                .unwrap()
-                .intent,
-        );
-    }
+    let intents = hand_out(&engine, ADDRESSES as u32).await;
     let start = Utc.with_ymd_and_hms(2026, 9, 1, 0, 0, 0).unwrap();
     let mut now = start;
     let mut tip = 1_000u64;

@@ -4,10 +4,9 @@
 
 mod common;
 
-use common::checks::order;
+use common::outflows::hand_out;
 use common::payments::{Tx, config, engine_with_prices, start_time};
 use common::regtest::fresh_merchant_key;
-use common::topup;
 use payrecon::config::UtxoConfig;
 use payrecon::{Error, HoldingsSort, PaymentIntent, PaymentSettings};
 use payrecon_chain_core::{Asset, Method, Network};
@@ -23,26 +22,6 @@ async fn litecoin_engine(db: &common::TestDb, origin: &str, xpub: &str) -> payre
     engine_with_prices(db, config, &[(Asset::Ltc, "100")])
         .await
         .0
-}
-
-async fn hand_out(engine: &payrecon::Engine, count: u32) -> Vec<PaymentIntent> {
-    let mut intents = Vec::new();
-    for n in 0..count {
-        let reference = format!("W-{n}");
-        engine
-            .create_topup(&topup(&reference, "7", "100"))
-            .await
-            .unwrap();
-        intents.push(
-            engine
-                .create_payment(&order(&reference), Method::Ltc)
-                .await
-                .unwrap()
-                .intent,
-        );
-    }
-    intents.sort_by_key(|intent| intent.derivation_index);
-    intents
 }
 
 fn payment(intent: &PaymentIntent, litoshi: u128) -> Tx {

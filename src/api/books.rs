@@ -71,7 +71,7 @@ pub(super) async fn report(
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct PeriodQuery {
-    period: String,
+    pub(super) period: String,
 }
 
 /// `GET /v1/reports/rollforward?period=2026-11`.

@@ -5,6 +5,7 @@ use payrecon_chain_core::Network;
 
 use serde::Deserialize;
 
+use super::books::PeriodQuery;
 use super::{ApiQuery, ApiResult, ApiState, Finance, ok};
 use crate::books::Period;
 use crate::error::Error;
@@ -62,12 +63,6 @@ pub(super) async fn holdings(
         )
         .await?;
     ok(&view)
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct PeriodQuery {
-    period: String,
 }
 
 /// `GET /v1/reports/holdings?period=2026-11`: the holdings roll-forward of a month.

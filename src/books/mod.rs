@@ -178,6 +178,10 @@ pub struct PeriodReport {
     pub xero_files: u32,
     /// The customer-balance roll-forward.
     pub rollforward: RollForward,
+    /// The holdings roll-forward per network and asset, in base units (fair values are in
+    /// `payrecon report holdings`). Empty in the reports of periods closed before it existed.
+    #[serde(default)]
+    pub holdings: Vec<crate::records::AssetRollForward>,
     /// The books settings it was cut with: a closed period exports with these.
     pub books: crate::config::BooksConfig,
 }

@@ -63,3 +63,25 @@ pub fn sent_at(outflow: &Outflow, confirmations: u32, tip: u64, at_ms: i64) -> O
         tip_height: tip,
     }
 }
+
+/// `count` LTC payment instructions, each for its own 100 USD top-up, in derivation order.
+pub async fn hand_out(engine: &Engine, count: u32) -> Vec<payrecon::PaymentIntent> {
+    let mut intents = Vec::new();
+    for n in 0..count {
+        let reference = format!("W-{n}");
+        engine
+            .create_topup(&super::topup(&reference, "7", "100"))
+            .await
+            .unwrap();
+        let reference = super::checks::order(&reference);
+        intents.push(
+            engine
+                .create_payment(&reference, Method::Ltc)
+                .await
+                .unwrap()
+                .intent,
+        );
+    }
+    intents.sort_by_key(|intent| intent.derivation_index);
+    intents
+}

@@ -721,12 +721,7 @@ impl Session {
             }
             present.insert(id);
         }
-        let followed: HashSet<&str> = self
-            .scripts
-            .values()
-            .filter(|w| w.history.is_some())
-            .map(|w| w.key.as_str())
-            .collect();
+        let followed = self.followed_keys();
         for gone in view.known.values().filter(|k| {
             followed.contains(k.transfer.to_address.as_str()) && !present.contains(&k.transfer.id)
         }) {
@@ -812,12 +807,7 @@ impl Session {
                 }
             }
         }
-        let followed: HashSet<&str> = self
-            .scripts
-            .values()
-            .filter(|w| w.history.is_some())
-            .map(|w| w.key.as_str())
-            .collect();
+        let followed = self.followed_keys();
         for gone in view.known_outflows.values().filter(|k| {
             followed.contains(k.outflow.from_address.as_str()) && !present.contains(&k.outflow.id)
         }) {
@@ -827,6 +817,15 @@ impl Session {
             });
         }
         Ok(events)
+    }
+
+    /// The keys whose history was read: what a removal may be judged on.
+    fn followed_keys(&self) -> HashSet<&str> {
+        self.scripts
+            .values()
+            .filter(|w| w.history.is_some())
+            .map(|w| w.key.as_str())
+            .collect()
     }
 
     fn cursor(&self) -> ChainCursor {
