@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
-use payrecon_chain_core::{Method, Network, OutflowEvent, ReceivedAsset};
+use payrecon_chain_core::{Network, OutflowEvent, ReceivedAsset};
 
 use crate::error::Error;
 use crate::ledger::{Account, Currency, EntryKind, NewEntry, Posting};
@@ -134,7 +134,7 @@ fn booking(row: &OutflowRow, generation: i64) -> Result<NewEntry, Error> {
             outflow.id, outflow.asset
         )));
     };
-    let native = native_method(outflow.id.network);
+    let native = outflow.id.network.native_method();
     let units = |amount: payrecon_chain_core::Amount| {
         i128::try_from(amount.base_units()).map_err(|_| {
             Error::InvalidEvent(format!("outflow {}: amount out of range", outflow.id))
@@ -188,17 +188,6 @@ fn booking(row: &OutflowRow, generation: i64) -> Result<NewEntry, Error> {
         ),
         postings,
     })
-}
-
-/// The coin a network's fees are paid in.
-pub(crate) fn native_method(network: Network) -> Method {
-    match network {
-        Network::Bitcoin => Method::Btc,
-        Network::Litecoin => Method::Ltc,
-        Network::Ethereum => Method::Eth,
-        Network::Tron => Method::Trx,
-        Network::Solana => Method::Sol,
-    }
 }
 
 async fn post(tx: &mut WriteTx, entry: NewEntry, now: DateTime<Utc>) -> Result<(), Error> {

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use payrecon_chain_bitcoin::{ElectrumScanner, NodeScanner};
-use payrecon_chain_core::{ChainScanner, Method, Network};
+use payrecon_chain_core::{ChainScanner, Network};
 use payrecon_chain_ethereum::EthereumScanner;
 use payrecon_chain_solana::SolanaScanner;
 use payrecon_chain_tron::TronScanner;
@@ -37,10 +37,7 @@ pub async fn serve(
         (Network::Litecoin, &config.networks.litecoin),
     ] {
         let Some(utxo) = utxo else { continue };
-        let method = match network {
-            Network::Bitcoin => Method::Btc,
-            _ => Method::Ltc,
-        };
+        let method = network.native_method();
         let Some(source) = utxo_source(network, utxo)? else {
             if utxo.watch && config.payments.enabled_methods.contains(&method) {
                 return Err(Error::Config(format!(

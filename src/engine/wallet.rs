@@ -11,7 +11,6 @@ use std::collections::BTreeMap;
 use crate::audit::Rechecker;
 use crate::books::Period;
 use crate::config::Config;
-use crate::outflows::native_method;
 use crate::wallet::{
     HoldingDifference, HoldingsRollForward, HoldingsSort, HoldingsVerification, HoldingsView,
     MAX_HOLDINGS_PAGE, WalletExport, holdings_rollforward, holdings_view, usd_value,
@@ -125,7 +124,7 @@ impl Engine {
                 .map_err(|_| Error::Report(format!("unknown network {network_name}")))?;
             let native: Vec<&(String, String, i128)> = rows
                 .iter()
-                .filter(|(_, asset, _)| *asset == native_method(network).id())
+                .filter(|(_, asset, _)| *asset == network.native_method().id())
                 .collect();
             let addresses: Vec<String> = native.iter().map(|(a, ..)| a.clone()).collect();
             let checked = match Rechecker::for_network(config, network) {

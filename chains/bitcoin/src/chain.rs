@@ -68,10 +68,7 @@ impl UtxoTarget {
 
     /// The one method an output on this chain pays in.
     pub fn method(&self) -> Method {
-        match self.chain {
-            UtxoChain::Bitcoin => Method::Btc,
-            UtxoChain::Litecoin => Method::Ltc,
-        }
+        self.network_id().native_method()
     }
 
     fn bitcoin_network(&self) -> bitcoin::Network {

@@ -44,6 +44,17 @@ impl Network {
             Network::Litecoin => "litecoin",
         }
     }
+
+    /// The chain's own coin: what its fees are paid in, and the one method of a UTXO chain.
+    pub const fn native_method(self) -> Method {
+        match self {
+            Network::Bitcoin => Method::Btc,
+            Network::Ethereum => Method::Eth,
+            Network::Tron => Method::Trx,
+            Network::Solana => Method::Sol,
+            Network::Litecoin => Method::Ltc,
+        }
+    }
 }
 
 impl fmt::Display for Network {
