@@ -145,30 +145,20 @@ fn booking(row: &OutflowRow, generation: i64) -> Result<NewEntry, Error> {
         "treasury" => Account::Treasury(method),
         _ => Account::External(method),
     };
+    // Each movement leaves custody for its account, in its own currency.
     let mut postings = Vec::new();
-    if amount > 0 {
-        postings.push(Posting::debit(
-            destination,
-            Currency::Crypto(method),
-            amount,
-        ));
-        postings.push(Posting::credit(
-            Account::Custody(method),
-            Currency::Crypto(method),
-            amount,
-        ));
-    }
-    if fee > 0 {
-        postings.push(Posting::debit(
-            Account::NetworkFees(native),
-            Currency::Crypto(native),
-            fee,
-        ));
-        postings.push(Posting::credit(
-            Account::Custody(native),
-            Currency::Crypto(native),
-            fee,
-        ));
+    for (to, coin, units) in [
+        (destination, method, amount),
+        (Account::NetworkFees(native), native, fee),
+    ] {
+        if units > 0 {
+            postings.push(Posting::debit(to, Currency::Crypto(coin), units));
+            postings.push(Posting::credit(
+                Account::Custody(coin),
+                Currency::Crypto(coin),
+                units,
+            ));
+        }
     }
     if postings.is_empty() {
         return Err(Error::InvalidEvent(format!(

@@ -380,26 +380,26 @@ pub struct HoldingsRollForward {
 /// Sums per (network, asset) of one movement kind.
 type Sums = BTreeMap<(String, String), i128>;
 
-/// The roll-forward from the movements before the period, in it, and what each address held
-/// at its end (a separate count): every figure exact, the fair values left to the caller.
-pub(crate) fn holdings_rollforward(
-    period: crate::books::Period,
-    (from, to): (chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>),
-    before: &[MovementRow],
-    during: &[MovementRow],
-    held_at_end: &[HoldingRow],
-) -> HoldingsRollForward {
-    let assets = asset_rollforwards(before, during, held_at_end);
-    HoldingsRollForward {
-        period,
-        from,
-        to,
-        closes: assets.iter().all(|a| a.closes),
-        assets,
+impl HoldingsRollForward {
+    /// The roll-forward of `period`, `[from, to)`, from each asset's figures.
+    pub(crate) fn new(
+        period: crate::books::Period,
+        (from, to): (chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>),
+        assets: Vec<AssetRollForward>,
+    ) -> HoldingsRollForward {
+        HoldingsRollForward {
+            period,
+            from,
+            to,
+            closes: assets.iter().all(|a| a.closes),
+            assets,
+        }
     }
 }
 
-/// Each asset's roll-forward (see [`holdings_rollforward`]).
+/// Each asset's roll-forward from the movements before the period, in it, and what each
+/// address held at its end (a separate count): every figure exact, the fair values left to the
+/// caller.
 pub(crate) fn asset_rollforwards(
     before: &[MovementRow],
     during: &[MovementRow],

@@ -697,18 +697,6 @@ async fn rollforward_of(
     Ok(rollforward)
 }
 
-/// The holdings roll-forward of the period `(from, to)`, in base units.
-async fn holdings_of(
-    conn: &mut sqlx::AnyConnection,
-    (from, to): (DateTime<Utc>, DateTime<Utc>),
-) -> Result<Vec<crate::records::AssetRollForward>, Error> {
-    let (from_ms, to_ms) = (from.timestamp_millis(), to.timestamp_millis());
-    let before = crate::store::wallet::holding_movements(conn, i64::MIN, from_ms).await?;
-    let during = crate::store::wallet::holding_movements(conn, from_ms, to_ms).await?;
-    let held = crate::store::wallet::holdings(conn, None, to_ms).await?;
-    Ok(crate::wallet::asset_rollforwards(&before, &during, &held))
-}
-
 /// Reads every entry booked in `period` and folds its figures.
 async fn fold_report(
     conn: &mut sqlx::AnyConnection,
@@ -744,7 +732,7 @@ async fn fold_report(
         daily: folded.daily,
         xero_files: folded.xero_files,
         rollforward: rollforward_of(conn, period, zone).await?,
-        holdings: holdings_of(conn, (from, to)).await?,
+        holdings: super::wallet::asset_rollforwards_of(conn, (from, to)).await?,
         books: books.clone(),
     })
 }

@@ -1,10 +1,11 @@
 //! The hand-off to the merchant's wallet: what it imports to find every payment.
 
+use chrono::{DateTime, Utc};
 use payrecon_chain_core::{Method, Network};
 
 use crate::engine::Engine;
 use crate::error::Error;
-use crate::records::FundedIndexes;
+use crate::records::{AssetRollForward, FundedIndexes};
 use crate::store;
 use std::collections::BTreeMap;
 
@@ -13,7 +14,7 @@ use crate::books::Period;
 use crate::config::Config;
 use crate::wallet::{
     HoldingDifference, HoldingsRollForward, HoldingsSort, HoldingsVerification, HoldingsView,
-    MAX_HOLDINGS_PAGE, WalletExport, holdings_rollforward, holdings_view, usd_value,
+    MAX_HOLDINGS_PAGE, WalletExport, asset_rollforwards, holdings_view, usd_value,
 };
 
 impl Engine {
@@ -63,13 +64,10 @@ impl Engine {
     /// at its end (summed address by address), with fair values at its start and end.
     pub async fn holdings_rollforward(&self, period: Period) -> Result<HoldingsRollForward, Error> {
         let (from, to) = self.period_bounds(period);
-        let (from_ms, to_ms) = (from.timestamp_millis(), to.timestamp_millis());
         let mut conn = self.db().pool().acquire().await?;
-        let before = store::wallet::holding_movements(&mut conn, i64::MIN, from_ms).await?;
-        let during = store::wallet::holding_movements(&mut conn, from_ms, to_ms).await?;
-        let held = store::wallet::holdings(&mut conn, None, to_ms).await?;
+        let assets = asset_rollforwards_of(&mut conn, (from, to)).await?;
         drop(conn);
-        let mut report = holdings_rollforward(period, (from, to), &before, &during, &held);
+        let mut report = HoldingsRollForward::new(period, (from, to), assets);
         let Some(rates) = self.payment_settings().rates.as_deref() else {
             return Ok(report);
         };
@@ -164,4 +162,17 @@ impl Engine {
         let mut conn = self.db().pool().acquire().await?;
         Ok(store::wallet::funded_indexes(&mut conn, network.as_str(), &deriver.key_id()).await?)
     }
+}
+
+/// Each asset's holdings roll-forward over `[from, to)`, in base units: what the period
+/// report stores and `Engine::holdings_rollforward` values.
+pub(super) async fn asset_rollforwards_of(
+    conn: &mut sqlx::AnyConnection,
+    (from, to): (DateTime<Utc>, DateTime<Utc>),
+) -> Result<Vec<AssetRollForward>, Error> {
+    let (from_ms, to_ms) = (from.timestamp_millis(), to.timestamp_millis());
+    let before = store::wallet::holding_movements(conn, i64::MIN, from_ms).await?;
+    let during = store::wallet::holding_movements(conn, from_ms, to_ms).await?;
+    let held = store::wallet::holdings(conn, None, to_ms).await?;
+    Ok(asset_rollforwards(&before, &during, &held))
 }
