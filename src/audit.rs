@@ -8,7 +8,8 @@ use payrecon_chain_bitcoin::{ElectrumScanner, NodeScanner};
 
 use crate::networks::UtxoSource;
 use payrecon_chain_core::{
-    Amount, BlockId, ChainScanner, KnownTransfer, Network, ScanError, Transfer,
+    Amount, BlockId, ChainScanner, KnownTransfer, Method, Network, ScanError, SecretUrl, SweepFees,
+    Transfer,
 };
 use payrecon_chain_ethereum::EthereumScanner;
 use payrecon_chain_solana::SolanaScanner;
@@ -119,33 +120,58 @@ impl Rechecker {
         }
     }
 
+    /// Where it reads the chain, whose credentials no error text may carry.
+    fn source(&self) -> &SecretUrl {
+        match self {
+            Rechecker::Electrum(s) => s.source(),
+            Rechecker::Node(s) => s.source(),
+            Rechecker::Ethereum(s) => s.source(),
+            Rechecker::Tron(s) => s.source(),
+            Rechecker::Solana(s) => s.source(),
+        }
+    }
+
     async fn recheck(
         &mut self,
         transfers: &[KnownTransfer],
         settle_depth: u32,
     ) -> Result<Vec<Option<u32>>, ScanError> {
-        match self {
+        let found = match self {
             Rechecker::Electrum(s) => s.recheck(transfers, settle_depth).await,
             Rechecker::Node(s) => s.recheck(transfers, settle_depth).await,
             Rechecker::Ethereum(s) => s.recheck(transfers, settle_depth).await,
             Rechecker::Tron(s) => s.recheck(transfers, settle_depth).await,
             Rechecker::Solana(s) => s.recheck(transfers, settle_depth).await,
-        }
+        };
+        found.map_err(|e| e.scrubbed(self.source()))
     }
 
-    /// What `addresses` held of the native coin at the last block before `until_ms`.
+    /// What each address held of its method's asset at the last block before `until_ms`.
     pub(crate) async fn balances_at(
         &mut self,
-        addresses: &[String],
+        holdings: &[(String, Method)],
         until_ms: i64,
     ) -> Result<(BlockId, Vec<Amount>), ScanError> {
-        match self {
-            Rechecker::Electrum(s) => s.balances_at(addresses, until_ms).await,
-            Rechecker::Node(s) => s.balances_at(addresses, until_ms).await,
-            Rechecker::Ethereum(s) => s.balances_at(addresses, until_ms).await,
-            Rechecker::Tron(s) => s.balances_at(addresses, until_ms).await,
-            Rechecker::Solana(s) => s.balances_at(addresses, until_ms).await,
-        }
+        let found = match self {
+            Rechecker::Electrum(s) => s.balances_at(holdings, until_ms).await,
+            Rechecker::Node(s) => s.balances_at(holdings, until_ms).await,
+            Rechecker::Ethereum(s) => s.balances_at(holdings, until_ms).await,
+            Rechecker::Tron(s) => s.balances_at(holdings, until_ms).await,
+            Rechecker::Solana(s) => s.balances_at(holdings, until_ms).await,
+        };
+        found.map_err(|e| e.scrubbed(self.source()))
+    }
+
+    /// What sweeping an address costs now, at the node's prices.
+    pub(crate) async fn sweep_fees(&mut self) -> Result<SweepFees, ScanError> {
+        let found = match self {
+            Rechecker::Electrum(s) => s.sweep_fees().await,
+            Rechecker::Node(s) => s.sweep_fees().await,
+            Rechecker::Ethereum(s) => s.sweep_fees().await,
+            Rechecker::Tron(s) => s.sweep_fees().await,
+            Rechecker::Solana(s) => s.sweep_fees().await,
+        };
+        found.map_err(|e| e.scrubbed(self.source()))
     }
 }
 

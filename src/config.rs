@@ -548,6 +548,10 @@ pub struct EthereumConfig {
     /// and Solana.
     #[serde(default)]
     pub max_answer_bytes: Option<usize>,
+    /// The merchant's own addresses on Ethereum: ETH and tokens swept there are booked to
+    /// `treasury:…`, anywhere else to `external:…`.
+    #[serde(default)]
+    pub treasury_addresses: Vec<String>,
 }
 
 /// When an Ethereum payment counts as final.

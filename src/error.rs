@@ -80,6 +80,10 @@ pub enum Error {
     /// The configuration cannot be used.
     #[error("configuration: {0}")]
     Config(String),
+    /// A chain's node could not answer what was asked of it (its credentials never in the
+    /// text); asking again later may work.
+    #[error("chain: {0}")]
+    Chain(String),
     /// Another process holds this network's watcher lease now: this process's write was
     /// refused, with nothing written.
     #[error("the {0} watcher lease is held by another process")]

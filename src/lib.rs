@@ -128,8 +128,8 @@ pub use support::{AddressView, Finding, OrderView, TransferView};
 pub use tokens::Role;
 pub use wallet::{
     GAP_MARGIN, Holding, HoldingDifference, HoldingTotal, HoldingsRollForward, HoldingsSort,
-    HoldingsVerification, HoldingsView, MAX_HOLDINGS_PAGE, UtxoWallet, UtxoWallets, WalletExport,
-    derivation_path,
+    HoldingsVerification, HoldingsView, MAX_HOLDINGS_PAGE, SweepAddress, SweepList, UtxoWallet,
+    UtxoWallets, WalletExport, derivation_path,
 };
 pub use webhooks::{EVENT_ID_HEADER, SIGNATURE_HEADER, SIGNATURE_TOLERANCE, verify_signature};
 

@@ -49,6 +49,10 @@ pub enum Action {
         /// The refund's transaction id.
         refund_txid: String,
     },
+    /// The money is the merchant's own, sent from its wallet (native coin topping an
+    /// address up to pay a sweep's gas): it leaves the customers' suspense for the treasury
+    /// it came from, and stays in custody until swept.
+    MarkOwnFunds,
     /// Nothing to do with money (it holds none): close it.
     Dismiss,
 }
@@ -60,6 +64,7 @@ impl Action {
             Action::AcceptAsPaid => "accept_as_paid",
             Action::CreditBalance { .. } => "credit_balance",
             Action::MarkRefunded { .. } => "mark_refunded",
+            Action::MarkOwnFunds => "mark_own_funds",
             Action::Dismiss => "dismiss",
         }
     }
@@ -223,19 +228,47 @@ pub(crate) fn refund_entry(
     units: u128,
     refund_txid: &str,
 ) -> NewEntry {
+    release_entry(
+        key,
+        source,
+        (method, units),
+        Account::Custody(method),
+        &format!("refunded in {refund_txid}"),
+    )
+}
+
+/// Suspense gives the money back to the treasury that sent it; custody keeps it until swept.
+fn own_funds_entry(key: &str, source: &Account, method: Method, units: u128) -> NewEntry {
+    release_entry(
+        key,
+        source,
+        (method, units),
+        Account::Treasury(method),
+        "came from the merchant's own wallet",
+    )
+}
+
+/// Money held in `source` released to `to`, as an operator's adjustment.
+fn release_entry(
+    key: &str,
+    source: &Account,
+    (method, units): (Method, u128),
+    to: Account,
+    why: &str,
+) -> NewEntry {
     let crypto = Currency::Crypto(method);
     NewEntry {
         idempotency_key: key.to_owned(),
         kind: EntryKind::Adjustment,
         reference: None,
         memo: format!(
-            "{} {} refunded in {refund_txid}",
+            "{} {} {why}",
             method.format_amount(Amount::from_base_units(units)),
             method.asset()
         ),
         postings: vec![
             Posting::debit(source.clone(), crypto, units as i128),
-            Posting::credit(Account::Custody(method), crypto, units as i128),
+            Posting::credit(to, crypto, units as i128),
         ],
     }
 }
@@ -325,6 +358,19 @@ pub(crate) fn book_action(
                 None => return Err(refuse("it holds no money to refund".into())),
             }
         }
+        (Action::MarkOwnFunds, held) => match held {
+            Some(Held {
+                source: Some(source),
+                method,
+                units,
+                ..
+            }) => Some(own_funds_entry(&key, source, *method, *units)),
+            _ => {
+                return Err(refuse(
+                    "it holds no money in suspense that could be the merchant's own".into(),
+                ));
+            }
+        },
         (Action::CreditBalance { account, usd }, Some(held)) => Some(credit_entry(
             &key,
             held,

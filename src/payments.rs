@@ -217,6 +217,20 @@ fn add_networks(settings: &mut PaymentSettings, networks: &NetworksConfig) -> Re
             config.confirmations,
             config.confirmation_tiers.clone(),
         );
+        let mut treasury = BTreeSet::new();
+        for address in &config.treasury_addresses {
+            let parsed: alloy_primitives::Address = address.parse().map_err(|e| {
+                Error::Config(format!(
+                    "networks.ethereum.treasury_addresses: {address:?} is not an address: {e}"
+                ))
+            })?;
+            // Outflows name their destination checksummed.
+            treasury.insert(parsed.to_checksum(None));
+        }
+        outflow_rules.treasury.insert(Network::Ethereum, treasury);
+        outflow_rules
+            .confirmations
+            .insert(Network::Ethereum, config.confirmations);
         settings.uri.ethereum_chain_id = config.chain_id;
         settings.uri.usdt_erc20_contract = config.usdt_contract.clone();
         settings.uri.usdc_erc20_contract = config.usdc_contract.clone();

@@ -245,9 +245,16 @@ pub(crate) fn webhook_item(failing: FailingEndpoint, now: DateTime<Utc>) -> Stuc
 pub(crate) fn exception_actions(kind: &str) -> Vec<&'static str> {
     match kind {
         "underpaid" | "paid_late" => vec!["accept_as_paid", "credit_balance", "mark_refunded"],
-        "overpaid" | "paid_after_settlement" | "wrong_asset" | "unmatched" => {
+        "overpaid" | "paid_after_settlement" => {
             vec!["credit_balance", "mark_refunded", "dismiss"]
         }
+        // Also what a gas top-up from the merchant's wallet looks like.
+        "wrong_asset" | "unmatched" => vec![
+            "credit_balance",
+            "mark_refunded",
+            "mark_own_funds",
+            "dismiss",
+        ],
         _ => vec!["dismiss"],
     }
 }

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 use payrecon_chain_bitcoin::{KeyOrigin, UtxoNetwork, WalletDescriptors, descriptors, origin_text};
-use payrecon_chain_core::{AccountXpub, Amount, DeriveError, Method, Network};
+use payrecon_chain_core::{AccountXpub, Amount, DeriveError, Method, Network, SweepFees};
 use serde::Serialize;
 
 use crate::records::{AssetRollForward, FundedIndexes};
@@ -512,4 +512,154 @@ pub struct HoldingDifference {
     pub payrecon: String,
     /// What the chain says, base units.
     pub chain: String,
+}
+
+/// What to collect from every funded address of an account chain, and the native coin each
+/// needs for the fees first: the merchant's sweep tool signs from it, payrecon never does.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SweepList {
+    /// The network.
+    pub network: String,
+    /// The fee of one token sweep at the node's prices now, in the native coin's base units.
+    pub per_token_fee: String,
+    /// The fee of a native sweep, likewise.
+    pub native_fee: String,
+    /// How the chain figured them: its prices and the units each sweep takes.
+    pub fee_basis: String,
+    /// Every address holding something, in derivation order.
+    pub addresses: Vec<SweepAddress>,
+    /// What the sweeps would collect per asset, in base units.
+    pub totals: BTreeMap<String, String>,
+    /// The sum of every address's top-up, in base units of the native coin.
+    pub top_up_total: String,
+}
+
+/// One funded address on a [`SweepList`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SweepAddress {
+    /// The address.
+    pub address: String,
+    /// Its receive index below the account key.
+    pub derivation_index: Option<u32>,
+    /// The full path a wallet derives its key at.
+    pub derivation_path: Option<String>,
+    /// Base units held per asset (the network's methods, the native coin included).
+    pub balances: BTreeMap<String, String>,
+    /// The fees its sweeps need at the list's gas price: one token transfer per token held,
+    /// and a native transfer when more native coin than that is left to collect.
+    pub fee_needed: String,
+    /// Native coin to send it before its token sweeps can pay their gas.
+    pub top_up: String,
+}
+
+impl SweepList {
+    /// The list of `network` from the holdings, with the chain's `fees`.
+    pub(crate) fn new(
+        network: Network,
+        rows: Vec<HoldingRow>,
+        fees: &SweepFees,
+    ) -> Result<SweepList, crate::error::Error> {
+        let native = network.native_method();
+        let (per_token, native_fee) = (fees.per_token.base_units(), fees.native.base_units());
+        let mut by_address: BTreeMap<String, (Option<u32>, BTreeMap<Method, u128>)> =
+            BTreeMap::new();
+        for row in rows {
+            let Ok(method) = row.asset.parse::<Method>() else {
+                continue;
+            };
+            let amount = checked_amount(&row)?;
+            let entry = by_address.entry(row.address.clone()).or_default();
+            if entry.0.is_none() {
+                entry.0 = row.derivation_index.and_then(|i| u32::try_from(i).ok());
+            }
+            *entry.1.entry(method).or_default() += amount;
+        }
+        let mut totals: BTreeMap<Method, u128> = BTreeMap::new();
+        let mut top_up_total: u128 = 0;
+        let mut addresses = Vec::new();
+        for (address, (index, balances)) in by_address {
+            if balances.values().all(|amount| *amount == 0) {
+                continue;
+            }
+            let tokens = balances
+                .iter()
+                .filter(|(method, amount)| **method != native && **amount > 0)
+                .count() as u128;
+            let held_native = balances.get(&native).copied().unwrap_or(0);
+            let token_fees = per_token.saturating_mul(tokens);
+            let sweeps_native = held_native > token_fees.saturating_add(native_fee);
+            let fee_needed = token_fees + if sweeps_native { native_fee } else { 0 };
+            let top_up = token_fees.saturating_sub(held_native);
+            top_up_total = top_up_total.saturating_add(top_up);
+            for (method, amount) in &balances {
+                *totals.entry(*method).or_default() += amount;
+            }
+            addresses.push(SweepAddress {
+                derivation_path: index
+                    .and_then(|i| derivation_path(network, i, &UtxoWallets::new())),
+                derivation_index: index,
+                address,
+                balances: balances
+                    .into_iter()
+                    .map(|(method, amount)| (method.id().to_owned(), amount.to_string()))
+                    .collect(),
+                fee_needed: fee_needed.to_string(),
+                top_up: top_up.to_string(),
+            });
+        }
+        addresses.sort_by(|a, b| {
+            (a.derivation_index, &a.address).cmp(&(b.derivation_index, &b.address))
+        });
+        Ok(SweepList {
+            network: network.as_str().to_owned(),
+            per_token_fee: per_token.to_string(),
+            native_fee: native_fee.to_string(),
+            fee_basis: fees.basis.clone(),
+            addresses,
+            totals: totals
+                .into_iter()
+                .map(|(method, amount)| (method.id().to_owned(), amount.to_string()))
+                .collect(),
+            top_up_total: top_up_total.to_string(),
+        })
+    }
+
+    /// The methods of the list's network, native first: the CSV's balance columns.
+    fn columns(&self) -> Vec<Method> {
+        let mut methods: Vec<Method> = Method::ALL
+            .into_iter()
+            .filter(|m| m.network().as_str() == self.network)
+            .collect();
+        methods.sort_by_key(|m| *m != m.network().native_method());
+        methods
+    }
+
+    /// One line per address: address, index, path, a balance per method (base units), the
+    /// fees needed and the top-up; a spreadsheet or a sweep script reads it as is.
+    pub fn csv(&self) -> String {
+        let columns = self.columns();
+        let mut header = vec!["address", "derivation_index", "derivation_path"];
+        header.extend(columns.iter().map(|m| m.id()));
+        header.extend(["fee_needed", "top_up"]);
+        let mut out = crate::report::csv_line(&header);
+        for row in &self.addresses {
+            let index = row
+                .derivation_index
+                .map(|i| i.to_string())
+                .unwrap_or_default();
+            let mut cells = vec![
+                row.address.as_str(),
+                index.as_str(),
+                row.derivation_path.as_deref().unwrap_or(""),
+            ];
+            cells.extend(
+                columns
+                    .iter()
+                    .map(|m| row.balances.get(m.id()).map_or("0", String::as_str)),
+            );
+            cells.extend([row.fee_needed.as_str(), row.top_up.as_str()]);
+            out.push_str(&crate::report::csv_line(&cells));
+        }
+        out
+    }
 }

@@ -656,6 +656,56 @@ fn finance_closes_a_month_and_exports_its_journal() {
 }
 
 #[test]
+fn the_sweep_list_says_why_it_cannot_be_made_and_never_shows_the_node_credentials() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("sweep.db").display());
+    let xpub = common::anvil::fresh_ethereum_xpub();
+    let config = |name: &str, lines: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(
+            &path,
+            format!("[networks.ethereum]\nxpub = \"{xpub}\"\nconfirmations = 1\n{lines}"),
+        )
+        .unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let treasury = "treasury_addresses = [\"0x70997970c51812dc3a010c7d01b50e0d17dc79c8\"]\n";
+    let sweep_list = |config: &str, network: &str| {
+        refused(
+            &url,
+            &[
+                "--config",
+                config,
+                "wallet",
+                "sweep-list",
+                "--network",
+                network,
+                "--csv",
+            ],
+        )
+    };
+    let says = sweep_list(&config("none.toml", treasury), "ethereum");
+    assert!(says.contains("no node configured"), "{says}");
+    // A node that is not there: the error names the chain, not the key in its URL.
+    let gone = config(
+        "gone.toml",
+        &format!(
+            "rpc_url = \"http://127.0.0.1:1/v3/9aa3d95b3bc440fa88ea12eaa4456161\"\n{treasury}"
+        ),
+    );
+    let says = sweep_list(&gone, "ethereum");
+    assert!(says.contains("gas price"), "{says}");
+    assert!(!says.contains("9aa3d95b"), "{says}");
+    assert!(sweep_list(&gone, "bitcoin").contains("bitcoin"));
+    let bad = config("bad.toml", "treasury_addresses = [\"0xnope\"]\n");
+    let says = refused(&url, &["--config", &bad, "holdings"]);
+    assert!(
+        says.contains("treasury_addresses") && says.contains("0xnope"),
+        "{says}"
+    );
+}
+
+#[test]
 fn the_wallet_export_and_holdings_from_the_command_line() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("wallet.db").display());

@@ -242,7 +242,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Export(command) => books::export(command, &engine).await,
         Command::Books(command) => books::books(command, &engine, json).await,
         Command::Holdings(args) => wallet::holdings(args, &engine, json).await,
-        Command::Wallet(command) => wallet::wallet(command, &engine, json).await,
+        Command::Wallet(command) => wallet::wallet(command, &engine, &config, json).await,
         Command::Stuck {
             marked_paid_minutes,
             seen_hours,

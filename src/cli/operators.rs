@@ -20,7 +20,8 @@ pub(super) enum ExceptionCommand {
     Resolve {
         /// The exception id (as listed).
         id: String,
-        /// accept-as-paid, credit-balance, mark-refunded or dismiss.
+        /// accept-as-paid, credit-balance, mark-refunded, mark-own-funds (a gas top-up from the
+        /// merchant's wallet) or dismiss.
         #[arg(long, value_enum)]
         action: ActionArg,
         /// Who is acting (recorded in the audit log).
@@ -48,6 +49,7 @@ pub(super) enum ActionArg {
     AcceptAsPaid,
     CreditBalance,
     MarkRefunded,
+    MarkOwnFunds,
     Dismiss,
 }
 
@@ -131,6 +133,7 @@ pub(super) async fn exception(
                     refund_txid: refund_txid
                         .context("--action mark-refunded needs --refund-txid")?,
                 },
+                ActionArg::MarkOwnFunds => Action::MarkOwnFunds,
                 ActionArg::Dismiss => Action::Dismiss,
             };
             let resolved = engine

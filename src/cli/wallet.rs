@@ -2,7 +2,8 @@
 
 use clap::Subcommand;
 use payrecon::chain::Network;
-use payrecon::{Engine, HoldingsSort};
+use payrecon::config::Config;
+use payrecon::{Engine, HoldingsSort, SweepList};
 
 use super::named;
 use super::output::emit;
@@ -16,6 +17,17 @@ pub(super) enum WalletCommand {
         /// bitcoin or litecoin.
         #[arg(long, value_parser = named::<Network>(&["bitcoin", "litecoin"]))]
         network: Network,
+    },
+    /// Every funded Ethereum or Tron address with its derivation path, what it holds of each
+    /// asset, the fees its sweeps need at the node's prices now and the native coin to send it
+    /// first: the input of the merchant's own sweep tool (payrecon signs nothing).
+    SweepList {
+        /// ethereum or tron.
+        #[arg(long, value_parser = named::<Network>(&["ethereum", "tron"]))]
+        network: Network,
+        /// Write CSV (one line per address) instead of the table.
+        #[arg(long, conflicts_with = "json")]
+        csv: bool,
     },
 }
 
@@ -79,6 +91,7 @@ pub(super) async fn holdings(
 pub(super) async fn wallet(
     command: WalletCommand,
     engine: &Engine,
+    config: &Config,
     json: bool,
 ) -> anyhow::Result<()> {
     match command {
@@ -86,5 +99,47 @@ pub(super) async fn wallet(
             let export = engine.wallet_export(network).await?;
             emit(json, &export, || export.text().trim_end().to_owned())
         }
+        WalletCommand::SweepList { network, csv } => {
+            let list = engine.sweep_list(config, network).await?;
+            if csv {
+                print!("{}", list.csv());
+                return Ok(());
+            }
+            emit(json, &list, || sweep_table(&list))
+        }
     }
+}
+
+fn sweep_table(list: &SweepList) -> String {
+    let mut out = format!(
+        "{} sweep list: {} per token sweep, {} per native sweep ({})\n\n",
+        list.network, list.per_token_fee, list.native_fee, list.fee_basis
+    );
+    for row in &list.addresses {
+        let balances: Vec<String> = row
+            .balances
+            .iter()
+            .map(|(asset, amount)| format!("{asset} {amount}"))
+            .collect();
+        out.push_str(&format!(
+            "{} {}  {}  fees {} top-up {}\n",
+            row.address,
+            row.derivation_path.as_deref().unwrap_or("-"),
+            balances.join(", "),
+            row.fee_needed,
+            row.top_up
+        ));
+    }
+    let totals: Vec<String> = list
+        .totals
+        .iter()
+        .map(|(asset, amount)| format!("{asset} {amount}"))
+        .collect();
+    out.push_str(&format!(
+        "\n{} addresses; total {}; top-ups {} (base units throughout)",
+        list.addresses.len(),
+        totals.join(", "),
+        list.top_up_total
+    ));
+    out
 }

@@ -14,7 +14,7 @@ use crate::books::Period;
 use crate::config::Config;
 use crate::wallet::{
     HoldingDifference, HoldingsRollForward, HoldingsSort, HoldingsVerification, HoldingsView,
-    MAX_HOLDINGS_PAGE, WalletExport, asset_rollforwards, holdings_view, usd_value,
+    MAX_HOLDINGS_PAGE, SweepList, WalletExport, asset_rollforwards, holdings_view, usd_value,
 };
 
 impl Engine {
@@ -120,14 +120,21 @@ impl Engine {
             let network: Network = network_name
                 .parse()
                 .map_err(|_| Error::Report(format!("unknown network {network_name}")))?;
-            let native: Vec<&(String, String, i128)> = rows
+            // What payrecon holds in custody: the network's methods (a fake token is no asset).
+            let held: Vec<(&(String, String, i128), Method)> = rows
                 .iter()
-                .filter(|(_, asset, _)| *asset == network.native_method().id())
+                .filter_map(|row| {
+                    let method = row.1.parse::<Method>().ok()?;
+                    (method.network() == network).then_some((row, method))
+                })
                 .collect();
-            let addresses: Vec<String> = native.iter().map(|(a, ..)| a.clone()).collect();
+            let asked: Vec<(String, Method)> = held
+                .iter()
+                .map(|((address, ..), method)| (address.clone(), *method))
+                .collect();
             let checked = match Rechecker::for_network(config, network) {
                 Ok(mut checker) => checker
-                    .balances_at(&addresses, to.timestamp_millis())
+                    .balances_at(&asked, to.timestamp_millis())
                     .await
                     .map_err(|e| e.to_string()),
                 Err(why) => Err(why),
@@ -135,8 +142,12 @@ impl Engine {
             match checked {
                 Ok((block, balances)) => {
                     verification.block = Some(block);
-                    verification.addresses_checked = addresses.len() as u64;
-                    for ((address, asset, ours), chain) in native.into_iter().zip(balances) {
+                    verification.addresses_checked = held
+                        .iter()
+                        .map(|((address, ..), _)| address)
+                        .collect::<std::collections::BTreeSet<_>>()
+                        .len() as u64;
+                    for (((address, asset, ours), _), chain) in held.into_iter().zip(balances) {
                         if u128::try_from(*ours).ok() != Some(chain.base_units()) {
                             verification.differences.push(HoldingDifference {
                                 address: address.clone(),
@@ -152,6 +163,25 @@ impl Engine {
             verifications.push(verification);
         }
         Ok(verifications)
+    }
+
+    /// What to sweep from every funded address of `network` (Ethereum, Tron), with the fees
+    /// each sweep needs at the node's prices now and the native coin to send first.
+    pub async fn sweep_list(&self, config: &Config, network: Network) -> Result<SweepList, Error> {
+        if !matches!(network, Network::Ethereum | Network::Tron) {
+            return Err(Error::InvalidInput(format!(
+                "network {network}: the sweep list covers ethereum and tron; Bitcoin-family wallets import the descriptors of `wallet export`"
+            )));
+        }
+        let mut checker = Rechecker::for_network(config, network).map_err(Error::InvalidInput)?;
+        let fees = checker
+            .sweep_fees()
+            .await
+            .map_err(|e| Error::Chain(format!("{network} fees: {e}")))?;
+        let mut conn = self.db().pool().acquire().await?;
+        let rows = store::wallet::holdings(&mut conn, Some(network.as_str()), i64::MAX).await?;
+        drop(conn);
+        SweepList::new(network, rows, &fees)
     }
 
     /// How `network`'s current account key handed out receive indexes and which were paid.

@@ -44,6 +44,9 @@ pub(crate) struct FeedRead {
     pub outputs: Vec<OutputState>,
     /// Outflows to check for depth and reorgs (a full read), or those written since.
     pub outflows: Vec<OutflowRow>,
+    /// Account chains: the addresses holding something (a full read), or whether each address
+    /// touched since holds anything now.
+    pub holders: Vec<(String, bool)>,
 }
 
 /// Everything `network`'s watcher follows at `now_ms`: keys inside their monitoring window and
@@ -85,6 +88,11 @@ pub(crate) async fn read_all(
         Vec::new()
     };
     let outflows = outflows::recent(&mut tx, network, outflows_since_ms).await?;
+    let holders = if follows_holders(network) {
+        holders(super::wallet::holdings(&mut tx, Some(network.as_str()), i64::MAX).await?)
+    } else {
+        Vec::new()
+    };
     let cursor = super::cursors::get(&mut tx, network).await?;
     tx.commit().await?;
     Ok(FeedRead {
@@ -94,12 +102,29 @@ pub(crate) async fn read_all(
         next_from,
         outputs,
         outflows,
+        holders,
     })
 }
 
 /// Whether `network` pays to outputs a watcher follows until they are spent.
 fn holds_outputs(network: Network) -> bool {
     matches!(network, Network::Bitcoin | Network::Litecoin)
+}
+
+/// Whether `network`'s watcher follows an account address for as long as it holds anything
+/// (the account chains whose scanners report outflows).
+fn follows_holders(network: Network) -> bool {
+    matches!(network, Network::Ethereum)
+}
+
+/// Whether each address holds any of its network's assets (a fake token holds nothing).
+fn holders(rows: Vec<super::wallet::HoldingRow>) -> Vec<(String, bool)> {
+    let mut holds: std::collections::BTreeMap<String, bool> = std::collections::BTreeMap::new();
+    for row in rows {
+        let counts = row.asset.parse::<payrecon_chain_core::Method>().is_ok() && row.amount > 0;
+        *holds.entry(row.address).or_default() |= counts;
+    }
+    holds.into_iter().collect()
 }
 
 /// What changed on `network` from feed position `from` on: intents created, and transfers
@@ -145,6 +170,11 @@ pub(crate) async fn read_changes(
         Vec::new()
     };
     let outflows = outflows::changed(&mut tx, network, from).await?;
+    let holders = if follows_holders(network) {
+        holders(super::wallet::holdings_touched_since(&mut tx, network.as_str(), from).await?)
+    } else {
+        Vec::new()
+    };
     let cursor = super::cursors::get(&mut tx, network).await?;
     tx.commit().await?;
     Ok(FeedRead {
@@ -154,6 +184,7 @@ pub(crate) async fn read_changes(
         next_from,
         outputs,
         outflows,
+        holders,
     })
 }
 

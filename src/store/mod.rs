@@ -48,7 +48,7 @@ const POSTGRES_MAX_CONNECTIONS: u32 = 16;
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The schema, in order. Each version has one script per database.
-const MIGRATIONS: [(i64, &str, &str, &str); 13] = [
+const MIGRATIONS: [(i64, &str, &str, &str); 14] = [
     (
         1,
         "foundation",
@@ -126,6 +126,12 @@ const MIGRATIONS: [(i64, &str, &str, &str); 13] = [
         "outflows",
         include_str!("../../migrations/sqlite/0013_outflows.sql"),
         include_str!("../../migrations/postgres/0013_outflows.sql"),
+    ),
+    (
+        14,
+        "own funds",
+        include_str!("../../migrations/sqlite/0014_own_funds.sql"),
+        include_str!("../../migrations/postgres/0014_own_funds.sql"),
     ),
 ];
 

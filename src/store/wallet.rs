@@ -60,8 +60,32 @@ pub(crate) async fn holdings(
     network: Option<&str>,
     until_ms: i64,
 ) -> Result<Vec<HoldingRow>, StoreError> {
+    holdings_of(conn, network, until_ms, None).await
+}
+
+/// What the addresses of `network` that a receipt or outflow written from feed position `from`
+/// on touched hold now: the watcher's news of which addresses to keep following.
+pub(crate) async fn holdings_touched_since(
+    conn: &mut AnyConnection,
+    network: &str,
+    from: i64,
+) -> Result<Vec<HoldingRow>, StoreError> {
+    holdings_of(conn, Some(network), i64::MAX, Some(from)).await
+}
+
+async fn holdings_of(
+    conn: &mut AnyConnection,
+    network: Option<&str>,
+    until_ms: i64,
+    touched_from: Option<i64>,
+) -> Result<Vec<HoldingRow>, StoreError> {
     let backend = super::backend_of_conn(conn);
     let sum = super::exact_sum(backend, "h.amount");
+    let touched = if touched_from.is_some() {
+        "WHERE h.address IN (SELECT t.to_address FROM transfers t            WHERE t.network = $10 AND t.feed_pos >= $11            UNION SELECT o.from_address FROM outflows o WHERE o.network = $12 AND o.feed_pos >= $13) "
+    } else {
+        ""
+    };
     let sql = format!(
         "SELECT h.network, h.address, h.asset, MIN(h.derivation_index), {sum} FROM ( \
            SELECT t.network, COALESCE(i.pay_to, t.to_address) AS address, t.asset, \
@@ -76,20 +100,18 @@ pub(crate) async fn holdings(
            SELECT o.network, o.from_address, o.asset, CAST(NULL AS BIGINT), '-' || o.fee_base \
            FROM outflows o WHERE o.removed = 0 AND o.fee_base <> '0' AND ($5 = '' OR o.network = $6) \
              AND o.seen_at_ms < $9 \
-         ) h GROUP BY h.network, h.address, h.asset"
+         ) h {touched}GROUP BY h.network, h.address, h.asset"
     );
-    let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-        .bind(network.unwrap_or(""))
-        .bind(network.unwrap_or(""))
-        .bind(network.unwrap_or(""))
-        .bind(network.unwrap_or(""))
-        .bind(network.unwrap_or(""))
-        .bind(network.unwrap_or(""))
-        .bind(until_ms)
-        .bind(until_ms)
-        .bind(until_ms)
-        .fetch_all(&mut *conn)
-        .await?;
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+    for _ in 0..6 {
+        query = query.bind(network.unwrap_or(""));
+    }
+    query = query.bind(until_ms).bind(until_ms).bind(until_ms);
+    if let Some(from) = touched_from {
+        let network = network.unwrap_or("");
+        query = query.bind(network).bind(from).bind(network).bind(from);
+    }
+    let rows = query.fetch_all(&mut *conn).await?;
     rows.iter()
         .map(|row| {
             Ok(HoldingRow {

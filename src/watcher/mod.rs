@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use payrecon_chain_core::{BlockId, ChainScanner, Network, ScanError, SecretUrl};
+use payrecon_chain_core::{BlockId, ChainScanner, Network, ScanError};
 use serde::Serialize;
 use tokio::sync::watch;
 
@@ -192,7 +192,7 @@ impl<S: ChainScanner> Watcher<S> {
         let network = self.scanner.network();
         let round = self.round_once(network).await;
         *self.last_round.lock().expect("never poisoned") = Instant::now();
-        round.map_err(|error| scrubbed(error, self.scanner.source()))
+        round.map_err(|error| error.scrubbed(self.scanner.source()))
     }
 
     async fn round_once(&mut self, network: Network) -> Result<Round, ScanError> {
@@ -508,16 +508,6 @@ fn restart_pause(options: &WatcherOptions, refusals: u32) -> Duration {
 fn doubling(first: Duration, most: Duration, occurrences: u32) -> Duration {
     let factor = 1u32 << occurrences.saturating_sub(1).min(16);
     first.saturating_mul(factor).min(most)
-}
-
-/// `error` with the source's credentials taken out of its text (an HTTP client's error names
-/// the URL it failed to reach, key and all).
-fn scrubbed(error: ScanError, source: &SecretUrl) -> ScanError {
-    match error {
-        ScanError::Transient(reason) => ScanError::Transient(source.scrub(&reason)),
-        ScanError::Fatal(reason) => ScanError::Fatal(source.scrub(&reason)),
-        ScanError::WrongChain(reason) => ScanError::WrongChain(source.scrub(&reason)),
-    }
 }
 
 /// A batch the engine refuses is a scanner bug: stop. Anything else (the database) is retried.

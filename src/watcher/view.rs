@@ -41,8 +41,9 @@ pub struct LiveView {
     key_windows: BTreeMap<i64, Vec<Arc<str>>>,
     /// When each known transfer's intent's window closes.
     known_windows: BTreeMap<i64, Vec<TransferId>>,
-    /// Held outputs per address (UTXO chains): an address stays followed while it holds
-    /// anything, so its outflows are seen however old its intent.
+    /// Held outputs per address (UTXO chains; 1 for an account address holding anything): an
+    /// address stays followed while it holds anything, so its outflows are seen however old
+    /// its intent.
     held_per_key: HashMap<Arc<str>, u32>,
     /// Keys whose window closed and that stay followed only because they hold outputs.
     lingering: HashSet<Arc<str>>,
@@ -161,6 +162,16 @@ impl LiveView {
         for output in read.outputs {
             self.hold(output);
         }
+        for (address, holds) in read.holders {
+            let key: Arc<str> = Arc::from(address);
+            if holds {
+                if self.held_per_key.insert(key.clone(), 1).is_none() {
+                    self.start_holding(key);
+                }
+            } else if self.held_per_key.remove(&key).is_some() {
+                self.stop_holding(&key);
+            }
+        }
         for row in read.outflows {
             if row.removed {
                 self.view.known_outflows.remove(&row.outflow.id);
@@ -205,10 +216,10 @@ impl LiveView {
                 .held
                 .insert(&output.txid, output.vout, output.value)
             {
-                *self.held_per_key.entry(key.clone()).or_default() += 1;
-                if !self.view.watch_keys.contains(&key) {
-                    self.view.watch_keys.insert_shared(key.clone());
-                    self.lingering.insert(key);
+                let count = self.held_per_key.entry(key.clone()).or_default();
+                *count += 1;
+                if *count == 1 {
+                    self.start_holding(key);
                 }
             }
         } else if self.view.held.remove(&output.txid, output.vout)
@@ -217,10 +228,23 @@ impl LiveView {
             *count -= 1;
             if *count == 0 {
                 self.held_per_key.remove(&key);
-                if self.lingering.remove(&key) {
-                    self.view.watch_keys.remove(&key);
-                }
+                self.stop_holding(&key);
             }
+        }
+    }
+
+    /// `key` began to hold something: it stays followed however old its intent.
+    fn start_holding(&mut self, key: Arc<str>) {
+        if !self.view.watch_keys.contains(&key) {
+            self.view.watch_keys.insert_shared(key.clone());
+            self.lingering.insert(key);
+        }
+    }
+
+    /// `key` holds nothing any more: followed only for that, it is dropped.
+    fn stop_holding(&mut self, key: &Arc<str>) {
+        if self.lingering.remove(key) {
+            self.view.watch_keys.remove(key);
         }
     }
 }

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use alloy::signers::local::PrivateKeySigner;
 use payrecon::Engine;
 use payrecon::config::{Config, EthereumConfig, EthereumFinality};
 use payrecon::test_utils::clock::ManualClock;
@@ -134,6 +135,23 @@ impl Anvil {
         self.send_token_from(&funder, token, to, amount).await
     }
 
+    /// Sends a signed transaction; mined with the next block.
+    pub async fn send_raw(&self, raw: &str) -> String {
+        self.call("eth_sendRawTransaction", json!([raw]))
+            .await
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    /// An address's ETH at the head, in wei.
+    pub async fn balance(&self, address: &str) -> u128 {
+        let balance = self
+            .call("eth_getBalance", json!([address, "latest"]))
+            .await;
+        u128::from_str_radix(balance.as_str().unwrap().trim_start_matches("0x"), 16).unwrap()
+    }
+
     pub async fn receipt(&self, tx: &str) -> Value {
         self.call("eth_getTransactionReceipt", json!([tx])).await
     }
@@ -177,15 +195,81 @@ impl Anvil {
 
 /// A fresh random account key on m/44'/60'/0'.
 pub fn fresh_ethereum_xpub() -> String {
-    let secp = Secp256k1::new();
-    let seed = [
-        *uuid::Uuid::new_v4().as_bytes(),
-        *uuid::Uuid::new_v4().as_bytes(),
-    ]
-    .concat();
-    let master = Xpriv::new_master(payrecon_chain_core::bitcoin::NetworkKind::Main, &seed).unwrap();
-    let path: DerivationPath = "m/44'/60'/0'".parse().unwrap();
-    Xpub::from_priv(&secp, &master.derive_priv(&secp, &path).unwrap()).to_string()
+    SeedKeys::fresh().account_xpub()
+}
+
+/// A merchant's seed, as its own wallet holds it: the account key payrecon watches with and
+/// the private keys a sweep signs with. payrecon never sees the latter.
+pub struct SeedKeys {
+    master: Xpriv,
+}
+
+impl SeedKeys {
+    pub fn fresh() -> SeedKeys {
+        let seed = [
+            *uuid::Uuid::new_v4().as_bytes(),
+            *uuid::Uuid::new_v4().as_bytes(),
+        ]
+        .concat();
+        SeedKeys {
+            master: Xpriv::new_master(payrecon_chain_core::bitcoin::NetworkKind::Main, &seed)
+                .unwrap(),
+        }
+    }
+
+    /// The account xpub of m/44'/60'/0'.
+    pub fn account_xpub(&self) -> String {
+        let secp = Secp256k1::new();
+        let path: DerivationPath = "m/44'/60'/0'".parse().unwrap();
+        Xpub::from_priv(&secp, &self.master.derive_priv(&secp, &path).unwrap()).to_string()
+    }
+
+    /// The signer of the address at `path` (as the sweep list gives it, `m/44h/60h/0h/0/i`).
+    pub fn signer(&self, path: &str) -> PrivateKeySigner {
+        let secp = Secp256k1::new();
+        let path: DerivationPath = path.replace('h', "'").parse().unwrap();
+        let key = self.master.derive_priv(&secp, &path).unwrap();
+        PrivateKeySigner::from_slice(&key.private_key.secret_bytes()).unwrap()
+    }
+}
+
+/// A legacy transaction signed by `signer`, encoded for `eth_sendRawTransaction`.
+pub fn signed_transfer(
+    signer: &PrivateKeySigner,
+    nonce: u64,
+    gas_price: u128,
+    gas_limit: u64,
+    to: &str,
+    value: u128,
+    input: Vec<u8>,
+) -> String {
+    use alloy::consensus::{SignableTransaction as _, TxEnvelope, TxLegacy};
+    use alloy::eips::eip2718::Encodable2718 as _;
+    use alloy::signers::SignerSync as _;
+    let tx = TxLegacy {
+        chain_id: Some(31337),
+        nonce,
+        gas_price,
+        gas_limit,
+        to: alloy::primitives::TxKind::Call(to.parse().unwrap()),
+        value: alloy::primitives::U256::from(value),
+        input: input.into(),
+    };
+    let signature = signer.sign_hash_sync(&tx.signature_hash()).unwrap();
+    let envelope = TxEnvelope::Legacy(tx.into_signed(signature));
+    format!(
+        "0x{}",
+        alloy::primitives::hex::encode(envelope.encoded_2718())
+    )
+}
+
+/// The call data of ERC-20 `transfer(to, amount)`.
+pub fn token_transfer_call(to: &str, amount: u128) -> Vec<u8> {
+    let text = format!(
+        "a9059cbb{:0>64}{amount:064x}",
+        to.trim_start_matches("0x").to_lowercase()
+    );
+    alloy::primitives::hex::decode(text).unwrap()
 }
 
 /// The Ethereum network section for anvil with `tokens`.
@@ -203,6 +287,7 @@ pub fn ethereum(anvil: &Anvil, tokens: &Tokens, xpub: &str, confirmations: u32) 
         poll_interval_ms: 50,
         timeout_ms: 30_000,
         max_answer_bytes: None,
+        treasury_addresses: Vec::new(),
     }
 }
 
@@ -215,10 +300,19 @@ pub async fn eth_engine(
     xpub: &str,
     confirmations: u32,
 ) -> (Engine, Arc<ManualClock>) {
-    let config = super::payments::config(|config: &mut Config| {
+    eth_engine_of(db, eth_config(ethereum(anvil, tokens, xpub, confirmations))).await
+}
+
+/// The configuration [`eth_engine`] runs with, for `section`.
+pub fn eth_config(section: EthereumConfig) -> Config {
+    super::payments::config(|config: &mut Config| {
         config.payments.enabled_methods = vec![Method::Eth, Method::UsdtErc20, Method::UsdcErc20];
-        config.networks.ethereum = Some(ethereum(anvil, tokens, xpub, confirmations));
-    });
+        config.networks.ethereum = Some(section);
+    })
+}
+
+/// [`eth_engine`] with a configuration of its caller's.
+pub async fn eth_engine_of(db: &TestDb, config: Config) -> (Engine, Arc<ManualClock>) {
     let (engine, clock) = super::payments::engine_with_prices(
         db,
         config,

@@ -12,15 +12,17 @@
 //! genesis block is the configured chain's, and every transaction hashes to its id.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::future::Future as _;
 use std::time::Duration;
 
 use electrum_client::{ElectrumApi, Error as ElectrumError};
 use payrecon_chain_core::bitcoin::block::Header;
 use payrecon_chain_core::bitcoin::{self, BlockHash, ScriptBuf, Transaction, Txid};
+use payrecon_chain_core::blocks;
 use payrecon_chain_core::{
     Amount, BlockId, ChainCursor, ChainEvent, ChainScanner, HeldOutputs, KeyIndex, KnownTransfer,
-    Network, OutflowEvent, ReceivedAsset, ScanBatch, ScanError, SecretUrl, Transfer, TransferId,
-    WatchKeys, WatchView,
+    Method, Network, OutflowEvent, ReceivedAsset, ScanBatch, ScanError, SecretUrl, Transfer,
+    TransferId, WatchKeys, WatchView,
 };
 
 use crate::electrum_stream::{self, ElectrumClient};
@@ -123,10 +125,11 @@ impl ChainScanner for ElectrumScanner {
 
     async fn balances_at(
         &mut self,
-        addresses: &[String],
+        holdings: &[(String, Method)],
         until_ms: i64,
     ) -> Result<(BlockId, Vec<Amount>), ScanError> {
-        self.balances(addresses, until_ms).await
+        let addresses: Vec<String> = holdings.iter().map(|(a, _)| a.clone()).collect();
+        self.balances(&addresses, until_ms).await
     }
 
     async fn recheck(
@@ -457,20 +460,20 @@ impl Session {
                 .map_err(classify)?;
             Ok(i64::from(header.time) * 1000)
         };
-        let (mut low, mut high) = (0, self.tip_height);
-        if time_ms(self, high)? >= until_ms {
-            // The last block before `until_ms` lies in [low, high).
-            while high - low > 1 {
-                let middle = low + (high - low) / 2;
-                if time_ms(self, middle)? < until_ms {
-                    low = middle;
-                } else {
-                    high = middle;
+        // Every answer is ready when asked for: the blocking client has already waited.
+        let tip = self.tip_height;
+        let end = {
+            let search = std::pin::pin!(blocks::last_block_before(tip, until_ms, |height| {
+                std::future::ready(time_ms(self, height).map(Some))
+            }));
+            let waker = std::task::Waker::noop();
+            match search.poll(&mut std::task::Context::from_waker(waker)) {
+                std::task::Poll::Ready(end) => end?,
+                std::task::Poll::Pending => {
+                    return Err(ScanError::Fatal("a block search waited on nothing".into()));
                 }
             }
-            high = low;
-        }
-        let end = high;
+        };
         let hash = self
             .client
             .block_header(height_u32(end)? as usize)

@@ -97,8 +97,51 @@ pub async fn start_height<F, Fut>(
     view: &WatchView,
     head: u64,
     slack_ms: i64,
-    mut time_at: F,
+    time_at: F,
 ) -> Result<u64, ScanError>
+where
+    F: FnMut(u64) -> Fut,
+    Fut: Future<Output = Result<Option<i64>, ScanError>>,
+{
+    let since_ms = match (configured, &view.cursor, view.keys_since_ms) {
+        (Some(height), _, _) => return Ok(height),
+        (None, None, Some(since_ms)) => since_ms.saturating_sub(slack_ms),
+        _ => return Ok(head),
+    };
+    Ok(first_block_at_or_after(head, since_ms, time_at)
+        .await?
+        .unwrap_or(head))
+}
+
+/// The last block before `until_ms` on a chain whose newest block is `head` (the head itself
+/// when no block is that late yet): a period's end block. `time_at(height)` answers a
+/// canonical block's time in Unix milliseconds. Block times may run a little out of order
+/// (Bitcoin's median-time rule); the search finds a block whose time is before `until_ms`
+/// with the next one's not (block 0 when even its is not), `log2(head)` requests.
+pub async fn last_block_before<F, Fut>(
+    head: u64,
+    until_ms: i64,
+    time_at: F,
+) -> Result<u64, ScanError>
+where
+    F: FnMut(u64) -> Fut,
+    Fut: Future<Output = Result<Option<i64>, ScanError>>,
+{
+    Ok(
+        match first_block_at_or_after(head, until_ms, time_at).await? {
+            None => head,
+            Some(first) => first.saturating_sub(1),
+        },
+    )
+}
+
+/// The first block whose time is at least `ms`, by bisection; `None` when even the head's is
+/// earlier.
+async fn first_block_at_or_after<F, Fut>(
+    head: u64,
+    ms: i64,
+    mut time_at: F,
+) -> Result<Option<u64>, ScanError>
 where
     F: FnMut(u64) -> Fut,
     Fut: Future<Output = Result<Option<i64>, ScanError>>,
@@ -107,25 +150,20 @@ where
         let time = time_at(height);
         async move { time.await?.ok_or_else(|| not_served_yet(height)) }
     };
-    let since_ms = match (configured, &view.cursor, view.keys_since_ms) {
-        (Some(height), _, _) => return Ok(height),
-        (None, None, Some(since_ms)) => since_ms.saturating_sub(slack_ms),
-        _ => return Ok(head),
-    };
-    if time_at(head).await? < since_ms {
-        return Ok(head);
+    if time_at(head).await? < ms {
+        return Ok(None);
     }
-    // The first block at or after `since_ms` lies in `low..=high`.
+    // The first block at or after `ms` lies in `low..=high`.
     let (mut low, mut high) = (0, head);
     while low < high {
         let middle = low + (high - low) / 2;
-        if time_at(middle).await? < since_ms {
+        if time_at(middle).await? < ms {
             low = middle + 1;
         } else {
             high = middle;
         }
     }
-    Ok(low)
+    Ok(Some(low))
 }
 
 /// A block at or below the head the node reported that it does not answer for: the scan is

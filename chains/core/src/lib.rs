@@ -33,7 +33,8 @@ pub use keys::{
 pub use method::{Asset, Method, Network, ParseMethodError, ParseNetworkError};
 pub use retry::{Attempt, RetryPolicy};
 pub use scan::{
-    ChainScanner, HeldOutputs, KnownOutflow, KnownTransfer, ScanBatch, ScanError, WatchView,
+    ChainScanner, HeldOutputs, KnownOutflow, KnownTransfer, ScanBatch, ScanError, SweepFees,
+    WatchView,
 };
 pub use secret::{Secret, SecretUrl};
 

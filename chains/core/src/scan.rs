@@ -10,8 +10,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 
 use crate::{
-    Amount, BlockId, ChainCursor, ChainEvent, Network, Outflow, OutflowEvent, SecretUrl, Transfer,
-    TransferId, WatchKeys,
+    Amount, BlockId, ChainCursor, ChainEvent, Method, Network, Outflow, OutflowEvent, SecretUrl,
+    Transfer, TransferId, WatchKeys,
 };
 
 /// A transfer the engine has recorded and not seen removed, with its newest state.
@@ -132,6 +132,18 @@ pub struct ScanBatch {
     pub head: u64,
 }
 
+/// What moving money out of one address costs on an account chain, in its native coin's base
+/// units, at the node's prices when asked: each chain knows its own fee model.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SweepFees {
+    /// Sending one token balance out (an ERC-20 or TRC-20 `transfer`).
+    pub per_token: Amount,
+    /// Sending the native coin out.
+    pub native: Amount,
+    /// How they were figured, for people: the prices and the units each sweep takes.
+    pub basis: String,
+}
+
 /// Why a scan failed, which decides what the watcher loop does next.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ScanError {
@@ -149,6 +161,19 @@ pub enum ScanError {
     /// an operator changes the configuration.
     #[error("refusing the chain data source: it serves the wrong chain: {0}")]
     WrongChain(String),
+}
+
+impl ScanError {
+    /// The same error with `source`'s credentials taken out of its text (an HTTP client's
+    /// error names the URL it failed to reach, key and all): what every caller does before an
+    /// error is logged, stored or answered.
+    pub fn scrubbed(self, source: &SecretUrl) -> ScanError {
+        match self {
+            ScanError::Transient(reason) => ScanError::Transient(source.scrub(&reason)),
+            ScanError::Fatal(reason) => ScanError::Fatal(source.scrub(&reason)),
+            ScanError::WrongChain(reason) => ScanError::WrongChain(source.scrub(&reason)),
+        }
+    }
 }
 
 /// A chain's scanner, driven by the engine's watcher loop.
@@ -178,19 +203,28 @@ pub trait ChainScanner: Send {
         settle_depth: u32,
     ) -> impl Future<Output = Result<Vec<Option<u32>>, ScanError>> + Send;
 
-    /// What each of `addresses` held of the chain's native coin at the last block before
-    /// `until_ms` (the tip when no block is that late yet), and that block: finance's check of
-    /// the holdings at a period's end. Watchers never call it. A source that cannot look back
-    /// says so.
+    /// What each address held of its method's asset at the last block before `until_ms` (the
+    /// tip when no block is that late yet), and that block: finance's check of the holdings at
+    /// a period's end. Watchers never call it. A source that cannot look back says so.
     fn balances_at(
         &mut self,
-        addresses: &[String],
+        holdings: &[(String, Method)],
         until_ms: i64,
     ) -> impl Future<Output = Result<(BlockId, Vec<Amount>), ScanError>> + Send {
-        let _ = (addresses, until_ms);
+        let _ = (holdings, until_ms);
         async {
             Err(ScanError::Fatal(
                 "this source cannot tell an address's balance at a past block".into(),
+            ))
+        }
+    }
+
+    /// What sweeping an address costs now, at the node's prices: the sweep list's fees.
+    /// Chains whose wallets collect by themselves (the Bitcoin family) say so.
+    fn sweep_fees(&mut self) -> impl Future<Output = Result<SweepFees, ScanError>> + Send {
+        async {
+            Err(ScanError::Fatal(
+                "this chain has no per-address sweep to price".into(),
             ))
         }
     }

@@ -6,4 +6,7 @@ mod transport;
 mod watch;
 
 pub use derive::EthereumDeriver;
-pub use watch::{EthereumScanner, EthereumSettings, Finality, TRANSFER_TOPIC};
+pub use watch::{
+    ETH_TRANSFER_GAS, EthereumScanner, EthereumSettings, Finality, TOKEN_TRANSFER_GAS,
+    TRANSFER_TOPIC,
+};

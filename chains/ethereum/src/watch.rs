@@ -11,23 +11,24 @@
 //! from diffing a rescanned range against what the engine recorded there.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use alloy::consensus::Transaction as _;
 use alloy::eips::BlockNumberOrTag;
 use alloy::network::TransactionResponse as _;
-use alloy::primitives::{Address, B256, U256, b256};
+use alloy::primitives::{Address, B256, Bytes, U256, b256};
 use alloy::providers::{Provider, ProviderBuilder, RootProvider, WsConnect};
 use alloy::pubsub::Subscription;
 use alloy::rpc::client::ClientBuilder;
-use alloy::rpc::types::{Block, Filter, Header, Log};
+use alloy::rpc::types::{Block, Filter, Header, Log, TransactionRequest};
 use alloy::transports::layers::{RateLimitRetryPolicy, RetryBackoffLayer, RetryPolicy};
 use alloy::transports::{RpcError, TransportError, TransportErrorKind};
 use futures_util::{StreamExt as _, TryStreamExt as _};
 use payrecon_chain_core::blocks::{self, BlockRange};
 use payrecon_chain_core::{
-    Amount, ChainScanner, KeyIndex, KnownTransfer, Method, Network, ReceivedAsset, ScanBatch,
-    ScanError, SecretUrl, Transfer, TransferId, WatchView,
+    Amount, BlockId, ChainScanner, KeyIndex, KnownTransfer, Method, Network, Outflow,
+    ReceivedAsset, ScanBatch, ScanError, SecretUrl, SweepFees, Transfer, TransferId, WatchView,
 };
 use tokio::sync::broadcast::error::RecvError;
 
@@ -36,6 +37,16 @@ use crate::transport::{CappedHttp, MAX_RETRY_AFTER};
 /// `keccak256("Transfer(address,address,uint256)")`, topic 0 of every ERC-20 transfer.
 pub const TRANSFER_TOPIC: B256 =
     b256!("ddf252ad1be2c89b69c2b068fc378daa952ba7f163c4a11628f55a4df523b3ef");
+
+/// Gas an ERC-20 `transfer` to a fresh holder costs, with room (USDT's about 63,000 and
+/// USDC's about 60,000 on mainnet): what a token sweep is priced at.
+pub const TOKEN_TRANSFER_GAS: u64 = 65_000;
+
+/// Gas of a plain ETH transfer, fixed by the protocol.
+pub const ETH_TRANSFER_GAS: u64 = 21_000;
+
+/// The selector of ERC-20 `balanceOf(address)`.
+const BALANCE_OF: [u8; 4] = [0x70, 0xa0, 0x82, 0x31];
 
 /// Blocks requested at once while catching up.
 const BLOCKS_IN_FLIGHT: usize = 8;
@@ -112,6 +123,51 @@ impl EthereumSettings {
         log: &Log,
         watched: &KeyIndex<Address>,
     ) -> Result<Option<(Transfer, u64)>, ScanError> {
+        let Some(found) = self.transfer_log(log, watched, 2)? else {
+            return Ok(None);
+        };
+        let transfer = Transfer {
+            id: found.id,
+            to_address: found.watched.to_string(),
+            asset: found.asset,
+            amount: found.amount,
+        };
+        Ok(Some((transfer, found.height)))
+    }
+
+    /// The outflow a `Transfer` log records, with its block, if it takes USDT or USDC from a
+    /// watched address. Any contract can log a transfer "from" any address, so only the
+    /// configured tokens count; their fee is on the transaction's native row.
+    fn token_outflow(
+        &self,
+        log: &Log,
+        watched: &KeyIndex<Address>,
+    ) -> Result<Option<(Outflow, u64)>, ScanError> {
+        let Some(found) = self.transfer_log(log, watched, 1)? else {
+            return Ok(None);
+        };
+        if !matches!(found.asset, ReceivedAsset::Method { .. }) {
+            return Ok(None);
+        }
+        let outflow = Outflow {
+            id: found.id,
+            spends: None,
+            from_address: found.watched.to_string(),
+            asset: found.asset,
+            amount: found.amount,
+            fee: Amount::ZERO,
+            to_address: Some(found.counterparty.to_checksum(None)),
+        };
+        Ok(Some((outflow, found.height)))
+    }
+
+    /// A mined ERC-20 `Transfer` log whose topic `side` (1: from, 2: to) is a watched address.
+    fn transfer_log<'w>(
+        &self,
+        log: &Log,
+        watched: &'w KeyIndex<Address>,
+        side: usize,
+    ) -> Result<Option<TransferLog<'w>>, ScanError> {
         if log.removed {
             return Ok(None);
         }
@@ -124,7 +180,7 @@ impl EthereumSettings {
         if topics.len() != 3 || log.data().data.len() != 32 {
             return Ok(None); // not an ERC-20 Transfer (ERC-721 has 4 topics)
         }
-        let Some(key) = watched.get(&Address::from_word(topics[2])) else {
+        let Some(key) = watched.get(&Address::from_word(topics[side])) else {
             return Ok(None);
         };
         let asset = self.token(log.address());
@@ -140,17 +196,18 @@ impl EthereumSettings {
             .checked_add(1)
             .and_then(|position| u32::try_from(position).ok())
             .ok_or_else(|| ScanError::Fatal(format!("log index {index} out of range")))?;
-        let transfer = Transfer {
+        Ok(Some(TransferLog {
             id: TransferId {
                 network: Network::Ethereum,
                 txid: txid.to_string(),
                 position,
             },
-            to_address: key.to_string(),
+            watched: key,
+            counterparty: Address::from_word(topics[3 - side]),
             asset,
             amount,
-        };
-        Ok(Some((transfer, height)))
+            height,
+        }))
     }
 
     fn token(&self, contract: Address) -> ReceivedAsset {
@@ -168,6 +225,16 @@ impl EthereumSettings {
             }
         }
     }
+}
+
+/// A `Transfer` log touching a watched address.
+struct TransferLog<'w> {
+    id: TransferId,
+    watched: &'w Arc<str>,
+    counterparty: Address,
+    asset: ReceivedAsset,
+    amount: Amount,
+    height: u64,
 }
 
 /// Scans one Ethereum network through one node.
@@ -331,22 +398,26 @@ impl ChainScanner for EthereumScanner {
                         .unwrap_or(i64::MAX / 1000)
                         .saturating_mul(1000),
                 )?;
-                for transfer in native_transfers(&provider, &block, watched).await? {
+                let (transfers, outflows) = native_movements(&provider, &block, watched).await?;
+                for transfer in transfers {
                     range.push_transfer(transfer, height)?;
+                }
+                for outflow in outflows {
+                    range.push_outflow(outflow, height)?;
                 }
             }
             let addresses: Vec<Address> = watched.iter().map(|(address, _)| *address).collect();
             for chunk in addresses.chunks(settings.addresses_per_log_query.max(1)) {
-                for log in transfer_logs(&provider, chunk, from, to).await? {
+                for log in transfer_logs(&provider, chunk, LogSide::To, from, to).await? {
                     if let Some((transfer, height)) = settings.token_transfer(&log, watched)? {
-                        if range.hash_of(height)
-                            != Some(log.block_hash.unwrap_or_default().to_string().as_str())
-                        {
-                            return Err(ScanError::Transient(format!(
-                                "a log of block {height} names another block hash: the chain moved during the scan"
-                            )));
-                        }
+                        same_block(&range, &log, height)?;
                         range.push_transfer(transfer, height)?;
+                    }
+                }
+                for log in transfer_logs(&provider, chunk, LogSide::From, from, to).await? {
+                    if let Some((outflow, height)) = settings.token_outflow(&log, watched)? {
+                        same_block(&range, &log, height)?;
+                        range.push_outflow(outflow, height)?;
                     }
                 }
             }
@@ -393,6 +464,82 @@ impl ChainScanner for EthereumScanner {
         Ok(found)
     }
 
+    /// ETH by `eth_getBalance` and the tokens by `balanceOf`, both at the block, so the
+    /// answers hold still however the chain moves meanwhile.
+    async fn balances_at(
+        &mut self,
+        holdings: &[(String, Method)],
+        until_ms: i64,
+    ) -> Result<(BlockId, Vec<Amount>), ScanError> {
+        let provider = self.provider().await?;
+        let head = provider.get_block_number().await.map_err(classify)?;
+        let height = blocks::last_block_before(head, until_ms, |height| {
+            let provider = provider.clone();
+            async move { block_time(&provider, height).await }
+        })
+        .await?;
+        let hash = block_hash(&provider, height)
+            .await?
+            .ok_or_else(|| blocks_moved(height))?;
+        let at = alloy::eips::BlockId::hash(hash);
+        let mut balances = Vec::with_capacity(holdings.len());
+        for (address, method) in holdings {
+            let owner: Address = address.parse().map_err(|e| {
+                ScanError::Fatal(format!("{address:?} is not an Ethereum address: {e}"))
+            })?;
+            let balance = match method {
+                Method::Eth => provider
+                    .get_balance(owner)
+                    .block_id(at)
+                    .await
+                    .map_err(classify)?,
+                Method::UsdtErc20 | Method::UsdcErc20 => {
+                    let contract = match method {
+                        Method::UsdtErc20 => self.settings.usdt_contract,
+                        _ => self.settings.usdc_contract,
+                    };
+                    let mut call = BALANCE_OF.to_vec();
+                    call.extend_from_slice(owner.into_word().as_slice());
+                    let request = TransactionRequest::default()
+                        .to(contract)
+                        .input(Bytes::from(call).into());
+                    let answer = provider.call(request).block(at).await.map_err(classify)?;
+                    if answer.len() != 32 {
+                        return Err(ScanError::Fatal(format!(
+                            "balanceOf on {contract} answered {} bytes, not 32",
+                            answer.len()
+                        )));
+                    }
+                    U256::from_be_slice(&answer)
+                }
+                other => {
+                    return Err(ScanError::Fatal(format!("{other} is not paid on Ethereum")));
+                }
+            };
+            balances.push(base_units(balance, "balance")?);
+        }
+        Ok((
+            BlockId {
+                height,
+                hash: hash.to_string(),
+            },
+            balances,
+        ))
+    }
+
+    async fn sweep_fees(&mut self) -> Result<SweepFees, ScanError> {
+        let provider = self.provider().await?;
+        let gas_price = provider.get_gas_price().await.map_err(classify)?;
+        let fee = |gas: u64| Amount::from_base_units(gas_price.saturating_mul(u128::from(gas)));
+        Ok(SweepFees {
+            per_token: fee(TOKEN_TRANSFER_GAS),
+            native: fee(ETH_TRANSFER_GAS),
+            basis: format!(
+                "{gas_price} wei per gas: {TOKEN_TRANSFER_GAS} gas per token transfer, {ETH_TRANSFER_GAS} per ETH transfer"
+            ),
+        })
+    }
+
     async fn news(&mut self) {
         let Some(heads) = &mut self.heads else {
             return std::future::pending().await;
@@ -426,57 +573,106 @@ async fn finalized_height(
     })
 }
 
-/// ETH paid to watched addresses by the block's successful transactions. Receipts are
-/// fetched (one call for the whole block) only for a block that pays a watched address.
-async fn native_transfers(
+/// A log must come from the block this scan read at its height, or the chain moved between
+/// reading the block and asking for its logs.
+fn same_block(range: &BlockRange, log: &Log, height: u64) -> Result<(), ScanError> {
+    if range.hash_of(height) != Some(log.block_hash.unwrap_or_default().to_string().as_str()) {
+        return Err(ScanError::Transient(format!(
+            "a log of block {height} names another block hash: the chain moved during the scan"
+        )));
+    }
+    Ok(())
+}
+
+/// ETH paid to watched addresses by the block's successful transactions, and what the
+/// transactions watched addresses sent cost them: the value when the transaction succeeded
+/// and, succeeded or not, the gas (and blob gas) it burned. Receipts are fetched (one call for
+/// the whole block) only for a block that touches a watched address.
+async fn native_movements(
     provider: &RootProvider,
     block: &Block,
     watched: &KeyIndex<Address>,
-) -> Result<Vec<Transfer>, ScanError> {
+) -> Result<(Vec<Transfer>, Vec<Outflow>), ScanError> {
     let height = block.header.number;
-    let mut candidates = Vec::new();
+    let mut received = Vec::new();
+    let mut sent = Vec::new();
     for tx in block.transactions.txns() {
         if let Some(key) = tx.to().and_then(|to| watched.get(&to))
             && !tx.value().is_zero()
         {
-            candidates.push((tx.tx_hash(), tx.value(), key.to_string()));
+            received.push((tx.tx_hash(), tx.value(), key.to_string()));
+        }
+        if let Some(key) = watched.get(&tx.from()) {
+            sent.push((tx.tx_hash(), tx.value(), key.to_string(), tx.to()));
         }
     }
-    if candidates.is_empty() {
-        return Ok(Vec::new());
+    if received.is_empty() && sent.is_empty() {
+        return Ok((Vec::new(), Vec::new()));
     }
-    let succeeded: HashMap<B256, bool> = provider
+    let receipts: HashMap<B256, (bool, U256)> = provider
         .get_block_receipts(block.header.hash.into())
         .await
         .map_err(classify)?
         .ok_or_else(|| ScanError::Transient(format!("no receipts yet for block {height}")))?
         .iter()
-        .map(|r| (r.transaction_hash, r.status()))
+        .map(|r| {
+            let gas = U256::from(r.gas_used) * U256::from(r.effective_gas_price);
+            let blob_gas = U256::from(r.blob_gas_used.unwrap_or(0))
+                * U256::from(r.blob_gas_price.unwrap_or(0));
+            (r.transaction_hash, (r.status(), gas + blob_gas))
+        })
         .collect();
+    let receipt = |hash: &B256| {
+        receipts.get(hash).copied().ok_or_else(|| {
+            ScanError::Transient(format!("the receipts of block {height} lack {hash}"))
+        })
+    };
+    let native = ReceivedAsset::Method {
+        method: Method::Eth,
+    };
     let mut transfers = Vec::new();
-    for (hash, value, key) in candidates {
-        match succeeded.get(&hash) {
-            Some(true) => transfers.push(Transfer {
-                id: TransferId {
-                    network: Network::Ethereum,
-                    txid: hash.to_string(),
-                    position: 0,
-                },
+    for (hash, value, key) in received {
+        if receipt(&hash)?.0 {
+            transfers.push(Transfer {
+                id: native_row(hash),
                 to_address: key,
-                asset: ReceivedAsset::Method {
-                    method: Method::Eth,
-                },
+                asset: native.clone(),
                 amount: base_units(value, "ETH value")?,
-            }),
-            Some(false) => {}
-            None => {
-                return Err(ScanError::Transient(format!(
-                    "the receipts of block {height} lack {hash}"
-                )));
-            }
+            });
         }
     }
-    Ok(transfers)
+    let mut outflows = Vec::new();
+    for (hash, value, key, to) in sent {
+        let (succeeded, fee) = receipt(&hash)?;
+        let amount = if succeeded { value } else { U256::ZERO };
+        if amount.is_zero() && fee.is_zero() {
+            continue;
+        }
+        outflows.push(Outflow {
+            id: native_row(hash),
+            spends: None,
+            from_address: key,
+            asset: native.clone(),
+            amount: base_units(amount, "ETH value")?,
+            fee: base_units(fee, "gas paid")?,
+            to_address: to.map(|to| to.to_checksum(None)),
+        });
+    }
+    Ok((transfers, outflows))
+}
+
+/// A transaction's native value: position 0, before its logs.
+fn native_row(hash: B256) -> TransferId {
+    TransferId {
+        network: Network::Ethereum,
+        txid: hash.to_string(),
+        position: 0,
+    }
+}
+
+/// A block the node named a moment ago is gone: the chain moved; ask again.
+fn blocks_moved(height: u64) -> ScanError {
+    ScanError::Transient(format!("block {height} is not served: the chain moved"))
 }
 
 async fn block_hash(provider: &RootProvider, height: u64) -> Result<Option<B256>, ScanError> {
@@ -502,23 +698,34 @@ async fn block_header(provider: &RootProvider, height: u64) -> Result<Option<Hea
         .map(|block| block.header))
 }
 
-/// `Transfer` logs to `recipients` in `from..=to`, halving the range when the node refuses it
-/// as too large.
+/// Which side of a `Transfer` log a query matches watched addresses on.
+#[derive(Clone, Copy, Debug)]
+enum LogSide {
+    From,
+    To,
+}
+
+/// `Transfer` logs from or to `addresses` in `from..=to`, halving the range when the node
+/// refuses it as too large.
 async fn transfer_logs(
     provider: &RootProvider,
-    recipients: &[Address],
+    addresses: &[Address],
+    side: LogSide,
     from: u64,
     to: u64,
 ) -> Result<Vec<Log>, ScanError> {
-    let topics: Vec<B256> = recipients.iter().map(|a| a.into_word()).collect();
+    let topics: Vec<B256> = addresses.iter().map(|a| a.into_word()).collect();
     let mut ranges = vec![(from, to)];
     let mut logs = Vec::new();
     while let Some((low, high)) = ranges.pop() {
         let filter = Filter::new()
             .from_block(low)
             .to_block(high)
-            .event_signature(TRANSFER_TOPIC)
-            .topic2(topics.clone());
+            .event_signature(TRANSFER_TOPIC);
+        let filter = match side {
+            LogSide::From => filter.topic1(topics.clone()),
+            LogSide::To => filter.topic2(topics.clone()),
+        };
         match provider.get_logs(&filter).await {
             Ok(found) => logs.extend(found),
             Err(error) if too_large(&error) && high > low => {
@@ -647,6 +854,36 @@ mod tests {
             }
         );
         assert_eq!(transfer.amount.base_units(), 771_618_057_897_599_959_040);
+    }
+
+    #[test]
+    fn the_recorded_log_is_an_outflow_of_its_sender_and_a_fake_token_never_is() {
+        let logs: Vec<Log> = serde_json::from_value(recorded_logs()).unwrap();
+        let sender = Address::from_word(logs[0].topics()[1]);
+        let keys: WatchKeys = [sender.to_string()].into_iter().collect();
+        let mut watched = KeyIndex::default();
+        watched.sync(&keys, |key| key.parse::<Address>()).unwrap();
+        let (outflow, height) = settings()
+            .token_outflow(&logs[0], &watched)
+            .unwrap()
+            .unwrap();
+        assert_eq!(height, 0xe20360);
+        assert_eq!(outflow.id.position, 0xf0 + 1);
+        assert_eq!(outflow.from_address, sender.to_string());
+        assert_eq!(outflow.to_address, Some(RECIPIENT.to_checksum(None)));
+        assert_eq!(outflow.amount.base_units(), 771_618_057_897_599_959_040);
+        assert_eq!(outflow.fee, Amount::ZERO, "the gas is on the native row");
+        // The recipient's side of the same log is no outflow, and a contract payrecon does not
+        // accept cannot make one up.
+        assert!(
+            settings()
+                .token_outflow(&logs[0], &self::watched())
+                .unwrap()
+                .is_none()
+        );
+        let mut other = settings();
+        other.usdc_contract = Address::repeat_byte(9);
+        assert!(other.token_outflow(&logs[0], &watched).unwrap().is_none());
     }
 
     #[test]
