@@ -605,6 +605,10 @@ pub struct TronConfig {
     /// and Solana.
     #[serde(default)]
     pub max_answer_bytes: Option<usize>,
+    /// The merchant's own Tron addresses (base58): TRX and USDT swept there are booked to
+    /// `treasury:…`, anywhere else to `external:…`.
+    #[serde(default)]
+    pub treasury_addresses: Vec<String>,
 }
 
 /// When a Tron payment counts as final.
@@ -647,6 +651,10 @@ pub struct SolanaConfig {
     /// and Solana.
     #[serde(default)]
     pub max_answer_bytes: Option<usize>,
+    /// The merchant's own Solana addresses: SOL swept from the recipient there is booked to
+    /// `treasury:…`, anywhere else to `external:…`.
+    #[serde(default)]
+    pub treasury_addresses: Vec<String>,
 }
 
 fn references_per_scan() -> usize {

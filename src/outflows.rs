@@ -27,6 +27,14 @@ pub struct OutflowRules {
     pub confirmations: BTreeMap<Network, u32>,
 }
 
+impl OutflowRules {
+    /// `network`'s treasury addresses and the confirmations its outflows wait for.
+    pub fn add(&mut self, network: Network, treasury: BTreeSet<String>, confirmations: u32) {
+        self.treasury.insert(network, treasury);
+        self.confirmations.insert(network, confirmations);
+    }
+}
+
 /// Applies outflow reports in the caller's transaction.
 pub(crate) async fn apply(
     tx: &mut WriteTx,

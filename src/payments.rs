@@ -147,6 +147,25 @@ fn rate_book(config: &RatesConfig) -> Result<RateBook, Error> {
     ))
 }
 
+/// A network's configured treasury addresses in the form its outflows name destinations in;
+/// one that does not parse is refused at start.
+fn treasury_of(
+    network: Network,
+    addresses: &[String],
+    canonical: impl Fn(&str) -> Result<String, String>,
+) -> Result<BTreeSet<String>, Error> {
+    addresses
+        .iter()
+        .map(|address| {
+            canonical(address).map_err(|e| {
+                Error::Config(format!(
+                    "networks.{network}.treasury_addresses: {address:?} is not an address: {e}"
+                ))
+            })
+        })
+        .collect()
+}
+
 fn add_networks(settings: &mut PaymentSettings, networks: &NetworksConfig) -> Result<(), Error> {
     let xpub = |network: Network, text: &str| -> Result<AccountXpub, Error> {
         text.parse()
@@ -191,12 +210,8 @@ fn add_networks(settings: &mut PaymentSettings, networks: &NetworksConfig) -> Re
                 .descriptors()
                 .map_err(|e| Error::Config(format!("networks.{network}.key_origin: {e}")))?;
             wallets.insert(network, wallet);
-            outflow_rules
-                .treasury
-                .insert(network, config.treasury_addresses.iter().cloned().collect());
-            outflow_rules
-                .confirmations
-                .insert(network, config.confirmations);
+            let treasury = config.treasury_addresses.iter().cloned().collect();
+            outflow_rules.add(network, treasury, config.confirmations);
             let deriver = SegwitDeriver::new(account, chain, utxo_network);
             add(
                 network,
@@ -217,20 +232,13 @@ fn add_networks(settings: &mut PaymentSettings, networks: &NetworksConfig) -> Re
             config.confirmations,
             config.confirmation_tiers.clone(),
         );
-        let mut treasury = BTreeSet::new();
-        for address in &config.treasury_addresses {
-            let parsed: alloy_primitives::Address = address.parse().map_err(|e| {
-                Error::Config(format!(
-                    "networks.ethereum.treasury_addresses: {address:?} is not an address: {e}"
-                ))
-            })?;
+        let treasury = treasury_of(Network::Ethereum, &config.treasury_addresses, |a| {
             // Outflows name their destination checksummed.
-            treasury.insert(parsed.to_checksum(None));
-        }
-        outflow_rules.treasury.insert(Network::Ethereum, treasury);
-        outflow_rules
-            .confirmations
-            .insert(Network::Ethereum, config.confirmations);
+            a.parse::<alloy_primitives::Address>()
+                .map(|a| a.to_checksum(None))
+                .map_err(|e| e.to_string())
+        })?;
+        outflow_rules.add(Network::Ethereum, treasury, config.confirmations);
         settings.uri.ethereum_chain_id = config.chain_id;
         settings.uri.usdt_erc20_contract = config.usdt_contract.clone();
         settings.uri.usdc_erc20_contract = config.usdc_contract.clone();
@@ -239,6 +247,12 @@ fn add_networks(settings: &mut PaymentSettings, networks: &NetworksConfig) -> Re
         if config.finality == TronFinality::Solidified {
             explicit_finality_depth(Network::Tron, config.confirmations)?;
         }
+        let treasury = treasury_of(Network::Tron, &config.treasury_addresses, |a| {
+            a.parse::<payrecon_chain_tron::TronAddress>()
+                .map(|a| a.to_string())
+                .map_err(|e| e.to_string())
+        })?;
+        outflow_rules.add(Network::Tron, treasury, config.confirmations);
         let deriver = TronDeriver::new(xpub(Network::Tron, &config.xpub)?);
         add(
             Network::Tron,
@@ -249,6 +263,10 @@ fn add_networks(settings: &mut PaymentSettings, networks: &NetworksConfig) -> Re
         settings.uri.usdt_trc20_contract = config.usdt_contract.clone();
     }
     if let Some(config) = &networks.solana {
+        let treasury = treasury_of(Network::Solana, &config.treasury_addresses, |a| {
+            payrecon_chain_solana::solana_address(a).map_err(|e| e.to_string())
+        })?;
+        outflow_rules.add(Network::Solana, treasury, config.confirmations);
         let deriver = SolanaPayDeriver::new(&config.recipient)
             .map_err(|e| Error::Config(format!("networks.solana.recipient: {e}")))?;
         add(

@@ -245,6 +245,11 @@ pub struct HoldingsView {
     pub address_count: u64,
     /// Pass as `offset` for the next page; `None` on the last.
     pub next_offset: Option<u64>,
+    /// Addresses from which more left than payrecon saw arrive: money it never saw (the
+    /// Solana recipient is the merchant's own wallet, funded before payrecon watched it or
+    /// from elsewhere). Left out of the totals, never hidden: `report holdings --verify`
+    /// says what the chain holds.
+    pub overdrawn: Vec<Holding>,
 }
 
 /// A holding's amount can never fall below zero: an outflow spends what arrived.
@@ -269,7 +274,15 @@ pub(crate) fn holdings_view(
 ) -> Result<HoldingsView, crate::error::Error> {
     let mut totals: BTreeMap<(String, String), (u128, u64)> = BTreeMap::new();
     let mut held = Vec::new();
+    let mut overdrawn = Vec::new();
     for row in rows {
+        if row.amount < 0 {
+            let mut shown = holding(0, row.clone(), wallets);
+            shown.amount = row.amount.to_string();
+            shown.amount_decimal = None;
+            overdrawn.push(shown);
+            continue;
+        }
         let amount = checked_amount(&row)?;
         let total = totals
             .entry((row.network.clone(), row.asset.clone()))
@@ -323,6 +336,7 @@ pub(crate) fn holdings_view(
         addresses,
         address_count,
         next_offset,
+        overdrawn,
     })
 }
 

@@ -10,15 +10,16 @@ mod common;
 
 use chrono::Duration;
 use common::anvil::{
-    Anvil, SeedKeys, eth_config, eth_engine_of, ethereum, signed_transfer, token_transfer_call,
-    watch_ethereum,
+    Anvil, SeedKeys, eth_config, eth_engine_of, ethereum, scanner_settings, signed_transfer,
+    token_transfer_call, watch_ethereum, watch_ethereum_with,
 };
 use common::checks::{order, sound, wait_status};
-use common::regtest::eventually;
+use common::outflows::{crypto_balance, fees_booked, held_per_asset};
+use common::regtest::{eventually, fast};
 use common::topup;
-use payrecon::ledger::{Account, Currency};
+use payrecon::ledger::Account;
 use payrecon::test_utils::clock::Clock;
-use payrecon::{Action, Engine, HoldingsSort, IntentStatus};
+use payrecon::{Action, IntentStatus};
 use payrecon_chain_core::{Method, Network};
 use payrecon_chain_ethereum::{ETH_TRANSFER_GAS, TOKEN_TRANSFER_GAS};
 
@@ -45,7 +46,11 @@ on_both_databases! {
             let method = if n % 2 == 0 { Method::UsdtErc20 } else { Method::Eth };
             intents.push((method, engine.create_payment(&order(&reference), method).await.unwrap().intent));
         }
-        let watcher = watch_ethereum(&engine, &anvil, &tokens, anvil.head().await);
+        // Eight addresses per log query: 20 watched take three, so token outflows are read as
+        // every USDT and USDC transfer of the range rather than by sender.
+        let mut settings = scanner_settings(&anvil.url, &tokens, anvil.head().await);
+        settings.addresses_per_log_query = 8;
+        let watcher = watch_ethereum_with(&engine, settings, fast());
         for (method, intent) in &intents {
             match method {
                 Method::Eth => anvil.send_eth(&intent.pay_to, ETH_WEI).await,
@@ -56,7 +61,7 @@ on_both_databases! {
         for (_, intent) in &intents {
             wait_status(&engine, &intent.id, IntentStatus::Settled).await;
         }
-        assert_eq!(held(&engine).await, [("eth".into(), 10 * ETH_WEI), ("usdt-erc20".into(), 10 * USDT_UNITS)]);
+        assert_eq!(held_per_asset(&engine, Network::Ethereum).await, [("eth".into(), 10 * ETH_WEI), ("usdt-erc20".into(), 10 * USDT_UNITS)]);
 
         // A week and a day later every intent's window has closed; the addresses holding money
         // stay followed.
@@ -116,7 +121,7 @@ on_both_databases! {
             assert_eq!(anvil.balance(&row.address).await, 0, "{} is empty on the chain", row.address);
         }
         anvil.mine(1).await;
-        eventually("the sweeps to be booked", || async { held(&engine).await.iter().all(|(_, amount)| *amount == 0) && fees(&engine).await > 0 }).await;
+        eventually("the sweeps to be booked", || async { held_per_asset(&engine, Network::Ethereum).await.iter().all(|(_, amount)| *amount == 0) && fees_booked(&engine, Method::Eth).await > 0 }).await;
 
         // The gas top-ups reached addresses whose intents wanted USDT: wrong-asset exceptions,
         // which an operator marks as the merchant's own money. Then every wei the customers
@@ -128,12 +133,12 @@ on_both_databases! {
             engine.resolve_exception(&exception.id, &Action::MarkOwnFunds, "ops", "gas top-up for the sweep").await.unwrap();
         }
         let paid_eth = 10 * ETH_WEI;
-        let treasury_eth = balance(&engine, Account::Treasury(Method::Eth), Method::Eth).await;
-        let gas = fees(&engine).await;
+        let treasury_eth = crypto_balance(&engine, Account::Treasury(Method::Eth), Method::Eth).await;
+        let gas = fees_booked(&engine, Method::Eth).await;
         assert_eq!(treasury_eth + gas, paid_eth);
-        assert_eq!(balance(&engine, Account::Treasury(Method::UsdtErc20), Method::UsdtErc20).await, 10 * USDT_UNITS);
-        assert_eq!(balance(&engine, Account::External(Method::Eth), Method::Eth).await, 0);
-        assert_eq!(balance(&engine, Account::Custody(Method::Eth), Method::Eth).await, 0);
+        assert_eq!(crypto_balance(&engine, Account::Treasury(Method::UsdtErc20), Method::UsdtErc20).await, 10 * USDT_UNITS);
+        assert_eq!(crypto_balance(&engine, Account::External(Method::Eth), Method::Eth).await, 0);
+        assert_eq!(crypto_balance(&engine, Account::Custody(Method::Eth), Method::Eth).await, 0);
         assert_eq!(engine.open_exceptions_by_kind().await.unwrap(), []);
         // Gas: 10 plain transfers, 10 leftover collections and 10 token transfers.
         assert!(gas > 20 * native_fee && gas < 20 * native_fee + 10 * u128::from(TOKEN_TRANSFER_GAS) * gas_price, "{gas}");
@@ -143,7 +148,7 @@ on_both_databases! {
         anvil.reorg(2).await;
         anvil.mine(1).await;
         eventually("the leftover collections to be taken back", || async {
-            held(&engine).await.iter().find(|(asset, _)| asset == "eth").is_some_and(|(_, amount)| *amount > 0)
+            held_per_asset(&engine, Network::Ethereum).await.iter().find(|(asset, _)| asset == "eth").is_some_and(|(_, amount)| *amount > 0)
         }).await;
         assert!(engine.trial_balance().await.unwrap().is_sound());
         for raw in &leftovers {
@@ -151,8 +156,8 @@ on_both_databases! {
         }
         anvil.mine(2).await;
         eventually("the leftover collections to be booked again", || async {
-            held(&engine).await.iter().all(|(_, amount)| *amount == 0)
-                && balance(&engine, Account::Treasury(Method::Eth), Method::Eth).await + fees(&engine).await == paid_eth
+            held_per_asset(&engine, Network::Ethereum).await.iter().all(|(_, amount)| *amount == 0)
+                && crypto_balance(&engine, Account::Treasury(Method::Eth), Method::Eth).await + fees_booked(&engine, Method::Eth).await == paid_eth
         }).await;
 
         // The month's roll-forward closes at zero for both assets.
@@ -201,36 +206,11 @@ on_both_databases! {
         let receipt = anvil.receipt(&txid).await;
         assert_eq!(receipt["status"], serde_json::json!("0x0"), "{receipt}");
         let burned = u128::from_str_radix(receipt["gasUsed"].as_str().unwrap().trim_start_matches("0x"), 16).unwrap() * gas_price;
-        eventually("the reverted sweep's gas to be booked", || async { fees(&engine).await == burned }).await;
-        assert_eq!(held(&engine).await, [("eth".into(), top_up - burned), ("usdt-erc20".into(), USDT_UNITS)]);
+        eventually("the reverted sweep's gas to be booked", || async { fees_booked(&engine, Method::Eth).await == burned }).await;
+        assert_eq!(held_per_asset(&engine, Network::Ethereum).await, [("eth".into(), top_up - burned), ("usdt-erc20".into(), USDT_UNITS)]);
         assert_eq!(anvil.balance(&intent.pay_to).await, top_up - burned);
-        assert_eq!(balance(&engine, Account::Treasury(Method::UsdtErc20), Method::UsdtErc20).await, 0);
+        assert_eq!(crypto_balance(&engine, Account::Treasury(Method::UsdtErc20), Method::UsdtErc20).await, 0);
         watcher.stop().await.unwrap();
         sound(&engine).await;
     }
-}
-
-/// What payrecon holds on Ethereum per asset, in base units.
-async fn held(engine: &Engine) -> Vec<(String, u128)> {
-    engine
-        .holdings(Some(Network::Ethereum), HoldingsSort::Address, false, 0, 1)
-        .await
-        .unwrap()
-        .totals
-        .into_iter()
-        .map(|total| (total.asset, total.amount.parse().unwrap()))
-        .collect()
-}
-
-async fn balance(engine: &Engine, account: Account, method: Method) -> u128 {
-    let balance = engine
-        .account_balance(&account, Currency::Crypto(method))
-        .await
-        .unwrap();
-    u128::try_from(balance.abs()).unwrap()
-}
-
-/// The gas booked to network fees, in wei.
-async fn fees(engine: &Engine) -> u128 {
-    balance(engine, Account::NetworkFees(Method::Eth), Method::Eth).await
 }

@@ -200,7 +200,8 @@ async fn run(db: Db, ops: Vec<Op>) {
         };
         apply(&engine, &batch).await;
         log.push(batch);
-        // Holdings never go negative (the view refuses it) and equal the model's.
+        // Holdings never go negative (the view would list them overdrawn) and equal the
+        // model's.
         check_holdings(&engine, &intents, &receipts, &sweeps).await;
     }
     let before = state(&engine).await;
@@ -244,6 +245,7 @@ async fn check_holdings(
         .holdings(Some(Network::Litecoin), HoldingsSort::Address, true, 0, 100)
         .await
         .unwrap();
+    assert!(view.overdrawn.is_empty(), "{:?}", view.overdrawn);
     let actual: BTreeMap<String, u128> = view
         .addresses
         .iter()

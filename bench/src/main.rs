@@ -1405,9 +1405,6 @@ async fn ethereum(
     }
     watched.truncate(addresses.max(1));
 
-    let mut settings = EthereumSettings::new(url, chain_id, token.parse()?, token.parse()?);
-    settings.max_blocks_per_scan = blocks as u64;
-    let mut scanner = EthereumScanner::new(settings);
     let cursor = ChainCursor {
         tip: BlockId {
             height: start,
@@ -1415,18 +1412,44 @@ async fn ethereum(
         },
         checkpoints: Vec::new(),
     };
-    let (batch, elapsed) = timed_scan(&mut scanner, watched, Some(cursor), 12).await?;
-    anyhow::ensure!(
-        batch.cursor.tip.height == start + blocks as u64,
-        "the scan covered every busy block"
-    );
-    Ok(scan_lines(
+    // The same blocks and watch set, outflow tracking off then on, the median of 3 scans each.
+    let mut medians = Vec::new();
+    let mut last = None;
+    for outflows in [false, true] {
+        let mut settings = EthereumSettings::new(url, chain_id, token.parse()?, token.parse()?);
+        settings.max_blocks_per_scan = blocks as u64;
+        settings.outflows = outflows;
+        let mut scanner = EthereumScanner::new(settings);
+        let mut timings = Vec::new();
+        for _ in 0..3 {
+            let (batch, elapsed) =
+                timed_scan(&mut scanner, watched.clone(), Some(cursor.clone()), 12).await?;
+            anyhow::ensure!(
+                batch.cursor.tip.height == start + blocks as u64,
+                "the scan covered every busy block"
+            );
+            timings.push(elapsed);
+            last = Some(batch);
+        }
+        timings.sort();
+        medians.push(timings[1]);
+    }
+    let batch = last.context("a scan ran")?;
+    let mut lines = scan_lines(
         addresses,
         blocks,
         transfers_per_block * 2,
         &batch,
-        elapsed,
-    ))
+        medians[1],
+    );
+    let mut off = line(
+        &format!("blocks scanned, {addresses} watched, outflow tracking off"),
+        blocks,
+        medians[0],
+    );
+    off.note = Some("median of 3".into());
+    lines.extend([off, outflow_cost(blocks, medians[1], medians[0])]);
+    Ok(lines)
 }
 
 async fn tron(
@@ -1826,6 +1849,21 @@ fn line(workload: &str, entries: usize, elapsed: Duration) -> BenchLine {
         of_line: None,
         note: None,
     }
+}
+
+/// The line that states what outflow tracking costs: a scan's time with it over without.
+fn outflow_cost(blocks: usize, on: Duration, off: Duration) -> BenchLine {
+    let mut ratio = line(
+        "cost per block, outflow tracking on / off",
+        blocks,
+        Duration::ZERO,
+    );
+    ratio.entries_per_second = 0;
+    ratio.note = Some(format!(
+        "{:.2}x",
+        on.as_secs_f64() / off.as_secs_f64().max(1e-9)
+    ));
+    ratio
 }
 
 fn progress_bar(length: u64, label: &'static str) -> ProgressBar {

@@ -480,17 +480,7 @@ async fn with_outflows(
         "{:.1} ms per block; the held set took +{grown} MiB resident; median of 3",
         on.as_secs_f64() * 1000.0 / blocks as f64
     ));
-    let mut ratio = line(
-        "cost per block, outflow tracking on / off",
-        blocks,
-        Duration::ZERO,
-    );
-    ratio.entries_per_second = 0;
-    ratio.note = Some(format!(
-        "{:.2}x",
-        on.as_secs_f64() / off.as_secs_f64().max(1e-9)
-    ));
-    Ok(vec![measured, ratio])
+    Ok(vec![measured, super::outflow_cost(blocks, on, off)])
 }
 
 /// The process's resident memory now, in MiB (Linux).

@@ -84,6 +84,15 @@ pub(super) async fn holdings(
         if let Some(next) = view.next_offset {
             out.push_str(&format!("next offset: {next}\n"));
         }
+        for holding in &view.overdrawn {
+            out.push_str(&format!(
+                "overdrawn: {} {} at {}: {} base units more left than payrecon saw arrive\n",
+                holding.network,
+                holding.asset,
+                holding.address,
+                holding.amount.trim_start_matches('-'),
+            ));
+        }
         out.trim_end().to_owned()
     })
 }

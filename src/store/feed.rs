@@ -114,7 +114,7 @@ fn holds_outputs(network: Network) -> bool {
 /// Whether `network`'s watcher follows an account address for as long as it holds anything
 /// (the account chains whose scanners report outflows).
 fn follows_holders(network: Network) -> bool {
-    matches!(network, Network::Ethereum)
+    matches!(network, Network::Ethereum | Network::Tron)
 }
 
 /// Whether each address holds any of its network's assets (a fake token holds nothing).

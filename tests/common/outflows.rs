@@ -1,8 +1,9 @@
-//! Test support for outflows: a Litecoin engine with a treasury address, and outflow reports
-//! spending recorded receipts.
+//! Test support for outflows: a Litecoin engine with a treasury address, outflow reports
+//! spending recorded receipts, and what the holdings and the books say afterwards.
 
 use payrecon::Engine;
 use payrecon::config::UtxoConfig;
+use payrecon::ledger::{Account, Currency};
 use payrecon_chain_core::{
     Amount, Asset, Method, Network, Outflow, OutflowEvent, ReceivedAsset, TransferId,
 };
@@ -84,4 +85,30 @@ pub async fn hand_out(engine: &Engine, count: u32) -> Vec<payrecon::PaymentInten
     }
     intents.sort_by_key(|intent| intent.derivation_index);
     intents
+}
+
+/// What payrecon holds on `network` per asset, in base units.
+pub async fn held_per_asset(engine: &Engine, network: Network) -> Vec<(String, u128)> {
+    engine
+        .holdings(Some(network), payrecon::HoldingsSort::Address, false, 0, 1)
+        .await
+        .unwrap()
+        .totals
+        .into_iter()
+        .map(|total| (total.asset, total.amount.parse().unwrap()))
+        .collect()
+}
+
+/// An account's balance in `method`'s base units, whichever side it sits on.
+pub async fn crypto_balance(engine: &Engine, account: Account, method: Method) -> u128 {
+    let balance = engine
+        .account_balance(&account, Currency::Crypto(method))
+        .await
+        .unwrap();
+    u128::try_from(balance.abs()).unwrap()
+}
+
+/// What `method`'s network fees add up to in the books, in base units.
+pub async fn fees_booked(engine: &Engine, method: Method) -> u128 {
+    crypto_balance(engine, Account::NetworkFees(method), method).await
 }

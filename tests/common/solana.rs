@@ -27,6 +27,7 @@ pub fn solana_config(node: &FakeSolana) -> SolanaConfig {
         poll_interval_ms: 50,
         timeout_ms: 30_000,
         max_answer_bytes: None,
+        treasury_addresses: Vec::new(),
     }
 }
 

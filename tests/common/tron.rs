@@ -50,24 +50,29 @@ pub fn tron_config(
         poll_interval_ms: 50,
         timeout_ms: 30_000,
         max_answer_bytes: None,
+        treasury_addresses: Vec::new(),
     }
 }
 
 /// An engine for TRX and USDT-TRC20 on `tron`: TRX at 0.25 USD, USDT at 1, the clock at the
 /// real now, moved by hand.
 pub async fn tron_engine(db: &TestDb, tron: &TronConfig) -> (Engine, Arc<ManualClock>) {
-    let config = super::payments::config(|config: &mut Config| {
-        config.payments.enabled_methods = vec![Method::Trx, Method::UsdtTrc20];
-        config.networks.tron = Some(tron.clone());
-    });
     let (engine, clock) = super::payments::engine_with_prices(
         db,
-        config,
+        tron_engine_config(tron),
         &[(Asset::Trx, "0.25"), (Asset::Usdt, "1")],
     )
     .await;
     clock.advance(chrono::Utc::now() - super::payments::start_time());
     (engine, clock)
+}
+
+/// The configuration [`tron_engine`] runs with.
+pub fn tron_engine_config(tron: &TronConfig) -> Config {
+    super::payments::config(|config: &mut Config| {
+        config.payments.enabled_methods = vec![Method::Trx, Method::UsdtTrc20];
+        config.networks.tron = Some(tron.clone());
+    })
 }
 
 /// Starts the Tron watcher of `engine` the way `payrecon serve` builds it from the

@@ -91,6 +91,9 @@ pub struct EthereumSettings {
     pub timeout: Duration,
     /// The largest answer read over HTTP; a larger one fails the request.
     pub max_answer_bytes: usize,
+    /// Whether to look for money leaving watched addresses: on in every watcher payrecon
+    /// runs; off only to measure what it costs (`payrecon bench ethereum`).
+    pub outflows: bool,
 }
 
 impl EthereumSettings {
@@ -113,6 +116,7 @@ impl EthereumSettings {
             addresses_per_log_query: 1000,
             timeout: Duration::from_secs(30),
             max_answer_bytes: 64 << 20,
+            outflows: true,
         }
     }
 
@@ -398,7 +402,8 @@ impl ChainScanner for EthereumScanner {
                         .unwrap_or(i64::MAX / 1000)
                         .saturating_mul(1000),
                 )?;
-                let (transfers, outflows) = native_movements(&provider, &block, watched).await?;
+                let (transfers, outflows) =
+                    native_movements(&provider, &block, watched, settings.outflows).await?;
                 for transfer in transfers {
                     range.push_transfer(transfer, height)?;
                 }
@@ -407,14 +412,25 @@ impl ChainScanner for EthereumScanner {
                 }
             }
             let addresses: Vec<Address> = watched.iter().map(|(address, _)| *address).collect();
-            for chunk in addresses.chunks(settings.addresses_per_log_query.max(1)) {
-                for log in transfer_logs(&provider, chunk, LogSide::To, from, to).await? {
+            let chunk_size = settings.addresses_per_log_query.max(1);
+            for chunk in addresses.chunks(chunk_size) {
+                for log in transfer_logs(&provider, LogQuery::To(chunk), from, to).await? {
                     if let Some((transfer, height)) = settings.token_transfer(&log, watched)? {
                         same_block(&range, &log, height)?;
                         range.push_transfer(transfer, height)?;
                     }
                 }
-                for log in transfer_logs(&provider, chunk, LogSide::From, from, to).await? {
+            }
+            // Outflows count for USDT and USDC only: past one chunk of addresses, every
+            // transfer of the two contracts in the range costs one query where asking by
+            // sender would cost one per chunk.
+            let outflow_query = if addresses.len() <= chunk_size {
+                LogQuery::From(&addresses)
+            } else {
+                LogQuery::Contracts(&[settings.usdt_contract, settings.usdc_contract])
+            };
+            if settings.outflows && !addresses.is_empty() {
+                for log in transfer_logs(&provider, outflow_query, from, to).await? {
                     if let Some((outflow, height)) = settings.token_outflow(&log, watched)? {
                         same_block(&range, &log, height)?;
                         range.push_outflow(outflow, height)?;
@@ -592,6 +608,7 @@ async fn native_movements(
     provider: &RootProvider,
     block: &Block,
     watched: &KeyIndex<Address>,
+    track_outflows: bool,
 ) -> Result<(Vec<Transfer>, Vec<Outflow>), ScanError> {
     let height = block.header.number;
     let mut received = Vec::new();
@@ -602,7 +619,7 @@ async fn native_movements(
         {
             received.push((tx.tx_hash(), tx.value(), key.to_string()));
         }
-        if let Some(key) = watched.get(&tx.from()) {
+        if track_outflows && let Some(key) = watched.get(&tx.from()) {
             sent.push((tx.tx_hash(), tx.value(), key.to_string(), tx.to()));
         }
     }
@@ -698,23 +715,27 @@ async fn block_header(provider: &RootProvider, height: u64) -> Result<Option<Hea
         .map(|block| block.header))
 }
 
-/// Which side of a `Transfer` log a query matches watched addresses on.
+/// Which `Transfer` logs a query asks for.
 #[derive(Clone, Copy, Debug)]
-enum LogSide {
-    From,
-    To,
+enum LogQuery<'a> {
+    /// From these addresses, of any contract.
+    From(&'a [Address]),
+    /// To these addresses, of any contract.
+    To(&'a [Address]),
+    /// Every transfer of these contracts.
+    Contracts(&'a [Address]),
 }
 
-/// `Transfer` logs from or to `addresses` in `from..=to`, halving the range when the node
+/// The `Transfer` logs `query` asks for in `from..=to`, halving the range when the node
 /// refuses it as too large.
 async fn transfer_logs(
     provider: &RootProvider,
-    addresses: &[Address],
-    side: LogSide,
+    query: LogQuery<'_>,
     from: u64,
     to: u64,
 ) -> Result<Vec<Log>, ScanError> {
-    let topics: Vec<B256> = addresses.iter().map(|a| a.into_word()).collect();
+    let topics =
+        |addresses: &[Address]| -> Vec<B256> { addresses.iter().map(|a| a.into_word()).collect() };
     let mut ranges = vec![(from, to)];
     let mut logs = Vec::new();
     while let Some((low, high)) = ranges.pop() {
@@ -722,9 +743,10 @@ async fn transfer_logs(
             .from_block(low)
             .to_block(high)
             .event_signature(TRANSFER_TOPIC);
-        let filter = match side {
-            LogSide::From => filter.topic1(topics.clone()),
-            LogSide::To => filter.topic2(topics.clone()),
+        let filter = match query {
+            LogQuery::From(addresses) => filter.topic1(topics(addresses)),
+            LogQuery::To(addresses) => filter.topic2(topics(addresses)),
+            LogQuery::Contracts(contracts) => filter.address(contracts.to_vec()),
         };
         match provider.get_logs(&filter).await {
             Ok(found) => logs.extend(found),

@@ -18,6 +18,14 @@ use solana_pubkey::Pubkey;
 /// address per intent there is one recipient and one reference key per intent. The reference
 /// is random public-key bytes with no secret anywhere; the customer's wallet adds it to the
 /// transfer as a read-only account, which is how payrecon finds the payment.
+/// `text` as the base58 public key it spells, or why it is none: how configured Solana
+/// addresses are checked at start.
+pub fn solana_address(text: &str) -> Result<String, DeriveError> {
+    Pubkey::from_str(text)
+        .map(|key| key.to_string())
+        .map_err(|_| DeriveError::Config(format!("{text:?} is not a Solana public key")))
+}
+
 #[derive(Clone, Debug)]
 pub struct SolanaPayDeriver {
     recipient: Pubkey,

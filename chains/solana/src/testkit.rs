@@ -118,6 +118,38 @@ impl FakeSolana {
         block_time: i64,
         failed: bool,
     ) -> String {
+        self.transfer(
+            &random_pubkey(),
+            to,
+            lamports,
+            reference,
+            block_time,
+            failed,
+        )
+    }
+
+    /// A transfer `payer` signs (and pays the fee of): the merchant moving money out of its
+    /// recipient. Returns its signature.
+    pub fn send_from(
+        &self,
+        payer: &str,
+        to: &str,
+        lamports: u64,
+        block_time: i64,
+        failed: bool,
+    ) -> String {
+        self.transfer(payer, to, lamports, None, block_time, failed)
+    }
+
+    fn transfer(
+        &self,
+        payer: &str,
+        to: &str,
+        lamports: u64,
+        reference: Option<&str>,
+        block_time: i64,
+        failed: bool,
+    ) -> String {
         let mut node = self.node.lock().expect("node");
         node.slot += 1;
         let signature = solana_signature_text();
@@ -125,7 +157,7 @@ impl FakeSolana {
             signature: signature.clone(),
             slot: node.slot,
             block_time,
-            payer: random_pubkey(),
+            payer: payer.to_owned(),
             to: to.to_owned(),
             lamports,
             reference: reference.map(str::to_owned),
@@ -134,6 +166,13 @@ impl FakeSolana {
         };
         node.txs.push(tx);
         signature
+    }
+
+    /// The fee every transaction of this node pays, in lamports.
+    pub fn fee(&self) -> u64 {
+        recorded(TRANSACTION)["response"]["result"]["meta"]["fee"]
+            .as_u64()
+            .unwrap_or(5000)
     }
 
     /// Every confirmed transaction becomes final, and the slot moves on.

@@ -18,9 +18,9 @@ use std::time::Duration;
 
 use futures_util::{StreamExt as _, TryStreamExt as _};
 use payrecon_chain_core::{
-    Amount, BlockId, ChainCursor, ChainEvent, ChainScanner, KeyIndex, KnownTransfer, Method,
-    Network, ReceivedAsset, ScanBatch, ScanError, SecretUrl, Transfer, TransferId, WatchView,
-    WatchedLookup,
+    Amount, BlockId, ChainCursor, ChainEvent, ChainScanner, KeyIndex, KnownOutflow, KnownTransfer,
+    Method, Network, Outflow, OutflowEvent, ReceivedAsset, ScanBatch, ScanError, SecretUrl,
+    Transfer, TransferId, WatchView, WatchedLookup,
 };
 use solana_commitment_config::CommitmentConfig;
 use solana_pubkey::Pubkey;
@@ -162,51 +162,39 @@ impl SolanaScanner {
     }
 
     /// Every listed transaction not recorded yet, fetched and verified: what it moved to the
-    /// recipient under a known reference, with its finality, slot and time.
+    /// recipient under a known reference, and what the recipient sent out, each with its
+    /// finality, slot and time.
     async fn verified(
         &self,
         client: &RpcClient,
         view: &WatchView,
         listed: &Listings,
-    ) -> Result<Vec<(Transfer, u32, Option<u64>, i64)>, ScanError> {
-        let known: HashSet<&str> = view.known.keys().map(|id| id.txid.as_str()).collect();
-        let mut found = Vec::new();
+    ) -> Result<Verified, ScanError> {
+        let known: HashSet<&str> = view
+            .known
+            .keys()
+            .chain(view.known_outflows.keys())
+            .map(|id| id.txid.as_str())
+            .collect();
+        let mut found = Verified::default();
         let mut looked_at: HashSet<&str> = HashSet::new();
-        for status in listed.iter().flat_map(|(_, signatures)| signatures) {
-            // A failed transaction moves no SOL to anyone: nothing to verify. One already
-            // recorded only moves in finality, followed by `finality`.
-            if status.err.is_some()
-                || !looked_at.insert(status.signature.as_str())
-                || known.contains(status.signature.as_str())
-            {
-                continue;
-            }
-            let finalized = matches!(
-                status.confirmation_status,
-                Some(TransactionConfirmationStatus::Finalized)
-            );
-            let config = RpcTransactionConfig {
-                encoding: Some(UiTransactionEncoding::JsonParsed),
-                commitment: Some(CommitmentConfig::confirmed()),
-                max_supported_transaction_version: Some(0),
-            };
-            let tx: Option<EncodedConfirmedTransactionWithStatusMeta> = client
-                .send(
-                    RpcRequest::GetTransaction,
-                    serde_json::json!([status.signature, config]),
-                )
-                .await
-                .map_err(|e| classify("getTransaction", e))?;
-            // Listed but not served yet by this node: ask again next scan.
-            let tx = tx.ok_or_else(|| {
-                ScanError::Transient(format!("getTransaction {} answered null", status.signature))
-            })?;
-            if let Some(transfer) = verify(
-                &status.signature,
-                &tx,
-                &self.settings.recipient,
-                &self.references,
-            )? {
+        for (address, listing) in listed {
+            for status in listing {
+                // A failed transaction moves no SOL to anyone, but the recipient's own failed
+                // transaction still cost it the fee. One already recorded only moves in
+                // finality, followed by `finality`.
+                let own = *address == self.settings.recipient;
+                if (status.err.is_some() && !own)
+                    || !looked_at.insert(status.signature.as_str())
+                    || known.contains(status.signature.as_str())
+                {
+                    continue;
+                }
+                let finalized = matches!(
+                    status.confirmation_status,
+                    Some(TransactionConfirmationStatus::Finalized)
+                );
+                let tx = transaction(client, &status.signature).await?;
                 let (confirmations, block) = if finalized {
                     (1, Some(tx.slot))
                 } else {
@@ -215,7 +203,18 @@ impl SolanaScanner {
                 let seen = status
                     .block_time
                     .map_or(view.now_ms, |t| t.saturating_mul(1000).min(view.now_ms));
-                found.push((transfer, confirmations, block, seen));
+                if let Some(transfer) = verify(
+                    &status.signature,
+                    &tx,
+                    &self.settings.recipient,
+                    &self.references,
+                )? {
+                    found.transfers.push((transfer, confirmations, block, seen));
+                }
+                if let Some(outflow) = outflow_of(&status.signature, &tx, &self.settings.recipient)?
+                {
+                    found.outflows.push((outflow, confirmations, tx.slot, seen));
+                }
             }
         }
         Ok(found)
@@ -323,10 +322,13 @@ impl ChainScanner for SolanaScanner {
         // Transactions listed after `getSlot` answered may sit in newer slots: the tip is at
         // least the newest slot seen in this round.
         let tip = found
+            .transfers
             .iter()
             .filter_map(|(_, _, block, _)| *block)
+            .chain(found.outflows.iter().map(|(_, _, slot, _)| *slot))
             .fold(tip, u64::max);
         let mut events: Vec<ChainEvent> = found
+            .transfers
             .into_iter()
             .map(
                 |(transfer, confirmations, block_height, seen_at_ms)| ChainEvent::Observed {
@@ -339,6 +341,20 @@ impl ChainScanner for SolanaScanner {
             )
             .collect();
         events.extend(finality(&client, view, tip).await?);
+        let mut outflows: Vec<OutflowEvent> = found
+            .outflows
+            .into_iter()
+            .map(
+                |(outflow, confirmations, block_height, seen_at_ms)| OutflowEvent::Sent {
+                    outflow,
+                    confirmations,
+                    block_height,
+                    seen_at_ms,
+                    tip_height: tip,
+                },
+            )
+            .collect();
+        outflows.extend(outflow_finality(&client, view, tip).await?);
 
         // Everything listed is handled: the next listings stop at the newest signatures.
         // References of closed intents are not listed any more: forget them.
@@ -357,7 +373,7 @@ impl ChainScanner for SolanaScanner {
         };
         Ok(ScanBatch {
             events,
-            outflows: Vec::new(),
+            outflows,
             cursor: ChainCursor {
                 tip: BlockId { height: tip, hash },
                 checkpoints: Vec::new(),
@@ -376,18 +392,13 @@ impl ChainScanner for SolanaScanner {
         let mut found = Vec::with_capacity(transfers.len());
         for chunk in transfers.chunks(STATUSES_PER_CALL) {
             found.extend(
-                statuses(&client, chunk.iter())
+                statuses(&client, chunk.iter().map(|k| k.transfer.id.txid.as_str()))
                     .await?
                     .into_iter()
                     .map(|status| {
-                        status.filter(|s| s.err.is_none()).map(|s| {
-                            let finalized = s.confirmations.is_none()
-                                || matches!(
-                                    s.confirmation_status,
-                                    Some(TransactionConfirmationStatus::Finalized)
-                                );
-                            u32::from(finalized)
-                        })
+                        status
+                            .filter(|s| s.err.is_none())
+                            .map(|s| u32::from(is_final(&s)))
                     }),
             );
         }
@@ -417,17 +428,7 @@ fn verify(
     if meta.err.is_some() {
         return Ok(None);
     }
-    let keys: Vec<String> = match &tx.transaction.transaction {
-        EncodedTransaction::Json(ui) => match &ui.message {
-            UiMessage::Parsed(message) => message
-                .account_keys
-                .iter()
-                .map(|a| a.pubkey.clone())
-                .collect(),
-            UiMessage::Raw(message) => message.account_keys.clone(),
-        },
-        _ => return Err(malformed("not jsonParsed")),
-    };
+    let keys = account_keys(signature, tx)?;
     if keys.len() != meta.pre_balances.len() || keys.len() != meta.post_balances.len() {
         return Err(malformed("balances do not line up with the account keys"));
     }
@@ -487,15 +488,90 @@ fn verify(
     })
 }
 
-/// The statuses of recorded transfers' signatures, with history: one finalized while the
-/// watcher was away is older than the node's recent-status cache, and must not look vanished.
+/// What a transaction took from the recipient: the fee when the recipient paid it (first
+/// account key, the fee payer), failed or not, and the rest of its balance's fall as the
+/// amount sent, to the one account whose balance rose by exactly that much (`None` when it
+/// was split). `None` when the recipient's balance did not fall.
+fn outflow_of(
+    signature: &str,
+    tx: &EncodedConfirmedTransactionWithStatusMeta,
+    recipient: &Pubkey,
+) -> Result<Option<Outflow>, ScanError> {
+    let malformed = |what: &str| ScanError::Fatal(format!("getTransaction {signature}: {what}"));
+    let Some(meta) = &tx.transaction.meta else {
+        return Err(malformed("no status meta"));
+    };
+    let keys = account_keys(signature, tx)?;
+    if keys.len() != meta.pre_balances.len() || keys.len() != meta.post_balances.len() {
+        return Err(malformed("balances do not line up with the account keys"));
+    }
+    let delta = |index: usize| -> i128 {
+        i128::from(meta.post_balances[index]) - i128::from(meta.pre_balances[index])
+    };
+    let recipient_text = recipient.to_string();
+    let Some(index) = keys.iter().position(|k| *k == recipient_text) else {
+        return Ok(None);
+    };
+    let fell = -delta(index);
+    if fell <= 0 {
+        return Ok(None);
+    }
+    let fee = if index == 0 {
+        i128::from(meta.fee).min(fell)
+    } else {
+        0
+    };
+    let amount = fell - fee;
+    let mut rose = (0..keys.len()).filter(|i| *i != index && delta(*i) == amount);
+    let to_address = match (amount > 0, rose.next(), rose.next()) {
+        (true, Some(only), None) => Some(keys[only].clone()),
+        _ => None,
+    };
+    let lamports = |value: i128| Amount::from_base_units(u128::try_from(value).unwrap_or(0));
+    Ok(Some(Outflow {
+        id: TransferId {
+            network: Network::Solana,
+            txid: signature.to_owned(),
+            position: 0,
+        },
+        spends: None,
+        from_address: recipient_text,
+        asset: ReceivedAsset::Method {
+            method: Method::Sol,
+        },
+        amount: lamports(amount),
+        fee: lamports(fee),
+        to_address,
+    }))
+}
+
+/// The account keys of a jsonParsed transaction, in order (the fee payer first).
+fn account_keys(
+    signature: &str,
+    tx: &EncodedConfirmedTransactionWithStatusMeta,
+) -> Result<Vec<String>, ScanError> {
+    match &tx.transaction.transaction {
+        EncodedTransaction::Json(ui) => Ok(match &ui.message {
+            UiMessage::Parsed(message) => message
+                .account_keys
+                .iter()
+                .map(|a| a.pubkey.clone())
+                .collect(),
+            UiMessage::Raw(message) => message.account_keys.clone(),
+        }),
+        _ => Err(ScanError::Fatal(format!(
+            "getTransaction {signature}: not jsonParsed"
+        ))),
+    }
+}
+
+/// The statuses of recorded signatures, with history: one finalized while the watcher was
+/// away is older than the node's recent-status cache, and must not look vanished.
 async fn statuses<'k>(
     client: &RpcClient,
-    transfers: impl Iterator<Item = &'k KnownTransfer>,
+    txids: impl Iterator<Item = &'k str>,
 ) -> Result<Vec<Option<TransactionStatus>>, ScanError> {
-    let signatures: Vec<Signature> = transfers
-        .map(|k| signature(&k.transfer.id.txid))
-        .collect::<Result<_, _>>()?;
+    let signatures: Vec<Signature> = txids.map(signature).collect::<Result<_, _>>()?;
     Ok(client
         .get_signature_statuses_with_history(&signatures)
         .await
@@ -503,8 +579,68 @@ async fn statuses<'k>(
         .value)
 }
 
-/// Recorded transfers that were not final: finalized since, still confirmed, or gone with
+/// Whether a status says finalized (`confirmations: null` is how older nodes say it).
+fn is_final(status: &TransactionStatus) -> bool {
+    status.confirmations.is_none()
+        || matches!(
+            status.confirmation_status,
+            Some(TransactionConfirmationStatus::Finalized)
+        )
+}
+
+/// What became of recorded signatures not final yet: `Some(slot)` once finalized, `None`
+/// when gone with their fork; those still only confirmed are left out.
+async fn settled<'k, T>(
+    client: &RpcClient,
+    pending: Vec<&'k T>,
+    txid: impl Fn(&T) -> &str,
+) -> Result<Vec<(&'k T, Option<u64>)>, ScanError> {
+    let mut settled = Vec::new();
+    for chunk in pending.chunks(STATUSES_PER_CALL) {
+        let found = statuses(client, chunk.iter().map(|k| txid(k))).await?;
+        for (k, status) in chunk.iter().zip(found) {
+            match status {
+                None => settled.push((*k, None)),
+                Some(status) if is_final(&status) => settled.push((*k, Some(status.slot))),
+                Some(_) => {}
+            }
+        }
+    }
+    Ok(settled)
+}
+
+/// Recorded outflows that were not final: finalized since (and booked then) or gone with
 /// their fork.
+async fn outflow_finality(
+    client: &RpcClient,
+    view: &WatchView,
+    tip: u64,
+) -> Result<Vec<OutflowEvent>, ScanError> {
+    let pending: Vec<&KnownOutflow> = view
+        .known_outflows
+        .values()
+        .filter(|k| k.confirmations == 0)
+        .collect();
+    let settled = settled(client, pending, |k| k.outflow.id.txid.as_str()).await?;
+    Ok(settled
+        .into_iter()
+        .map(|(k, slot)| match slot {
+            None => OutflowEvent::Removed {
+                id: k.outflow.id.clone(),
+                tip_height: tip.max(k.tip_height),
+            },
+            Some(slot) => OutflowEvent::Sent {
+                outflow: k.outflow.clone(),
+                confirmations: 1,
+                block_height: slot,
+                seen_at_ms: k.seen_at_ms,
+                tip_height: tip.max(k.tip_height).max(slot),
+            },
+        })
+        .collect())
+}
+
+/// Recorded transfers that were not final: finalized since or gone with their fork.
 async fn finality(
     client: &RpcClient,
     view: &WatchView,
@@ -515,42 +651,56 @@ async fn finality(
         .values()
         .filter(|k| k.confirmations == 0)
         .collect();
-    let mut events = Vec::new();
-    for chunk in pending.chunks(STATUSES_PER_CALL) {
-        for (k, status) in chunk
-            .iter()
-            .zip(statuses(client, chunk.iter().copied()).await?)
-        {
-            match status {
-                None => events.push(ChainEvent::Removed {
-                    id: k.transfer.id.clone(),
-                    tip_height: tip.max(k.tip_height),
-                }),
-                // `confirmations: null` is how older nodes say finalized.
-                Some(status)
-                    if status.confirmations.is_none()
-                        || matches!(
-                            status.confirmation_status,
-                            Some(TransactionConfirmationStatus::Finalized)
-                        ) =>
-                {
-                    events.push(ChainEvent::Observed {
-                        transfer: k.transfer.clone(),
-                        confirmations: 1,
-                        block_height: Some(status.slot),
-                        seen_at_ms: k.seen_at_ms,
-                        tip_height: tip.max(k.tip_height).max(status.slot),
-                    });
-                }
-                Some(_) => {}
-            }
-        }
-    }
-    Ok(events)
+    let settled = settled(client, pending, |k| k.transfer.id.txid.as_str()).await?;
+    Ok(settled
+        .into_iter()
+        .map(|(k, slot)| match slot {
+            None => ChainEvent::Removed {
+                id: k.transfer.id.clone(),
+                tip_height: tip.max(k.tip_height),
+            },
+            Some(slot) => ChainEvent::Observed {
+                transfer: k.transfer.clone(),
+                confirmations: 1,
+                block_height: Some(slot),
+                seen_at_ms: k.seen_at_ms,
+                tip_height: tip.max(k.tip_height).max(slot),
+            },
+        })
+        .collect())
 }
 
 /// Each address listed this round with its new signatures, newest first.
 type Listings = Vec<(Pubkey, Vec<RpcConfirmedTransactionStatusWithSignature>)>;
+
+/// What one round's new transactions did: receipts, and what left the recipient, each with
+/// its confirmations (1 once finalized), slot and time.
+#[derive(Default)]
+struct Verified {
+    transfers: Vec<(Transfer, u32, Option<u64>, i64)>,
+    outflows: Vec<(Outflow, u32, u64, i64)>,
+}
+
+/// One transaction, jsonParsed, at `confirmed`.
+async fn transaction(
+    client: &RpcClient,
+    signature: &str,
+) -> Result<EncodedConfirmedTransactionWithStatusMeta, ScanError> {
+    let config = RpcTransactionConfig {
+        encoding: Some(UiTransactionEncoding::JsonParsed),
+        commitment: Some(CommitmentConfig::confirmed()),
+        max_supported_transaction_version: Some(0),
+    };
+    let tx: Option<EncodedConfirmedTransactionWithStatusMeta> = client
+        .send(
+            RpcRequest::GetTransaction,
+            serde_json::json!([signature, config]),
+        )
+        .await
+        .map_err(|e| classify("getTransaction", e))?;
+    // Listed but not served yet by this node: ask again next scan.
+    tx.ok_or_else(|| ScanError::Transient(format!("getTransaction {signature} answered null")))
+}
 
 fn signature(text: &str) -> Result<Signature, ScanError> {
     Signature::from_str(text)

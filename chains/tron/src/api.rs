@@ -102,6 +102,13 @@ pub struct ContractParameter {
     pub value: serde_json::Value,
 }
 
+/// The account that signed a contract: `parameter.value.owner_address` of every contract type.
+#[derive(Clone, Debug, Deserialize)]
+pub struct OwnerValue {
+    /// The signer, hex `41…`.
+    pub owner_address: String,
+}
+
 /// `parameter.value` of `TransferContract` (TRX) and `TransferAssetContract` (TRC-10).
 #[derive(Clone, Debug, Deserialize)]
 pub struct TransferValue {
@@ -120,6 +127,10 @@ pub struct TransferValue {
 pub struct TransactionInfo {
     /// The transaction id.
     pub id: String,
+    /// Sun the transaction burned for its bandwidth and energy (absent when it burned none,
+    /// its resources staked or free).
+    #[serde(default)]
+    pub fee: u64,
     /// Its block.
     #[serde(default)]
     pub block_number: u64,
@@ -148,6 +159,35 @@ pub struct Receipt {
     /// `SUCCESS`, `REVERT`, `OUT_OF_ENERGY`, …; absent for plain TRX transfers.
     #[serde(default)]
     pub result: Option<String>,
+}
+
+/// `/wallet/getchainparameters`: the network's prices as the committee set them.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ChainParameters {
+    /// Key and value pairs.
+    #[serde(default)]
+    pub chain_parameter: Vec<ChainParameter>,
+}
+
+impl ChainParameters {
+    /// The value of `key`, if the node lists it.
+    pub fn get(&self, key: &str) -> Option<i64> {
+        self.chain_parameter
+            .iter()
+            .find(|p| p.key == key)
+            .map(|p| p.value)
+    }
+}
+
+/// One chain parameter.
+#[derive(Clone, Debug, Deserialize)]
+pub struct ChainParameter {
+    /// `getEnergyFee`, `getTransactionFee`, …
+    pub key: String,
+    /// Its value.
+    #[serde(default)]
+    pub value: i64,
 }
 
 /// One event log: the emitting contract as 20 bytes of hex (no `41`), topics and data as
@@ -242,6 +282,14 @@ impl TronClient {
             )
             .await?;
         Ok(infos.unwrap_or_default())
+    }
+
+    /// `/wallet/getchainparameters`: the energy and bandwidth prices among the rest.
+    pub async fn chain_parameters(&self) -> Result<ChainParameters, ScanError> {
+        let parameters: Option<ChainParameters> = self
+            .post("/wallet/getchainparameters", serde_json::json!({}))
+            .await?;
+        parameters.ok_or_else(|| ScanError::Fatal("the node lists no chain parameters".into()))
     }
 
     async fn post<T: DeserializeOwned>(
@@ -397,5 +445,13 @@ mod tests {
             trx.iter()
                 .all(|info| info.log.is_empty() && info.block_number == 66_987_565)
         );
+        assert_eq!(trx[0].fee, 267_000, "a TRX transfer's burned bandwidth");
+        let parameters: ChainParameters = recorded(
+            include_str!("../../../fixtures/tron/wallet_getchainparameters.json"),
+            "response",
+        );
+        assert_eq!(parameters.get("getEnergyFee"), Some(210));
+        assert_eq!(parameters.get("getTransactionFee"), Some(1000));
+        assert_eq!(parameters.get("getNoSuchThing"), None);
     }
 }

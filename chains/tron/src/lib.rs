@@ -10,4 +10,7 @@ mod watch;
 
 pub use address::{TronAddress, TronAddressError};
 pub use derive::TronDeriver;
-pub use watch::{TRANSFER_TOPIC, TronFinality, TronScanner, TronSettings};
+pub use watch::{
+    TRANSFER_TOPIC, TRC20_TRANSFER_BYTES, TRC20_TRANSFER_ENERGY, TRX_TRANSFER_BYTES, TronFinality,
+    TronScanner, TronSettings,
+};

@@ -27,6 +27,8 @@ const REVERT_INFO: &str =
     include_str!("../../../fixtures/tron/wallet_gettransactioninfobyid_revert.json");
 const TRX_INFOS: &str =
     include_str!("../../../fixtures/tron/wallet_gettransactioninfobyblocknum_nile.json");
+const CHAIN_PARAMETERS: &str =
+    include_str!("../../../fixtures/tron/wallet_getchainparameters.json");
 
 /// The recorded response inside a fixture's envelope.
 fn recorded(fixture: &str, key: &str) -> Value {
@@ -39,14 +41,20 @@ fn recorded(fixture: &str, key: &str) -> Value {
 pub enum TxSpec {
     /// TRX (`TransferContract`) of `sun` to `to` (base58).
     Trx {
+        /// Signer, base58; the recorded one when `None`.
+        from: Option<String>,
         /// Recipient, base58.
         to: String,
         /// Sun.
         sun: u64,
+        /// Sun burned for its bandwidth (the recorded transfer's 267,000 when `None`).
+        fee: Option<u64>,
     },
     /// A TRC-20 `transfer(to, amount)` on `contract` (`TriggerSmartContract`), succeeding or
     /// reverted.
     Trc20 {
+        /// Signer and sender, base58; the recorded one when `None`.
+        from: Option<String>,
         /// The token contract, base58.
         contract: String,
         /// Recipient, base58.
@@ -55,34 +63,71 @@ pub enum TxSpec {
         amount: u128,
         /// `false`: `contractRet` and the receipt say REVERT and there is no log.
         success: bool,
+        /// Sun burned for its energy and bandwidth (the recorded call's when `None`).
+        fee: Option<u64>,
     },
 }
 
 /// TRX to `to`.
 pub fn trx(to: &str, sun: u64) -> TxSpec {
     TxSpec::Trx {
+        from: None,
         to: to.to_owned(),
         sun,
+        fee: None,
+    }
+}
+
+/// TRX from `from` to `to`, burning `fee` sun.
+pub fn trx_from(from: &str, to: &str, sun: u64, fee: u64) -> TxSpec {
+    TxSpec::Trx {
+        from: Some(from.to_owned()),
+        to: to.to_owned(),
+        sun,
+        fee: Some(fee),
+    }
+}
+
+/// A TRC-20 transfer `from` signed, burning `fee` sun; reverted unless `success`.
+pub fn trc20_from(
+    from: &str,
+    contract: &str,
+    to: &str,
+    amount: u128,
+    fee: u64,
+    success: bool,
+) -> TxSpec {
+    TxSpec::Trc20 {
+        from: Some(from.to_owned()),
+        contract: contract.to_owned(),
+        to: to.to_owned(),
+        amount,
+        success,
+        fee: Some(fee),
     }
 }
 
 /// A successful TRC-20 transfer.
 pub fn trc20(contract: &str, to: &str, amount: u128) -> TxSpec {
     TxSpec::Trc20 {
+        from: None,
         contract: contract.to_owned(),
         to: to.to_owned(),
         amount,
         success: true,
+        fee: None,
     }
 }
 
 /// A reverted TRC-20 transfer.
 pub fn reverted_trc20(contract: &str, to: &str, amount: u128) -> TxSpec {
     TxSpec::Trc20 {
+        from: None,
         contract: contract.to_owned(),
         to: to.to_owned(),
         amount,
         success: false,
+        fee: None,
     }
 }
 
@@ -280,36 +325,31 @@ impl FakeTron {
 
 /// A transaction as it appears in a block, and its transaction info.
 fn build_tx(spec: &TxSpec, txid: &str, height: u64, timestamp: i64) -> (Value, Value) {
-    match spec {
-        TxSpec::Trx { to, sun } => {
+    let (mut tx, mut info) = match spec {
+        TxSpec::Trx { to, sun, .. } => {
             let mut tx = recorded(BLOCK, "response")["transactions"][0].clone();
-            tx["txID"] = json!(txid);
             let value = &mut tx["raw_data"]["contract"][0]["parameter"]["value"];
             value["to_address"] = json!(address_hex(to));
             value["amount"] = json!(sun);
-            let mut info = recorded(TRX_INFOS, "response")[0].clone();
-            info["id"] = json!(txid);
-            info["blockNumber"] = json!(height);
-            info["blockTimeStamp"] = json!(timestamp);
-            (tx, info)
+            (tx, recorded(TRX_INFOS, "response")[0].clone())
         }
         TxSpec::Trc20 {
             contract,
             to,
             amount,
             success,
+            ..
         } => {
             let mut tx = recorded(USDT_CALL, "transaction");
             let object = tx.as_object_mut().expect("object");
             object.remove("visible");
-            tx["txID"] = json!(txid);
             let to_hex = address_hex(to);
             let value = &mut tx["raw_data"]["contract"][0]["parameter"]["value"];
             value["contract_address"] = json!(address_hex(contract));
             value["data"] = json!(format!("a9059cbb{}{amount:064x}", word(&to_hex)));
             let result = if *success { "SUCCESS" } else { "REVERT" };
             tx["ret"] = json!([{ "contractRet": result }]);
-            let mut info = if *success {
+            let info = if *success {
                 let mut info = recorded(USDT_INFO, "response");
                 let log = &mut info["log"][0];
                 log["address"] = json!(address_hex(contract)[2..]);
@@ -321,12 +361,33 @@ fn build_tx(spec: &TxSpec, txid: &str, height: u64, timestamp: i64) -> (Value, V
                 info["contract_address"] = json!(address_hex(contract));
                 info
             };
-            info["id"] = json!(txid);
-            info["blockNumber"] = json!(height);
-            info["blockTimeStamp"] = json!(timestamp);
             (tx, info)
         }
+    };
+    let (from, fee) = match spec {
+        TxSpec::Trx { from, fee, .. } | TxSpec::Trc20 { from, fee, .. } => (from, fee),
+    };
+    if let Some(from) = from {
+        let from_hex = address_hex(from);
+        tx["raw_data"]["contract"][0]["parameter"]["value"]["owner_address"] = json!(from_hex);
+        if let Some(log) = info.get_mut("log").and_then(|logs| logs.get_mut(0)) {
+            log["topics"][1] = json!(word(&from_hex[2..]));
+        }
     }
+    if let Some(fee) = fee {
+        // java-tron leaves a zero fee out.
+        match fee {
+            0 => {
+                info.as_object_mut().expect("object").remove("fee");
+            }
+            fee => info["fee"] = json!(fee),
+        }
+    }
+    tx["txID"] = json!(txid);
+    info["id"] = json!(txid);
+    info["blockNumber"] = json!(height);
+    info["blockTimeStamp"] = json!(timestamp);
+    (tx, info)
 }
 
 async fn answer(
@@ -361,6 +422,7 @@ async fn answer(
         ("wallet" | "walletsolidity", "getblockbynum") => num
             .and_then(|n| chain.blocks.get(n as usize))
             .map_or(json!({}), |b| b.block.clone()),
+        ("wallet", "getchainparameters") => recorded(CHAIN_PARAMETERS, "response"),
         ("wallet" | "walletsolidity", "gettransactioninfobyblocknum") => match num {
             None | Some(0) => json!({}),
             Some(n) => chain

@@ -15,16 +15,27 @@ use std::time::Duration;
 use futures_util::{StreamExt as _, TryStreamExt as _};
 use payrecon_chain_core::blocks::{self, BlockRange};
 use payrecon_chain_core::{
-    Amount, ChainScanner, KeyIndex, KnownTransfer, Method, Network, ReceivedAsset, ScanBatch,
-    ScanError, SecretUrl, Transfer, TransferId, WatchView, WatchedLookup,
+    Amount, ChainScanner, KeyIndex, KnownTransfer, Method, Network, Outflow, ReceivedAsset,
+    ScanBatch, ScanError, SecretUrl, SweepFees, Transfer, TransferId, WatchView, WatchedLookup,
 };
 use serde::Deserialize as _;
 
 use crate::TronAddress;
-use crate::api::{Block, TransactionInfo, TransferValue, TronClient};
+use crate::api::{Block, OwnerValue, Transaction, TransactionInfo, TransferValue, TronClient};
 
 /// topic 0 of every TRC-20 (ERC-20) `Transfer(address,address,uint256)`.
 pub const TRANSFER_TOPIC: &str = "ddf252ad1be2c89b69c2b068fc378daa952ba7f163c4a11628f55a4df523b3ef";
+
+/// Energy a USDT `transfer` to an address already holding USDT takes (about 64,300 on
+/// mainnet; a first transfer to a fresh holder takes about twice that).
+pub const TRC20_TRANSFER_ENERGY: u64 = 65_000;
+
+/// Bandwidth (bytes) a USDT `transfer` takes.
+pub const TRC20_TRANSFER_BYTES: u64 = 345;
+
+/// Bandwidth (bytes) a TRX transfer takes (the recorded one burned 267,000 sun at 1,000 a
+/// byte).
+pub const TRX_TRANSFER_BYTES: u64 = 270;
 
 /// Blocks (with their transaction infos) requested at once while catching up.
 const BLOCKS_IN_FLIGHT: usize = 8;
@@ -170,7 +181,7 @@ impl ChainScanner for TronScanner {
         let to = head.min(from.saturating_add(settings.max_blocks_per_scan.max(1)) - 1);
         if from <= to {
             let fetched: Vec<(Block, Vec<TransactionInfo>)> = futures_util::stream::iter(from..=to)
-                .map(|height| read_block(&client, height))
+                .map(|height| read_block(&client, height, watched))
                 .buffered(BLOCKS_IN_FLIGHT)
                 .try_collect()
                 .await?;
@@ -185,6 +196,9 @@ impl ChainScanner for TronScanner {
                 )?;
                 for transfer in transfers(settings, &block, &infos, watched)? {
                     range.push_transfer(transfer, height)?;
+                }
+                for outflow in outflows(settings, &block, &infos, watched)? {
+                    range.push_outflow(outflow, height)?;
                 }
             }
         }
@@ -221,7 +235,7 @@ impl ChainScanner for TronScanner {
                 ))
             })?;
             let watched = HashMap::from([(address, known.transfer.to_address.as_str())]);
-            let (block, infos) = read_block(&client, height).await?;
+            let (block, infos) = read_block(&client, height, &watched).await?;
             let present = transfers(&self.settings, &block, &infos, &watched)?
                 .iter()
                 .any(|t| t.id == known.transfer.id && t.amount == known.transfer.amount);
@@ -230,6 +244,30 @@ impl ChainScanner for TronScanner {
             );
         }
         Ok(found)
+    }
+
+    /// Burned resources at the committee's prices: a USDT sweep's energy and bytes, a TRX
+    /// sweep's bytes, as if the address had no staked or free bandwidth left (its first
+    /// transaction of a day may well be free: the list errs on the side of enough).
+    async fn sweep_fees(&mut self) -> Result<SweepFees, ScanError> {
+        let parameters = self.client()?.chain_parameters().await?;
+        let price = |key: &str| {
+            parameters
+                .get(key)
+                .and_then(|value| u128::try_from(value).ok())
+                .ok_or_else(|| ScanError::Fatal(format!("the node's chain parameters lack {key}")))
+        };
+        let (energy, bandwidth) = (price("getEnergyFee")?, price("getTransactionFee")?);
+        Ok(SweepFees {
+            per_token: Amount::from_base_units(
+                energy * u128::from(TRC20_TRANSFER_ENERGY)
+                    + bandwidth * u128::from(TRC20_TRANSFER_BYTES),
+            ),
+            native: Amount::from_base_units(bandwidth * u128::from(TRX_TRANSFER_BYTES)),
+            basis: format!(
+                "{energy} sun per energy, {bandwidth} sun per byte: {TRC20_TRANSFER_ENERGY} energy and {TRC20_TRANSFER_BYTES} bytes per USDT transfer, {TRX_TRANSFER_BYTES} bytes per TRX transfer"
+            ),
+        })
     }
 }
 
@@ -246,10 +284,12 @@ async fn solidified_height(
     })
 }
 
-/// A block and, when it holds contract calls, its transaction infos.
+/// A block and, when it holds contract calls or a watched address signed one of its
+/// transactions (whose fee is in the infos), its transaction infos.
 async fn read_block(
     client: &TronClient,
     height: u64,
+    watched: &impl WatchedLookup<TronAddress>,
 ) -> Result<(Block, Vec<TransactionInfo>), ScanError> {
     let block = client
         .block(height)
@@ -261,12 +301,151 @@ async fn read_block(
             .iter()
             .any(|c| c.kind == "TriggerSmartContract" || c.kind == "CreateSmartContract")
     });
-    let infos = if calls_contracts {
+    let infos = if calls_contracts || !signed_by_watched(&block, watched)?.is_empty() {
         client.transaction_infos(height).await?
     } else {
         Vec::new()
     };
     Ok((block, infos))
+}
+
+/// The block's transactions a watched address signed, with that address's key.
+fn signed_by_watched<'b, 'w>(
+    block: &'b Block,
+    watched: &'w impl WatchedLookup<TronAddress>,
+) -> Result<Vec<(&'b Transaction, &'w str)>, ScanError> {
+    let height = block.block_header.raw_data.number;
+    let mut signed = Vec::new();
+    for tx in &block.transactions {
+        let Some(contract) = tx.raw_data.contract.first() else {
+            continue;
+        };
+        let owner = OwnerValue::deserialize(&contract.parameter.value)
+            .ok()
+            .and_then(|v| TronAddress::from_hex(&v.owner_address).ok())
+            .ok_or_else(|| {
+                ScanError::Fatal(format!(
+                    "block {height}: transaction {} names no signer",
+                    tx.tx_id
+                ))
+            })?;
+        if let Some(key) = watched.watch_key(&owner) {
+            signed.push((tx, key));
+        }
+    }
+    Ok(signed)
+}
+
+/// What left watched addresses in one block: per transaction a watched address signed, the
+/// TRX it sent (when it succeeded) and the fee it burned (whether or not), as position 0; then
+/// each USDT `Transfer` log out of a watched address, as its log's position. Other tokens
+/// never count: any contract can log a transfer "from" anyone.
+fn outflows(
+    settings: &TronSettings,
+    block: &Block,
+    infos: &[TransactionInfo],
+    watched: &impl WatchedLookup<TronAddress>,
+) -> Result<Vec<Outflow>, ScanError> {
+    let height = block.block_header.raw_data.number;
+    let fees: HashMap<&str, u64> = infos.iter().map(|i| (i.id.as_str(), i.fee)).collect();
+    let mut found = Vec::new();
+    for (tx, key) in signed_by_watched(block, watched)? {
+        let fee = *fees.get(tx.tx_id.as_str()).ok_or_else(|| {
+            ScanError::Transient(format!(
+                "the transaction infos of block {height} lack {}",
+                tx.tx_id
+            ))
+        })?;
+        let contract = &tx.raw_data.contract[0];
+        let (amount, to) = match contract.kind.as_str() {
+            "TransferContract" => {
+                let value = TransferValue::deserialize(&contract.parameter.value).map_err(|e| {
+                    ScanError::Fatal(format!(
+                        "block {height}: transaction {} has a malformed TransferContract: {e}",
+                        tx.tx_id
+                    ))
+                })?;
+                let to = TronAddress::from_hex(&value.to_address)
+                    .ok()
+                    .map(|a| a.to_string());
+                (if tx.succeeded() { value.amount } else { 0 }, to)
+            }
+            _ => (0, None),
+        };
+        if amount == 0 && fee == 0 {
+            continue;
+        }
+        found.push(Outflow {
+            id: tron_id(&tx.tx_id, 0),
+            spends: None,
+            from_address: key.to_owned(),
+            asset: ReceivedAsset::Method {
+                method: Method::Trx,
+            },
+            amount: Amount::from_base_units(u128::from(amount)),
+            fee: Amount::from_base_units(u128::from(fee)),
+            to_address: to,
+        });
+    }
+    let succeeded: HashSet<&str> = block
+        .transactions
+        .iter()
+        .filter(|tx| tx.succeeded())
+        .map(|tx| tx.tx_id.as_str())
+        .collect();
+    for info in infos
+        .iter()
+        .filter(|i| i.succeeded() && succeeded.contains(i.id.as_str()))
+    {
+        log_outflows(settings, height, info, watched, &mut found)?;
+    }
+    Ok(found)
+}
+
+/// The USDT `Transfer` logs of one successful transaction out of watched addresses.
+fn log_outflows(
+    settings: &TronSettings,
+    height: u64,
+    info: &TransactionInfo,
+    watched: &impl WatchedLookup<TronAddress>,
+    found: &mut Vec<Outflow>,
+) -> Result<(), ScanError> {
+    for (index, log) in info.log.iter().enumerate() {
+        let Some(transfer) = trc20_transfer(log.topics.as_slice(), &log.data) else {
+            continue;
+        };
+        let Some(key) = watched.watch_key(&transfer.from) else {
+            continue;
+        };
+        if TronAddress::from_hex(&format!("41{}", log.address)).ok() != Some(settings.usdt_contract)
+        {
+            continue;
+        }
+        let amount = transfer.value.ok_or_else(|| {
+            ScanError::Fatal(format!(
+                "block {height}: the USDT value of {} exceeds what payrecon accounts",
+                info.id
+            ))
+        })?;
+        found.push(Outflow {
+            id: tron_id(&info.id, log_position(height, &info.id, index)?),
+            spends: None,
+            from_address: key.to_owned(),
+            asset: ReceivedAsset::Method {
+                method: Method::UsdtTrc20,
+            },
+            amount: Amount::from_base_units(amount),
+            fee: Amount::ZERO,
+            to_address: Some(transfer.to.to_string()),
+        });
+    }
+    Ok(())
+}
+
+/// A log's position: 0 is the transaction's own value, so log `n` is `n + 1`.
+fn log_position(height: u64, txid: &str, index: usize) -> Result<u32, ScanError> {
+    u32::try_from(index + 1)
+        .map_err(|_| ScanError::Fatal(format!("block {height}: too many logs in {txid}")))
 }
 
 /// The transfers to watched addresses one block carries: TRX and TRC-10 contracts of its
@@ -303,14 +482,18 @@ fn tron_transfer(
     amount: Amount,
 ) -> Transfer {
     Transfer {
-        id: TransferId {
-            network: Network::Tron,
-            txid: txid.to_owned(),
-            position,
-        },
+        id: tron_id(txid, position),
         to_address: key.to_owned(),
         asset,
         amount,
+    }
+}
+
+fn tron_id(txid: &str, position: u32) -> TransferId {
+    TransferId {
+        network: Network::Tron,
+        txid: txid.to_owned(),
+        position,
     }
 }
 
@@ -372,7 +555,9 @@ fn log_transfers(
     found: &mut Vec<Transfer>,
 ) -> Result<(), ScanError> {
     for (index, log) in info.log.iter().enumerate() {
-        let Some((to, value)) = trc20_transfer(log.topics.as_slice(), &log.data) else {
+        let Some(TokenTransfer { to, value, .. }) =
+            trc20_transfer(log.topics.as_slice(), &log.data)
+        else {
             continue;
         };
         let Some(key) = watched.watch_key(&to) else {
@@ -406,12 +591,9 @@ fn log_transfers(
                 value.unwrap_or(u128::MAX),
             )
         };
-        let position = u32::try_from(index + 1).map_err(|_| {
-            ScanError::Fatal(format!("block {height}: too many logs in {}", info.id))
-        })?;
         found.push(tron_transfer(
             &info.id,
-            position,
+            log_position(height, &info.id, index)?,
             key,
             asset,
             Amount::from_base_units(amount),
@@ -420,25 +602,38 @@ fn log_transfers(
     Ok(())
 }
 
-/// The recipient and value of a TRC-20 `Transfer` log (the value `None` when it exceeds
-/// `u128`), or `None` for any other log (TRC-721 transfers have four topics and no data).
-fn trc20_transfer(topics: &[String], data: &str) -> Option<(TronAddress, Option<u128>)> {
-    let [topic, _from, to] = topics else {
+/// A TRC-20 `Transfer` log decoded.
+struct TokenTransfer {
+    from: TronAddress,
+    to: TronAddress,
+    /// `None` when it exceeds `u128`.
+    value: Option<u128>,
+}
+
+/// The sender, recipient and value of a TRC-20 `Transfer` log, or `None` for any other log
+/// (TRC-721 transfers have four topics and no data).
+fn trc20_transfer(topics: &[String], data: &str) -> Option<TokenTransfer> {
+    let [topic, from, to] = topics else {
         return None;
     };
-    if !topic.eq_ignore_ascii_case(TRANSFER_TOPIC) || to.len() != 64 || data.len() != 64 {
-        return None;
-    }
-    if !to.is_ascii() || !to[..24].bytes().all(|b| b == b'0') {
-        return None;
-    }
-    let to = TronAddress::from_hex(&format!("41{}", &to[24..])).ok()?;
-    if !data.is_ascii() {
+    if !topic.eq_ignore_ascii_case(TRANSFER_TOPIC) || data.len() != 64 || !data.is_ascii() {
         return None;
     }
     let high = u128::from_str_radix(&data[..32], 16).ok()?;
     let low = u128::from_str_radix(&data[32..], 16).ok()?;
-    Some((to, (high == 0).then_some(low)))
+    Some(TokenTransfer {
+        from: address_word(from)?,
+        to: address_word(to)?,
+        value: (high == 0).then_some(low),
+    })
+}
+
+/// The address in a 32-byte topic word (12 zero bytes, then 20).
+fn address_word(word: &str) -> Option<TronAddress> {
+    if word.len() != 64 || !word.is_ascii() || !word[..24].bytes().all(|b| b == b'0') {
+        return None;
+    }
+    TronAddress::from_hex(&format!("41{}", &word[24..])).ok()
 }
 
 #[cfg(test)]
@@ -452,13 +647,20 @@ mod tests {
             "0000000000000000000000002b41b215051fabb8fa7a82348e6802cf43b9e319".to_owned(),
             "000000000000000000000000e54f448d91153818a4573d6c151171ce8e607bbe".to_owned(),
         ];
-        let (to, value) = trc20_transfer(
+        let transfer = trc20_transfer(
             &topics,
             "0000000000000000000000000000000000000000000000000000000004b571c0",
         )
         .unwrap();
-        assert_eq!(to.to_string(), "TWsghcMkFXe1hnwZAWVQ9fUrZBtYv2aGJ8");
-        assert_eq!(value, Some(79_000_000));
+        assert_eq!(
+            transfer.to.to_string(),
+            "TWsghcMkFXe1hnwZAWVQ9fUrZBtYv2aGJ8"
+        );
+        assert_eq!(
+            transfer.from.to_hex(),
+            "412b41b215051fabb8fa7a82348e6802cf43b9e319"
+        );
+        assert_eq!(transfer.value, Some(79_000_000));
         assert!(trc20_transfer(&topics[..2], "00").is_none());
         let mut dirty = topics.clone();
         dirty[2] = format!("ff{}", &topics[2][2..]);
@@ -467,7 +669,7 @@ mod tests {
             "not an address word"
         );
         let huge = format!("{}{}", "1".repeat(32), "0".repeat(32));
-        assert_eq!(trc20_transfer(&topics, &huge).unwrap().1, None);
+        assert_eq!(trc20_transfer(&topics, &huge).unwrap().value, None);
     }
 
     /// A recorded block with its TRX transfer, plus the recorded USDT call as one more
@@ -545,6 +747,62 @@ mod tests {
         );
     }
 
+    #[test]
+    fn the_recorded_senders_outflows_carry_the_fees_their_infos_burned() {
+        let mut value = recorded_block_and_infos();
+        let mut trx_info: serde_json::Value = serde_json::from_str::<serde_json::Value>(
+            include_str!("../../../fixtures/tron/wallet_gettransactioninfobyblocknum_nile.json"),
+        )
+        .unwrap()["response"][0]
+            .clone();
+        trx_info["id"] = value["block"]["transactions"][0]["txID"].clone();
+        trx_info["blockNumber"] = value["block"]["block_header"]["raw_data"]["number"].clone();
+        value["infos"].as_array_mut().unwrap().push(trx_info);
+        let block: Block = serde_json::from_value(value["block"].clone()).unwrap();
+        let infos: Vec<TransactionInfo> = serde_json::from_value(value["infos"].clone()).unwrap();
+        let senders = HashMap::from([
+            (
+                TronAddress::from_hex("4130ba69b6b9746c2a15d6a7f9b9bea1f97ba3b023").unwrap(),
+                "trx-sender",
+            ),
+            (
+                TronAddress::from_hex("412b41b215051fabb8fa7a82348e6802cf43b9e319").unwrap(),
+                "usdt-sender",
+            ),
+        ]);
+        let settings = TronSettings::new("http://node.invalid", usdt());
+        let found = outflows(&settings, &block, &infos, &senders).unwrap();
+        let summary: Vec<(&str, u32, u128, u128)> = found
+            .iter()
+            .map(|o| {
+                (
+                    o.from_address.as_str(),
+                    o.id.position,
+                    o.amount.base_units(),
+                    o.fee.base_units(),
+                )
+            })
+            .collect();
+        // The recorded call's signer is not its log's sender (the two come from different
+        // records), so the token's sender pays no fee in this block: only its log counts.
+        assert_eq!(
+            summary,
+            [
+                ("trx-sender", 0, 1_000_000_000, 267_000),
+                ("usdt-sender", 1, 79_000_000, 0),
+            ]
+        );
+        assert_eq!(
+            found[1].to_address.as_deref(),
+            Some("TWsghcMkFXe1hnwZAWVQ9fUrZBtYv2aGJ8")
+        );
+        // Without the infos the fees cannot be known: the scan is repeated, never guessed.
+        assert!(matches!(
+            outflows(&settings, &block, &[], &senders),
+            Err(ScanError::Transient(_))
+        ));
+    }
+
     proptest::proptest! {
         /// A node (or anything between it and us) answering a corrupted block or receipt
         /// gets an error or a subset of honest-looking transfers, never a panic, and never a
@@ -564,12 +822,14 @@ mod tests {
         }
 
         #[test]
-        fn every_transfer_log_round_trips(to in proptest::prelude::any::<[u8; 20]>(), high in proptest::prelude::any::<u128>(), low in proptest::prelude::any::<u128>()) {
-            let topics = [TRANSFER_TOPIC.to_owned(), "0".repeat(64), format!("{}{}", "0".repeat(24), hex_of(&to))];
+        fn every_transfer_log_round_trips(from in proptest::prelude::any::<[u8; 20]>(), to in proptest::prelude::any::<[u8; 20]>(), high in proptest::prelude::any::<u128>(), low in proptest::prelude::any::<u128>()) {
+            let word = |bytes: &[u8; 20]| format!("{}{}", "0".repeat(24), hex_of(bytes));
+            let topics = [TRANSFER_TOPIC.to_owned(), word(&from), word(&to)];
             let data = format!("{high:032x}{low:032x}");
-            let (recipient, value) = trc20_transfer(&topics, &data).unwrap();
-            proptest::prop_assert_eq!(recipient, TronAddress::from_account_bytes(to));
-            proptest::prop_assert_eq!(value, (high == 0).then_some(low));
+            let transfer = trc20_transfer(&topics, &data).unwrap();
+            proptest::prop_assert_eq!(transfer.from, TronAddress::from_account_bytes(from));
+            proptest::prop_assert_eq!(transfer.to, TronAddress::from_account_bytes(to));
+            proptest::prop_assert_eq!(transfer.value, (high == 0).then_some(low));
         }
     }
 
