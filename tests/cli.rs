@@ -694,7 +694,7 @@ fn the_sweep_list_says_why_it_cannot_be_made_and_never_shows_the_node_credential
         ),
     );
     let says = sweep_list(&gone, "ethereum");
-    assert!(says.contains("gas price"), "{says}");
+    assert!(says.contains("ethereum fees"), "{says}");
     assert!(!says.contains("9aa3d95b"), "{says}");
     assert!(sweep_list(&gone, "bitcoin").contains("bitcoin"));
     let bad = config("bad.toml", "treasury_addresses = [\"0xnope\"]\n");

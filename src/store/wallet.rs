@@ -64,52 +64,84 @@ pub(crate) async fn holdings(
 }
 
 /// What the addresses of `network` that a receipt or outflow written from feed position `from`
-/// on touched hold now: the watcher's news of which addresses to keep following.
+/// on touched hold now: the watcher's news of which addresses to keep following. The touched
+/// addresses come from the feed indexes, then their sums from the address indexes, a bounded
+/// list at a time; a round that touched nothing reads two empty index ranges.
 pub(crate) async fn holdings_touched_since(
     conn: &mut AnyConnection,
     network: &str,
     from: i64,
 ) -> Result<Vec<HoldingRow>, StoreError> {
-    holdings_of(conn, Some(network), i64::MAX, Some(from)).await
+    let touched: Vec<String> = sqlx::query_scalar(
+        "SELECT t.to_address FROM transfers t WHERE t.network = $1 AND t.feed_pos >= $2 \
+         UNION SELECT o.from_address FROM outflows o WHERE o.network = $3 AND o.feed_pos >= $4",
+    )
+    .bind(network)
+    .bind(from)
+    .bind(network)
+    .bind(from)
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut rows = Vec::new();
+    for addresses in touched.chunks(ADDRESSES_PER_QUERY) {
+        rows.extend(holdings_of(conn, Some(network), i64::MAX, Some(addresses)).await?);
+    }
+    Ok(rows)
 }
+
+/// Addresses summed per statement: three lists of them stay far below SQLite's limit of
+/// bound values.
+const ADDRESSES_PER_QUERY: usize = 500;
 
 async fn holdings_of(
     conn: &mut AnyConnection,
     network: Option<&str>,
     until_ms: i64,
-    touched_from: Option<i64>,
+    addresses: Option<&[String]>,
 ) -> Result<Vec<HoldingRow>, StoreError> {
     let backend = super::backend_of_conn(conn);
     let sum = super::exact_sum(backend, "h.amount");
-    let touched = if touched_from.is_some() {
-        "WHERE h.address IN (SELECT t.to_address FROM transfers t            WHERE t.network = $10 AND t.feed_pos >= $11            UNION SELECT o.from_address FROM outflows o WHERE o.network = $12 AND o.feed_pos >= $13) "
-    } else {
-        ""
+    // Each branch names the addresses itself, so each reads its own address index.
+    let mut next = 10;
+    let mut among = |column: &str| match addresses {
+        Some(list) => {
+            let placeholders: Vec<String> =
+                (next..next + list.len()).map(|n| format!("${n}")).collect();
+            next += list.len();
+            format!(" AND {column} IN ({})", placeholders.join(", "))
+        }
+        None => String::new(),
     };
+    let (received, sent, fees) = (
+        among("t.to_address"),
+        among("o.from_address"),
+        among("o.from_address"),
+    );
     let sql = format!(
         "SELECT h.network, h.address, h.asset, MIN(h.derivation_index), {sum} FROM ( \
            SELECT t.network, COALESCE(i.pay_to, t.to_address) AS address, t.asset, \
                   i.derivation_index, t.amount_base AS amount \
            FROM transfers t LEFT JOIN payment_intents i ON i.id = t.intent_id \
            WHERE t.removed = 0 AND t.confirmations >= 1 AND ($1 = '' OR t.network = $2) \
-             AND t.seen_at_ms < $7 \
+             AND t.seen_at_ms < $7{received} \
            UNION ALL \
            SELECT o.network, o.from_address, o.asset, CAST(NULL AS BIGINT), '-' || o.amount_base \
-           FROM outflows o WHERE o.removed = 0 AND ($3 = '' OR o.network = $4) AND o.seen_at_ms < $8 \
+           FROM outflows o WHERE o.removed = 0 AND ($3 = '' OR o.network = $4) AND o.seen_at_ms < $8{sent} \
            UNION ALL \
            SELECT o.network, o.from_address, o.asset, CAST(NULL AS BIGINT), '-' || o.fee_base \
            FROM outflows o WHERE o.removed = 0 AND o.fee_base <> '0' AND ($5 = '' OR o.network = $6) \
-             AND o.seen_at_ms < $9 \
-         ) h {touched}GROUP BY h.network, h.address, h.asset"
+             AND o.seen_at_ms < $9{fees} \
+         ) h GROUP BY h.network, h.address, h.asset"
     );
     let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
     for _ in 0..6 {
         query = query.bind(network.unwrap_or(""));
     }
     query = query.bind(until_ms).bind(until_ms).bind(until_ms);
-    if let Some(from) = touched_from {
-        let network = network.unwrap_or("");
-        query = query.bind(network).bind(from).bind(network).bind(from);
+    for _ in 0..3 {
+        for address in addresses.unwrap_or_default() {
+            query = query.bind(address.as_str());
+        }
     }
     let rows = query.fetch_all(&mut *conn).await?;
     rows.iter()
