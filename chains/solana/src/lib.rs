@@ -14,10 +14,6 @@ pub use watch::{SolanaScanner, SolanaSettings};
 use payrecon_chain_core::{AddressDeriver, DeriveError, DerivedAddress, Network};
 use solana_pubkey::Pubkey;
 
-/// Makes Solana Pay payment targets: ed25519 has no public derivation, so instead of one
-/// address per intent there is one recipient and one reference key per intent. The reference
-/// is random public-key bytes with no secret anywhere; the customer's wallet adds it to the
-/// transfer as a read-only account, which is how payrecon finds the payment.
 /// `text` as the base58 public key it spells, or why it is none: how configured Solana
 /// addresses are checked at start.
 pub fn solana_address(text: &str) -> Result<String, DeriveError> {
@@ -26,6 +22,10 @@ pub fn solana_address(text: &str) -> Result<String, DeriveError> {
         .map_err(|_| DeriveError::Config(format!("{text:?} is not a Solana public key")))
 }
 
+/// Makes Solana Pay payment targets: ed25519 has no public derivation, so instead of one
+/// address per intent there is one recipient and one reference key per intent. The reference
+/// is random public-key bytes with no secret anywhere; the customer's wallet adds it to the
+/// transfer as a read-only account, which is how payrecon finds the payment.
 #[derive(Clone, Debug)]
 pub struct SolanaPayDeriver {
     recipient: Pubkey,
