@@ -21,7 +21,7 @@ use payrecon_chain_core::{
 use serde::Deserialize as _;
 
 use crate::TronAddress;
-use crate::api::{Block, OwnerValue, Transaction, TransactionInfo, TransferValue, TronClient};
+use crate::api::{Block, OwnerValue, TransactionInfo, TransferValue, TronClient};
 
 /// topic 0 of every TRC-20 (ERC-20) `Transfer(address,address,uint256)`.
 pub const TRANSFER_TOPIC: &str = "ddf252ad1be2c89b69c2b068fc378daa952ba7f163c4a11628f55a4df523b3ef";
@@ -180,12 +180,13 @@ impl ChainScanner for TronScanner {
         let from = range.from();
         let to = head.min(from.saturating_add(settings.max_blocks_per_scan.max(1)) - 1);
         if from <= to {
-            let fetched: Vec<(Block, Vec<TransactionInfo>)> = futures_util::stream::iter(from..=to)
+            let fetched: Vec<ReadBlock> = futures_util::stream::iter(from..=to)
                 .map(|height| read_block(&client, height, watched))
                 .buffered(BLOCKS_IN_FLIGHT)
                 .try_collect()
                 .await?;
-            for (block, infos) in fetched {
+            for read in fetched {
+                let (block, infos) = (&read.block, &read.infos);
                 let raw = &block.block_header.raw_data;
                 let height = raw.number;
                 range.push_block(
@@ -194,10 +195,10 @@ impl ChainScanner for TronScanner {
                     &raw.parent_hash,
                     raw.timestamp,
                 )?;
-                for transfer in transfers(settings, &block, &infos, watched)? {
+                for transfer in transfers(settings, block, infos, watched)? {
                     range.push_transfer(transfer, height)?;
                 }
-                for outflow in outflows(settings, &block, &infos, watched)? {
+                for outflow in outflows(settings, &read, watched)? {
                     range.push_outflow(outflow, height)?;
                 }
             }
@@ -235,8 +236,8 @@ impl ChainScanner for TronScanner {
                 ))
             })?;
             let watched = HashMap::from([(address, known.transfer.to_address.as_str())]);
-            let (block, infos) = read_block(&client, height, &watched).await?;
-            let present = transfers(&self.settings, &block, &infos, &watched)?
+            let read = read_block(&client, height, &watched).await?;
+            let present = transfers(&self.settings, &read.block, &read.infos, &watched)?
                 .iter()
                 .any(|t| t.id == known.transfer.id && t.amount == known.transfer.amount);
             found.push(
@@ -284,13 +285,21 @@ async fn solidified_height(
     })
 }
 
-/// A block and, when it holds contract calls or a watched address signed one of its
-/// transactions (whose fee is in the infos), its transaction infos.
+/// A block as one scan reads it.
+struct ReadBlock {
+    block: Block,
+    /// Its transaction infos, when it holds contract calls or a watched address signed one of
+    /// its transactions (whose fee is in the infos); else none are read.
+    infos: Vec<TransactionInfo>,
+    /// The transactions watched addresses signed: their index in the block and the key.
+    signed: Vec<(usize, String)>,
+}
+
 async fn read_block(
     client: &TronClient,
     height: u64,
     watched: &impl WatchedLookup<TronAddress>,
-) -> Result<(Block, Vec<TransactionInfo>), ScanError> {
+) -> Result<ReadBlock, ScanError> {
     let block = client
         .block(height)
         .await?
@@ -301,22 +310,27 @@ async fn read_block(
             .iter()
             .any(|c| c.kind == "TriggerSmartContract" || c.kind == "CreateSmartContract")
     });
-    let infos = if calls_contracts || !signed_by_watched(&block, watched)?.is_empty() {
+    let signed = signed_by_watched(&block, watched)?;
+    let infos = if calls_contracts || !signed.is_empty() {
         client.transaction_infos(height).await?
     } else {
         Vec::new()
     };
-    Ok((block, infos))
+    Ok(ReadBlock {
+        block,
+        infos,
+        signed,
+    })
 }
 
-/// The block's transactions a watched address signed, with that address's key.
-fn signed_by_watched<'b, 'w>(
-    block: &'b Block,
-    watched: &'w impl WatchedLookup<TronAddress>,
-) -> Result<Vec<(&'b Transaction, &'w str)>, ScanError> {
+/// The block's transactions a watched address signed: index and that address's key.
+fn signed_by_watched(
+    block: &Block,
+    watched: &impl WatchedLookup<TronAddress>,
+) -> Result<Vec<(usize, String)>, ScanError> {
     let height = block.block_header.raw_data.number;
     let mut signed = Vec::new();
-    for tx in &block.transactions {
+    for (index, tx) in block.transactions.iter().enumerate() {
         let Some(contract) = tx.raw_data.contract.first() else {
             continue;
         };
@@ -330,7 +344,7 @@ fn signed_by_watched<'b, 'w>(
                 ))
             })?;
         if let Some(key) = watched.watch_key(&owner) {
-            signed.push((tx, key));
+            signed.push((index, key.to_owned()));
         }
     }
     Ok(signed)
@@ -342,14 +356,15 @@ fn signed_by_watched<'b, 'w>(
 /// never count: any contract can log a transfer "from" anyone.
 fn outflows(
     settings: &TronSettings,
-    block: &Block,
-    infos: &[TransactionInfo],
+    read: &ReadBlock,
     watched: &impl WatchedLookup<TronAddress>,
 ) -> Result<Vec<Outflow>, ScanError> {
+    let (block, infos) = (&read.block, &read.infos);
     let height = block.block_header.raw_data.number;
     let fees: HashMap<&str, u64> = infos.iter().map(|i| (i.id.as_str(), i.fee)).collect();
     let mut found = Vec::new();
-    for (tx, key) in signed_by_watched(block, watched)? {
+    for (index, key) in &read.signed {
+        let tx = &block.transactions[*index];
         let fee = *fees.get(tx.tx_id.as_str()).ok_or_else(|| {
             ScanError::Transient(format!(
                 "the transaction infos of block {height} lack {}",
@@ -378,7 +393,7 @@ fn outflows(
         found.push(Outflow {
             id: tron_id(&tx.tx_id, 0),
             spends: None,
-            from_address: key.to_owned(),
+            from_address: key.clone(),
             asset: ReceivedAsset::Method {
                 method: Method::Trx,
             },
@@ -771,7 +786,13 @@ mod tests {
             ),
         ]);
         let settings = TronSettings::new("http://node.invalid", usdt());
-        let found = outflows(&settings, &block, &infos, &senders).unwrap();
+        let signed = signed_by_watched(&block, &senders).unwrap();
+        let read = ReadBlock {
+            block,
+            infos,
+            signed,
+        };
+        let found = outflows(&settings, &read, &senders).unwrap();
         let summary: Vec<(&str, u32, u128, u128)> = found
             .iter()
             .map(|o| {
@@ -797,8 +818,12 @@ mod tests {
             Some("TWsghcMkFXe1hnwZAWVQ9fUrZBtYv2aGJ8")
         );
         // Without the infos the fees cannot be known: the scan is repeated, never guessed.
+        let without_infos = ReadBlock {
+            infos: Vec::new(),
+            ..read
+        };
         assert!(matches!(
-            outflows(&settings, &block, &[], &senders),
+            outflows(&settings, &without_infos, &senders),
             Err(ScanError::Transient(_))
         ));
     }
