@@ -421,20 +421,16 @@ fn verify(
     recipient: &Pubkey,
     references: &impl WatchedLookup<Pubkey>,
 ) -> Result<Option<Transfer>, ScanError> {
-    let malformed = |what: &str| ScanError::Fatal(format!("getTransaction {signature}: {what}"));
-    let Some(meta) = &tx.transaction.meta else {
-        return Err(malformed("no status meta"));
-    };
-    if meta.err.is_some() {
+    if tx
+        .transaction
+        .meta
+        .as_ref()
+        .is_some_and(|meta| meta.err.is_some())
+    {
         return Ok(None);
     }
-    let keys = account_keys(signature, tx)?;
-    if keys.len() != meta.pre_balances.len() || keys.len() != meta.post_balances.len() {
-        return Err(malformed("balances do not line up with the account keys"));
-    }
-    let delta = |index: usize| -> i128 {
-        i128::from(meta.post_balances[index]) - i128::from(meta.pre_balances[index])
-    };
+    let BalanceChanges { keys, deltas, .. } = balance_changes(signature, tx)?;
+    let delta = |index: usize| deltas[index];
     let recipient_text = recipient.to_string();
     let received = keys
         .iter()
@@ -497,17 +493,8 @@ fn outflow_of(
     tx: &EncodedConfirmedTransactionWithStatusMeta,
     recipient: &Pubkey,
 ) -> Result<Option<Outflow>, ScanError> {
-    let malformed = |what: &str| ScanError::Fatal(format!("getTransaction {signature}: {what}"));
-    let Some(meta) = &tx.transaction.meta else {
-        return Err(malformed("no status meta"));
-    };
-    let keys = account_keys(signature, tx)?;
-    if keys.len() != meta.pre_balances.len() || keys.len() != meta.post_balances.len() {
-        return Err(malformed("balances do not line up with the account keys"));
-    }
-    let delta = |index: usize| -> i128 {
-        i128::from(meta.post_balances[index]) - i128::from(meta.pre_balances[index])
-    };
+    let BalanceChanges { keys, deltas, fee } = balance_changes(signature, tx)?;
+    let delta = |index: usize| deltas[index];
     let recipient_text = recipient.to_string();
     let Some(index) = keys.iter().position(|k| *k == recipient_text) else {
         return Ok(None);
@@ -517,7 +504,7 @@ fn outflow_of(
         return Ok(None);
     }
     let fee = if index == 0 {
-        i128::from(meta.fee).min(fell)
+        i128::from(fee).min(fell)
     } else {
         0
     };
@@ -545,24 +532,49 @@ fn outflow_of(
     }))
 }
 
-/// The account keys of a jsonParsed transaction, in order (the fee payer first).
-fn account_keys(
+/// What a transaction did to its accounts' SOL: the account keys in order (the fee payer
+/// first), each one's balance change, and the fee.
+struct BalanceChanges {
+    keys: Vec<String>,
+    deltas: Vec<i128>,
+    fee: u64,
+}
+
+/// The [`BalanceChanges`] of a jsonParsed transaction, refused when its balances do not line
+/// up with its keys.
+fn balance_changes(
     signature: &str,
     tx: &EncodedConfirmedTransactionWithStatusMeta,
-) -> Result<Vec<String>, ScanError> {
-    match &tx.transaction.transaction {
-        EncodedTransaction::Json(ui) => Ok(match &ui.message {
+) -> Result<BalanceChanges, ScanError> {
+    let malformed = |what: &str| ScanError::Fatal(format!("getTransaction {signature}: {what}"));
+    let Some(meta) = &tx.transaction.meta else {
+        return Err(malformed("no status meta"));
+    };
+    let keys: Vec<String> = match &tx.transaction.transaction {
+        EncodedTransaction::Json(ui) => match &ui.message {
             UiMessage::Parsed(message) => message
                 .account_keys
                 .iter()
                 .map(|a| a.pubkey.clone())
                 .collect(),
             UiMessage::Raw(message) => message.account_keys.clone(),
-        }),
-        _ => Err(ScanError::Fatal(format!(
-            "getTransaction {signature}: not jsonParsed"
-        ))),
+        },
+        _ => return Err(malformed("not jsonParsed")),
+    };
+    if keys.len() != meta.pre_balances.len() || keys.len() != meta.post_balances.len() {
+        return Err(malformed("balances do not line up with the account keys"));
     }
+    let deltas = meta
+        .pre_balances
+        .iter()
+        .zip(&meta.post_balances)
+        .map(|(pre, post)| i128::from(*post) - i128::from(*pre))
+        .collect();
+    Ok(BalanceChanges {
+        keys,
+        deltas,
+        fee: meta.fee,
+    })
 }
 
 /// The statuses of recorded signatures, with history: one finalized while the watcher was
