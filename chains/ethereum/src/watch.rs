@@ -214,6 +214,15 @@ impl EthereumSettings {
         }))
     }
 
+    /// The contract of a token method: what [`Self::token`] maps back to it.
+    fn contract_of(&self, method: Method) -> Option<Address> {
+        match method {
+            Method::UsdtErc20 => Some(self.usdt_contract),
+            Method::UsdcErc20 => Some(self.usdc_contract),
+            _ => None,
+        }
+    }
+
     fn token(&self, contract: Address) -> ReceivedAsset {
         if contract == self.usdt_contract {
             ReceivedAsset::Method {
@@ -503,32 +512,14 @@ impl ChainScanner for EthereumScanner {
             let owner: Address = address.parse().map_err(|e| {
                 ScanError::Fatal(format!("{address:?} is not an Ethereum address: {e}"))
             })?;
-            let balance = match method {
-                Method::Eth => provider
+            let balance = match (method, self.settings.contract_of(*method)) {
+                (Method::Eth, _) => provider
                     .get_balance(owner)
                     .block_id(at)
                     .await
                     .map_err(classify)?,
-                Method::UsdtErc20 | Method::UsdcErc20 => {
-                    let contract = match method {
-                        Method::UsdtErc20 => self.settings.usdt_contract,
-                        _ => self.settings.usdc_contract,
-                    };
-                    let mut call = BALANCE_OF.to_vec();
-                    call.extend_from_slice(owner.into_word().as_slice());
-                    let request = TransactionRequest::default()
-                        .to(contract)
-                        .input(Bytes::from(call).into());
-                    let answer = provider.call(request).block(at).await.map_err(classify)?;
-                    if answer.len() != 32 {
-                        return Err(ScanError::Fatal(format!(
-                            "balanceOf on {contract} answered {} bytes, not 32",
-                            answer.len()
-                        )));
-                    }
-                    U256::from_be_slice(&answer)
-                }
-                other => {
+                (_, Some(contract)) => token_balance(&provider, contract, owner, at).await?,
+                (other, None) => {
                     return Err(ScanError::Fatal(format!("{other} is not paid on Ethereum")));
                 }
             };
@@ -685,6 +676,29 @@ fn native_row(hash: B256) -> TransferId {
         txid: hash.to_string(),
         position: 0,
     }
+}
+
+/// What `owner` held of the token at `contract` at block `at`: ERC-20 `balanceOf` by
+/// `eth_call`.
+async fn token_balance(
+    provider: &RootProvider,
+    contract: Address,
+    owner: Address,
+    at: alloy::eips::BlockId,
+) -> Result<U256, ScanError> {
+    let mut call = BALANCE_OF.to_vec();
+    call.extend_from_slice(owner.into_word().as_slice());
+    let request = TransactionRequest::default()
+        .to(contract)
+        .input(Bytes::from(call).into());
+    let answer = provider.call(request).block(at).await.map_err(classify)?;
+    if answer.len() != 32 {
+        return Err(ScanError::Fatal(format!(
+            "balanceOf on {contract} answered {} bytes, not 32",
+            answer.len()
+        )));
+    }
+    Ok(U256::from_be_slice(&answer))
 }
 
 /// A block the node named a moment ago is gone: the chain moved; ask again.
