@@ -119,35 +119,34 @@ pub(super) async fn wallet(
     }
 }
 
+/// `asset amount, asset amount…`, for one line of the table.
+fn per_asset(amounts: &std::collections::BTreeMap<String, String>) -> String {
+    let shown: Vec<String> = amounts
+        .iter()
+        .map(|(asset, amount)| format!("{asset} {amount}"))
+        .collect();
+    shown.join(", ")
+}
+
 fn sweep_table(list: &SweepList) -> String {
     let mut out = format!(
         "{} sweep list: {} per token sweep, {} per native sweep ({})\n\n",
         list.network, list.per_token_fee, list.native_fee, list.fee_basis
     );
     for row in &list.addresses {
-        let balances: Vec<String> = row
-            .balances
-            .iter()
-            .map(|(asset, amount)| format!("{asset} {amount}"))
-            .collect();
         out.push_str(&format!(
             "{} {}  {}  fees {} top-up {}\n",
             row.address,
             row.derivation_path.as_deref().unwrap_or("-"),
-            balances.join(", "),
+            per_asset(&row.balances),
             row.fee_needed,
             row.top_up
         ));
     }
-    let totals: Vec<String> = list
-        .totals
-        .iter()
-        .map(|(asset, amount)| format!("{asset} {amount}"))
-        .collect();
     out.push_str(&format!(
         "\n{} addresses; total {}; top-ups {} (base units throughout)",
         list.addresses.len(),
-        totals.join(", "),
+        per_asset(&list.totals),
         list.top_up_total
     ));
     out
