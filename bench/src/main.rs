@@ -1330,7 +1330,7 @@ async fn ethereum(
     transfers_per_block: usize,
 ) -> anyhow::Result<Vec<BenchLine>> {
     use payrecon_chain_core::BlockId;
-    use payrecon_chain_ethereum::{EthereumScanner, EthereumSettings};
+    use payrecon_chain_ethereum::EthereumSettings;
     let client = reqwest::Client::new();
     let call = |method: &'static str, params: serde_json::Value| {
         let client = client.clone();
@@ -1412,29 +1412,8 @@ async fn ethereum(
         },
         checkpoints: Vec::new(),
     };
-    // The same blocks and watch set, outflow tracking off then on, the median of 3 scans each.
-    let mut medians = Vec::new();
-    let mut last = None;
-    for outflows in [false, true] {
-        let mut settings = EthereumSettings::new(url, chain_id, token.parse()?, token.parse()?);
-        settings.max_blocks_per_scan = blocks as u64;
-        settings.outflows = outflows;
-        let mut scanner = EthereumScanner::new(settings);
-        let mut timings = Vec::new();
-        for _ in 0..3 {
-            let (batch, elapsed) =
-                timed_scan(&mut scanner, watched.clone(), Some(cursor.clone()), 12).await?;
-            anyhow::ensure!(
-                batch.cursor.tip.height == start + blocks as u64,
-                "the scan covered every busy block"
-            );
-            timings.push(elapsed);
-            last = Some(batch);
-        }
-        timings.sort();
-        medians.push(timings[1]);
-    }
-    let batch = last.context("a scan ran")?;
+    let settings = EthereumSettings::new(url, chain_id, token.parse()?, token.parse()?);
+    let (batch, medians) = ethereum_scans_off_and_on(settings, watched, cursor, blocks).await?;
     let mut lines = scan_lines(
         addresses,
         blocks,
@@ -1450,6 +1429,38 @@ async fn ethereum(
     off.note = Some("median of 3".into());
     lines.extend([off, outflow_cost(blocks, medians[1], medians[0])]);
     Ok(lines)
+}
+
+/// The same blocks and watch set scanned with outflow tracking off, then on, the median of 3
+/// scans each; with the last scan's batch.
+async fn ethereum_scans_off_and_on(
+    mut settings: payrecon_chain_ethereum::EthereumSettings,
+    watched: Vec<String>,
+    cursor: ChainCursor,
+    blocks: usize,
+) -> anyhow::Result<(ScanBatch, [Duration; 2])> {
+    settings.max_blocks_per_scan = blocks as u64;
+    let end = cursor.tip.height + blocks as u64;
+    let mut medians = [Duration::ZERO; 2];
+    let mut last = None;
+    for (median, outflows) in medians.iter_mut().zip([false, true]) {
+        settings.outflows = outflows;
+        let mut scanner = payrecon_chain_ethereum::EthereumScanner::new(settings.clone());
+        let mut timings = Vec::new();
+        for _ in 0..3 {
+            let (batch, elapsed) =
+                timed_scan(&mut scanner, watched.clone(), Some(cursor.clone()), 12).await?;
+            anyhow::ensure!(
+                batch.cursor.tip.height == end,
+                "the scan covered every busy block"
+            );
+            timings.push(elapsed);
+            last = Some(batch);
+        }
+        timings.sort();
+        *median = timings[1];
+    }
+    Ok((last.context("a scan ran")?, medians))
 }
 
 async fn tron(
