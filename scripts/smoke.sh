@@ -35,14 +35,21 @@ trap 'stop_serve; rm -rf "$work"' EXIT
 for _ in $(seq 1 100); do curl -fs "$base/ready" >/dev/null && break; sleep 0.1; done
 
 call() { curl -fsS -H "Authorization: Bearer $1" -H 'content-type: application/json' "${@:2}"; }
+# has PATTERN COMMAND...: COMMAND's whole answer contains PATTERN. Read whole first: in
+# `curl | grep -q` grep stops reading at its first match, curl then fails writing the rest
+# (exit 23) and pipefail fails the step; it did once in CI.
+has() {
+  local answer; answer=$("${@:2}")
+  grep -q -- "$1" <<<"$answer" || { echo "smoke: ${!#} does not show '$1'" >&2; return 1; }
+}
 call "$shop" -X POST "$base/v1/topups" -d '{"reference":"smoke-1","account_id":"alice","amount_usd":"100"}' >/dev/null
 payment=$(call "$shop" -X POST "$base/v1/payments" -d '{"order":"smoke-1","method":"ltc"}')
 intent=$(echo "$payment" | json '["id"]')
 address=$(echo "$payment" | json '["pay_to"]')
 amount=$(echo "$payment" | json '["amount_decimal"]')
 checkout="$base$(echo "$payment" | json '["checkout_path"]')"
-curl -fsS -H 'Accept-Language: de' "$checkout" | grep -q "Zahlen Sie $amount LTC"
-curl -fsS "$checkout?lang=id" | grep -q "$address"
+has "Zahlen Sie $amount LTC" curl -fsS -H 'Accept-Language: de' "$checkout"
+has "$address" curl -fsS "$checkout?lang=id"
 echo "smoke: paying $amount LTC to $address for $intent"
 scripts/devnet.sh litecoin-cli -rpcwallet=miner sendtoaddress "$address" "$amount" >/dev/null
 scripts/devnet.sh mine 2
@@ -56,13 +63,13 @@ done
 [ "$status" = settled ] || { cat "$work/serve.log" >&2; echo "smoke: the payment did not settle ($status)" >&2; exit 1; }
 balance=$(call "$shop" "$base/v1/balances/alice" | json '["available_usd"]')
 [ "$balance" = "100.00" ] || { echo "smoke: balance $balance, expected 100.00" >&2; exit 1; }
-curl -fsS "$checkout" | grep -q "Paid. Thank you!"
-curl -fsS "$base/ui/stuck" | grep -q "Stuck payments"
-curl -fsS "$base/ui/reconcile" | grep -q "Reconciliation report"
+has "Paid. Thank you!" curl -fsS "$checkout"
+has "Stuck payments" curl -fsS "$base/ui/stuck"
+has "Reconciliation report" curl -fsS "$base/ui/reconcile"
 call "$operator" "$base/v1/stuck" >/dev/null
 today=$(date -u +%F); tomorrow=$(date -u -d tomorrow +%F)
-call "$finance" "$base/v1/reports/reconcile?from=$today&to=$tomorrow&format=csv&section=summary" | grep -q '^ltc,LTC,1,1,0,0,1.17647059,1.17647059,'
-curl -fsS "$base/metrics" | grep -q 'payrecon_intents{state="settled"} 1'
+has '^ltc,LTC,1,1,0,0,1.17647059,1.17647059,' call "$finance" "$base/v1/reports/reconcile?from=$today&to=$tomorrow&format=csv&section=summary"
+has 'payrecon_intents{state="settled"} 1' curl -fsS "$base/metrics"
 echo "smoke: top-up settled, balance $balance USD, checkout page, pages and reports served"
 stop_serve
 if kill -0 "$serve" 2>/dev/null; then echo "smoke: payrecon serve is still running" >&2; exit 1; fi
