@@ -249,6 +249,8 @@ fn known(network: Network, transfer: &ReportTransfer) -> KnownTransfer {
             to_address: transfer.to_address.clone(),
             asset: transfer.asset.clone(),
             amount: transfer.amount,
+            // The recheck reads confirmations only.
+            from_address: None,
         },
         confirmations: u32::try_from(transfer.confirmations).unwrap_or(0),
         block_height: transfer.block_height.and_then(|h| u64::try_from(h).ok()),

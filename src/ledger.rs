@@ -318,6 +318,9 @@ pub enum EntryKind {
     Adjustment,
     /// Crypto leaving a watched address, with its network fee.
     Outflow,
+    /// Crypto the merchant moved between its own wallets: the native coin its treasury sends
+    /// a payment address to pay for sweeping the tokens there.
+    InternalTransfer,
 }
 
 impl EntryKind {
@@ -329,6 +332,7 @@ impl EntryKind {
             EntryKind::Reversal => "reversal",
             EntryKind::Adjustment => "adjustment",
             EntryKind::Outflow => "outflow",
+            EntryKind::InternalTransfer => "internal_transfer",
         }
     }
 }
@@ -343,6 +347,7 @@ impl FromStr for EntryKind {
             EntryKind::Reversal,
             EntryKind::Adjustment,
             EntryKind::Outflow,
+            EntryKind::InternalTransfer,
         ]
         .into_iter()
         .find(|k| k.as_str() == s)

@@ -114,7 +114,6 @@ pub use order::{
     AccountId, Order, OrderKind, OrderRef, OrderRuleError, OrderStatus, RentalOrderRequest,
     TopupRequest,
 };
-pub use outflows::OutflowRules;
 pub use payments::{PaymentInstructions, PaymentSettings};
 pub use records::{
     AssetRollForward, CryptoRate, ExceptionRecord, FailingEndpoint, FundedIndexes, IntentEvent,

@@ -7,38 +7,21 @@
 //! opposite entry; seen again, it is booked again under the next key. Reports carry state, so
 //! a replayed or older report changes nothing.
 
-use std::collections::{BTreeMap, BTreeSet};
-
 use chrono::{DateTime, Utc};
-use payrecon_chain_core::{Network, OutflowEvent, ReceivedAsset};
+use payrecon_chain_core::{OutflowEvent, ReceivedAsset};
 
 use crate::error::Error;
 use crate::ledger::{Account, Currency, EntryKind, NewEntry, Posting};
+use crate::matcher::MatchPolicy;
 use crate::store::outflows::{self, OutflowRow};
 use crate::store::{WriteTx, ledger, payments};
 
-/// What decides where an outflow went and when it is booked.
-#[derive(Clone, Debug, Default)]
-pub struct OutflowRules {
-    /// The merchant's own addresses per network: an outflow to one of them is a move to
-    /// treasury, anything else is sent out.
-    pub treasury: BTreeMap<Network, BTreeSet<String>>,
-    /// Confirmations before an outflow is booked, per network.
-    pub confirmations: BTreeMap<Network, u32>,
-}
-
-impl OutflowRules {
-    /// `network`'s treasury addresses and the confirmations its outflows wait for.
-    pub fn add(&mut self, network: Network, treasury: BTreeSet<String>, confirmations: u32) {
-        self.treasury.insert(network, treasury);
-        self.confirmations.insert(network, confirmations);
-    }
-}
-
-/// Applies outflow reports in the caller's transaction.
+/// Applies outflow reports in the caller's transaction. An outflow to one of the policy's
+/// treasury addresses is a move to treasury, anything else is sent out; it is booked at the
+/// confirmations a payment on its network needs.
 pub(crate) async fn apply(
     tx: &mut WriteTx,
-    rules: &OutflowRules,
+    policy: &MatchPolicy,
     events: &[OutflowEvent],
     now: DateTime<Utc>,
 ) -> Result<(), Error> {
@@ -89,7 +72,7 @@ pub(crate) async fn apply(
                 let to_treasury = outflow
                     .to_address
                     .as_ref()
-                    .is_some_and(|to| rules.treasury.get(&network).is_some_and(|t| t.contains(to)));
+                    .is_some_and(|to| policy.is_treasury(network, to));
                 let mut row = OutflowRow {
                     outflow,
                     destination: if to_treasury { "treasury" } else { "external" }.into(),
@@ -101,7 +84,10 @@ pub(crate) async fn apply(
                     posted_entry: existing.as_ref().and_then(|e| e.posted_entry.clone()),
                     postings: existing.as_ref().map_or(0, |e| e.postings),
                 };
-                let needed = rules.confirmations.get(&network).copied().unwrap_or(1);
+                let needed = policy
+                    .confirmations
+                    .get(&network)
+                    .map_or(1, |rule| rule.confirmations);
                 if row.posted_entry.is_none() && row.confirmations >= needed.max(1) {
                     let entry = booking(&row, row.postings + 1)?;
                     post(tx, entry.clone(), now).await?;

@@ -20,7 +20,6 @@ use crate::error::Error;
 use crate::intent::{IntentRate, IntentStatus, PaymentIntent, UriParams, crypto_amount_for};
 use crate::matcher::{ConfirmationRule, MatchPolicy};
 use crate::order::{OrderRef, OrderStatus};
-use crate::outflows::OutflowRules;
 use crate::rates::{CoinGecko, Kraken, RateBook, RateSource, RecordedQuotes};
 use crate::store::payments::{self, NewEvent};
 use crate::store::{Answers, GroupWrite, WriteFuture, WriteTx};
@@ -50,8 +49,6 @@ pub struct PaymentSettings {
     pub uri: UriParams,
     /// The Bitcoin-family accounts, as the merchant's wallet must import them.
     pub wallets: UtxoWallets,
-    /// Where outflows went and when they are booked.
-    pub outflows: OutflowRules,
 }
 
 impl Default for PaymentSettings {
@@ -72,7 +69,6 @@ impl Default for PaymentSettings {
                 label: "payrecon".into(),
             },
             wallets: UtxoWallets::new(),
-            outflows: OutflowRules::default(),
         }
     }
 }
@@ -172,7 +168,7 @@ fn add_networks(settings: &mut PaymentSettings, networks: &NetworksConfig) -> Re
             .map_err(|e: DeriveError| Error::Config(format!("networks.{network}.xpub: {e}")))
     };
     let mut wallets = UtxoWallets::new();
-    let mut outflow_rules = OutflowRules::default();
+    let mut treasury = BTreeMap::new();
     let mut add = |network: Network, deriver: Arc<dyn AddressDeriver>, confirmations, tiers| {
         settings
             .derivers
@@ -210,8 +206,7 @@ fn add_networks(settings: &mut PaymentSettings, networks: &NetworksConfig) -> Re
                 .descriptors()
                 .map_err(|e| Error::Config(format!("networks.{network}.key_origin: {e}")))?;
             wallets.insert(network, wallet);
-            let treasury = config.treasury_addresses.iter().cloned().collect();
-            outflow_rules.add(network, treasury, config.confirmations);
+            treasury.insert(network, config.treasury_addresses.iter().cloned().collect());
             let deriver = SegwitDeriver::new(account, chain, utxo_network);
             add(
                 network,
@@ -232,13 +227,13 @@ fn add_networks(settings: &mut PaymentSettings, networks: &NetworksConfig) -> Re
             config.confirmations,
             config.confirmation_tiers.clone(),
         );
-        let treasury = treasury_of(Network::Ethereum, &config.treasury_addresses, |a| {
-            // Outflows name their destination checksummed.
+        let own = treasury_of(Network::Ethereum, &config.treasury_addresses, |a| {
+            // Senders and destinations are named checksummed.
             a.parse::<alloy_primitives::Address>()
                 .map(|a| a.to_checksum(None))
                 .map_err(|e| e.to_string())
         })?;
-        outflow_rules.add(Network::Ethereum, treasury, config.confirmations);
+        treasury.insert(Network::Ethereum, own);
         settings.uri.ethereum_chain_id = config.chain_id;
         settings.uri.usdt_erc20_contract = config.usdt_contract.clone();
         settings.uri.usdc_erc20_contract = config.usdc_contract.clone();
@@ -247,12 +242,12 @@ fn add_networks(settings: &mut PaymentSettings, networks: &NetworksConfig) -> Re
         if config.finality == TronFinality::Solidified {
             explicit_finality_depth(Network::Tron, config.confirmations)?;
         }
-        let treasury = treasury_of(Network::Tron, &config.treasury_addresses, |a| {
+        let own = treasury_of(Network::Tron, &config.treasury_addresses, |a| {
             a.parse::<payrecon_chain_tron::TronAddress>()
                 .map(|a| a.to_string())
                 .map_err(|e| e.to_string())
         })?;
-        outflow_rules.add(Network::Tron, treasury, config.confirmations);
+        treasury.insert(Network::Tron, own);
         let deriver = TronDeriver::new(xpub(Network::Tron, &config.xpub)?);
         add(
             Network::Tron,
@@ -263,10 +258,10 @@ fn add_networks(settings: &mut PaymentSettings, networks: &NetworksConfig) -> Re
         settings.uri.usdt_trc20_contract = config.usdt_contract.clone();
     }
     if let Some(config) = &networks.solana {
-        let treasury = treasury_of(Network::Solana, &config.treasury_addresses, |a| {
+        let own = treasury_of(Network::Solana, &config.treasury_addresses, |a| {
             payrecon_chain_solana::solana_address(a).map_err(|e| e.to_string())
         })?;
-        outflow_rules.add(Network::Solana, treasury, config.confirmations);
+        treasury.insert(Network::Solana, own);
         let deriver = SolanaPayDeriver::new(&config.recipient)
             .map_err(|e| Error::Config(format!("networks.solana.recipient: {e}")))?;
         add(
@@ -277,7 +272,7 @@ fn add_networks(settings: &mut PaymentSettings, networks: &NetworksConfig) -> Re
         );
     }
     settings.wallets = wallets;
-    settings.outflows = outflow_rules;
+    settings.policy.treasury = treasury;
     Ok(())
 }
 

@@ -83,6 +83,8 @@ pub struct StoredTransfer {
     pub asset: ReceivedAsset,
     /// How much, in base units.
     pub amount: Amount,
+    /// The address that sent it, on chains that name one (Ethereum, Tron).
+    pub from_address: Option<String>,
     /// The intent whose watch key it paid, if any.
     pub intent_id: Option<String>,
     /// Confirmations at the newest observation.

@@ -136,6 +136,9 @@ pub struct MethodSummary {
     pub held: String,
     /// Crypto that left custody (refunds) in the period.
     pub refunded: String,
+    /// The merchant's own crypto among what arrived: fee top-ups from its treasury, and money
+    /// operators marked as its own.
+    pub own_funds: String,
     /// USD credited to orders and balances in the period.
     pub usd_credited: String,
     /// Received minus credited.
@@ -156,6 +159,7 @@ struct Sums {
     credited: i128,
     held: i128,
     refunded: i128,
+    own_funds: i128,
     usd_cents: i128,
 }
 
@@ -273,6 +277,7 @@ pub(crate) async fn fold_period(store: &Store, query: &ReportQuery) -> Result<Fo
             (Account::Fx(_), Currency::Crypto(_)) => sums.credited -= amount,
             (Account::Fx(_), Currency::Usd) => sums.usd_cents += amount,
             (Account::Suspense(_), Currency::Crypto(_)) => sums.held -= amount,
+            (Account::Treasury(_), Currency::Crypto(_)) => sums.own_funds -= amount,
             _ => {}
         }
     }
@@ -285,13 +290,15 @@ pub(crate) async fn fold_period(store: &Store, query: &ReportQuery) -> Result<Fo
         summary.credited = currency.format(s.credited);
         summary.held = currency.format(s.held);
         summary.refunded = currency.format(s.refunded);
+        summary.own_funds = currency.format(s.own_funds);
         summary.usd_credited = Currency::Usd.format(s.usd_cents);
         summary.difference = currency.format(s.received as i128 - s.credited);
         summary.why = format!(
-            "{} held in suspense, {} not booked yet (confirming, underpaid or unmatched), {} refunded",
+            "{} held in suspense, {} not booked yet (confirming, underpaid or unmatched), {} refunded, {} the merchant's own (fee top-ups)",
             currency.format(s.held),
             currency.format(s.unbooked as i128),
-            currency.format(s.refunded)
+            currency.format(s.refunded),
+            currency.format(s.own_funds)
         );
     }
     Ok(Folded { methods, per_day })
@@ -521,7 +528,7 @@ const TRANSFER_COLUMNS: [&str; 15] = [
     "reorged",
 ];
 
-const SUMMARY_COLUMNS: [&str; 15] = [
+const SUMMARY_COLUMNS: [&str; 16] = [
     "method",
     "asset",
     "intents_created",
@@ -534,6 +541,7 @@ const SUMMARY_COLUMNS: [&str; 15] = [
     "credited",
     "held",
     "refunded",
+    "own_funds",
     "usd_credited",
     "difference",
     "why",
@@ -596,6 +604,7 @@ fn transfer_state(t: &ReportTransfer) -> &'static str {
         (false, Some("late")) => "paid_late",
         (false, Some("after-settlement")) => "paid_after_settlement",
         (false, Some("wrong-asset")) => "wrong_asset",
+        (false, Some("top-up")) => "fee_top_up",
         (false, Some("unmatched")) => "unmatched",
         (false, Some("resolve")) => "resolved_by_operator",
         (false, Some(_)) => "accounted",
@@ -619,6 +628,7 @@ fn summary_cells(s: &MethodSummary) -> Vec<String> {
         s.credited.clone(),
         s.held.clone(),
         s.refunded.clone(),
+        s.own_funds.clone(),
         s.usd_credited.clone(),
         s.difference.clone(),
         s.why.clone(),

@@ -544,6 +544,7 @@ mod decisions {
                         method: if plan.wrong_asset { other } else { method },
                     },
                     amount: Amount::from_base_units(ASKED / 4 * plan.quarters),
+                    from_address: None,
                     intent_id: Some("pi_1".into()),
                     confirmations,
                     block_height: (confirmations > 0).then_some(100),

@@ -10,8 +10,9 @@ use payrecon::Error;
 use payrecon::IntentStatus;
 use payrecon::ledger::{Account, Currency, SuspenseReason};
 use payrecon::test_utils::matcher::CreditPolicy;
-use payrecon::{OrderRef, OrderStatus};
+use payrecon::{CsvSection, OrderRef, OrderStatus, ReportFormat, ReportQuery};
 use payrecon_chain_core::{ChainEvent, Method, Network, ReceivedAsset};
+use serde_json::json;
 
 fn order(r: &str) -> OrderRef {
     OrderRef::new(r).unwrap()
@@ -215,6 +216,90 @@ on_both_databases! {
         assert_eq!(suspense(&engine, SuspenseReason::WrongAsset, Method::UsdcErc20).await, -500_000_000);
         assert_eq!(suspense(&engine, SuspenseReason::WrongAsset, Method::Eth).await, -(10i128.pow(17)));
         assert_eq!(engine.account_balance(&Account::Custody(Method::UsdtErc20), Currency::Crypto(Method::UsdtErc20)).await.unwrap(), 0, "a fake token is no USDT");
+        sound(&engine).await;
+    }
+
+    async fn eth_from_the_treasury_to_a_token_address_is_a_fee_top_up_not_a_payment(db) {
+        const TREASURY: &str = "0x70997970C51812dc3A010C7d01b50e0d17dc79C8";
+        const STRANGER: &str = "0x3C44CdDdB6a900fa2b585dd299e03d12FA4293BC";
+        let (engine, _clock) = engine(&db, config(|c| {
+            // Configured lower-case: compared in the checksummed form the watcher reports.
+            c.networks.ethereum.as_mut().unwrap().treasury_addresses = vec![TREASURY.to_lowercase()];
+        })).await;
+        engine.create_topup(&topup("T1", "42", "500")).await.unwrap();
+        let pay = engine.create_payment(&order("T1"), Method::UsdtErc20).await.unwrap();
+        let gas = 2 * 10u128.pow(15);
+        let eth = |txid: &str, sender: &str| Tx::new(Network::Ethereum, txid, &pay.intent.watch_key, Method::Eth, gas, start_time()).from(sender);
+        let top_up = eth("0xtopup", TREASURY);
+        let custody_eth = || async { engine.account_balance(&Account::Custody(Method::Eth), Currency::Crypto(Method::Eth)).await.unwrap() };
+        let treasury_eth = || async { engine.account_balance(&Account::Treasury(Method::Eth), Currency::Crypto(Method::Eth)).await.unwrap() };
+
+        // Unconfirmed: nothing to look at, nothing booked; confirmed: treasury to custody.
+        engine.apply_chain_events(&[top_up.observed(0, 20)]).await.unwrap();
+        assert!(engine.exceptions(Some(&order("T1"))).await.unwrap().is_empty());
+        engine.apply_chain_events(&[top_up.observed(12, 31), top_up.observed(12, 31)]).await.unwrap();
+        assert!(engine.exceptions(Some(&order("T1"))).await.unwrap().is_empty(), "the merchant's own coin is no exception");
+        assert_eq!((custody_eth().await, treasury_eth().await), (gas as i128, -(gas as i128)));
+        assert_eq!(suspense(&engine, SuspenseReason::WrongAsset, Method::Eth).await, 0);
+        let entries = engine.entries_for("T1").await.unwrap();
+        assert_eq!(entries.iter().map(|e| (e.entry.idempotency_key.as_str(), e.entry.kind.as_str())).collect::<Vec<_>>(), [("top-up:ethereum:0xtopup:0", "internal_transfer")]);
+        let recorded = engine.transfers_for(&order("T1")).await.unwrap();
+        assert_eq!(recorded[0].from_address.as_deref(), Some(TREASURY), "operators see the sender");
+        let intent = engine.payment(&pay.intent.id).await.unwrap().intent;
+        assert_eq!(intent.status, IntentStatus::AwaitingPayment, "never credited to the order");
+        assert_eq!(engine.available_balance(&account("42")).await.unwrap().cents(), 0);
+
+        // ETH from anyone else, and a token from the treasury, stay wrong-asset payments.
+        let stranger = eth("0xstranger", STRANGER);
+        let usdc = Tx::new(Network::Ethereum, "0xusdc", &pay.intent.watch_key, Method::UsdcErc20, 5_000_000, start_time()).from(TREASURY);
+        engine.apply_chain_events(&[stranger.observed(12, 32), usdc.observed(12, 32)]).await.unwrap();
+        assert_eq!(kinds(&engine.exceptions(Some(&order("T1"))).await.unwrap()), ["wrong_asset", "wrong_asset"]);
+        assert_eq!(suspense(&engine, SuspenseReason::WrongAsset, Method::Eth).await, -(gas as i128));
+
+        // The same transfer with another sender is refused; a reorg takes the top-up back and
+        // its return books it again, with no exception about money held.
+        let forged = eth("0xtopup", STRANGER);
+        assert!(matches!(engine.apply_chain_events(&[forged.observed(12, 33)]).await, Err(Error::InvalidEvent(_))));
+        engine.apply_chain_events(&[top_up.removed(33)]).await.unwrap();
+        assert_eq!((custody_eth().await, treasury_eth().await), (gas as i128, 0), "only the stranger's ETH is held");
+        engine.apply_chain_events(&[top_up.observed(12, 45)]).await.unwrap();
+        assert_eq!(treasury_eth().await, -(gas as i128));
+        let exceptions = engine.exceptions(Some(&order("T1"))).await.unwrap();
+        let mut open = kinds(&exceptions);
+        open.sort_unstable();
+        assert_eq!(open, ["reorged_after_credit", "wrong_asset", "wrong_asset"]);
+
+        // Finance's reconciliation names the top-up as the merchant's own money.
+        let query = ReportQuery { from: start_time() - Duration::hours(1), to: start_time() + Duration::days(1), method: None };
+        let mut out = Vec::new();
+        engine.write_reconciliation(&query, ReportFormat::Json, CsvSection::Transfers, &mut out).await.unwrap();
+        let report: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        let summary = report["summary"].as_array().unwrap().iter().find(|s| s["method"] == "eth").unwrap();
+        assert_eq!((&summary["received"], &summary["held"], &summary["own_funds"], &summary["difference"]), (&json!("0.004"), &json!("0.002"), &json!("0.002"), &json!("0.004")), "{summary}");
+        assert!(summary["why"].as_str().unwrap().contains("0.002 the merchant's own (fee top-ups)"), "{summary}");
+        let state = report["transfers"].as_array().unwrap().iter().find(|t| t["txid"] == "0xtopup").unwrap()["state"].clone();
+        assert_eq!(state, json!("fee_top_up"));
+        sound(&engine).await;
+    }
+
+    async fn a_transfer_recorded_without_its_sender_gets_it_when_seen_again(db) {
+        const TREASURY: &str = "TEQrkTwY43gnKH62mH8xQo1DKPorVZvv5r";
+        let (engine, _clock) = engine(&db, config(|c| {
+            c.networks.tron.as_mut().unwrap().treasury_addresses = vec![TREASURY.into()];
+        })).await;
+        engine.create_topup(&topup("T1", "42", "500")).await.unwrap();
+        let pay = engine.create_payment(&order("T1"), Method::UsdtTrc20).await.unwrap();
+        let before = Tx::new(Network::Tron, "aa", &pay.intent.watch_key, Method::Trx, 30_000_000, start_time());
+        engine.apply_chain_events(&[before.observed(1, 10)]).await.unwrap();
+        assert_eq!(engine.transfers_for(&order("T1")).await.unwrap()[0].from_address, None);
+        engine.apply_chain_events(&[before.from(TREASURY).observed(19, 28)]).await.unwrap();
+        assert_eq!(engine.transfers_for(&order("T1")).await.unwrap()[0].from_address.as_deref(), Some(TREASURY));
+        assert_eq!(engine.account_balance(&Account::Treasury(Method::Trx), Currency::Crypto(Method::Trx)).await.unwrap(), -30_000_000);
+        assert_eq!(suspense(&engine, SuspenseReason::WrongAsset, Method::Trx).await, 0, "booked as a top-up, nothing held");
+        // The exception opened while the sender was unknown holds no money: dismissed.
+        let exceptions = engine.exceptions(Some(&order("T1"))).await.unwrap();
+        assert_eq!(kinds(&exceptions), ["wrong_asset"]);
+        engine.resolve_exception(&exceptions[0].id, &payrecon::Action::Dismiss, "ops", "a top-up from the treasury").await.unwrap();
         sound(&engine).await;
     }
 

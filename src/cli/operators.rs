@@ -286,11 +286,15 @@ pub(super) async fn find(text: String, engine: &Engine, json: bool) -> anyhow::R
         Finding::Transfers { transfers } => transfers
             .iter()
             .map(|view| {
+                let sender = view.transfer.from_address.as_deref();
                 let mut text = format!(
-                    "transfer {} {} base units of {} to {}, {} confirmations{}",
+                    "transfer {} {} base units of {}{} to {}, {} confirmations{}",
                     view.transfer.id,
                     view.transfer.amount,
                     view.transfer.asset,
+                    sender
+                        .map(|from| format!(" from {from}"))
+                        .unwrap_or_default(),
                     view.transfer.to_address,
                     view.transfer.confirmations,
                     if view.transfer.removed {

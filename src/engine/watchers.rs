@@ -103,7 +103,7 @@ impl Engine {
             || crash_point("apply.after_event"),
         )
         .await?;
-        crate::outflows::apply(&mut tx, &settings.outflows, outflows, now).await?;
+        crate::outflows::apply(&mut tx, &settings.policy, outflows, now).await?;
         if let Some((network, cursor)) = cursor {
             crate::store::cursors::put(tx.conn(), network, cursor, now).await?;
         }

@@ -62,12 +62,12 @@ pub enum BookingKey {
     Fixed(String),
     /// One transfer's booking (`late:<t>`, `wrong-asset:<t>`, `after-settlement:<t>`): its
     /// first key no entry holds yet, `base`, `base#2`, …; a booking after the first opens an
-    /// exception of `rebooking_kind` of its own.
+    /// exception of `rebooking_kind` of its own, when it has one (money held again).
     Next {
         /// The first generation's key.
         base: String,
         /// The kind of the exception a later generation opens.
-        rebooking_kind: &'static str,
+        rebooking_kind: Option<&'static str>,
     },
 }
 
@@ -104,7 +104,11 @@ pub fn decide(
             confirmed: transfer.confirmations >= required,
         };
         if transfer.asset != own {
-            step.wrong_asset(&mut decision.steps, &mut credited);
+            if step.is_fee_top_up() {
+                step.fee_top_up(&mut decision.steps, &mut credited);
+            } else {
+                step.wrong_asset(&mut decision.steps, &mut credited);
+            }
         } else if transfer.credited_entry.is_some() {
             continue;
         } else if intent.status == IntentStatus::Settled {
@@ -320,11 +324,61 @@ impl Side<'_> {
         Step::Booking(Booking {
             key: BookingKey::Next {
                 base,
-                rebooking_kind,
+                rebooking_kind: Some(rebooking_kind),
             },
             entry,
             credits: vec![self.index],
         })
+    }
+
+    /// The native coin from one of the merchant's treasury addresses to an intent that asked
+    /// for a token: what the address needs to pay its sweep's fees, sent by the merchant.
+    fn is_fee_top_up(&self) -> bool {
+        let network = self.transfer.id.network;
+        self.transfer.asset
+            == (ReceivedAsset::Method {
+                method: network.native_method(),
+            })
+            && self
+                .transfer
+                .from_address
+                .as_deref()
+                .is_some_and(|from| self.policy.is_treasury(network, from))
+    }
+
+    /// A fee top-up moves the merchant's own coin from its treasury into custody once
+    /// confirmed: no exception, nothing in suspense, never credited to the order.
+    fn fee_top_up(&self, steps: &mut Vec<Step>, credited: &mut Vec<usize>) {
+        if !self.confirmed || self.transfer.credited_entry.is_some() {
+            return;
+        }
+        let base = format!("top-up:{}", self.transfer.id);
+        let method = self.transfer.id.network.native_method();
+        let units = self.transfer.amount.base_units() as i128;
+        let crypto = Currency::Crypto(method);
+        let entry = NewEntry {
+            idempotency_key: base.clone(),
+            kind: EntryKind::InternalTransfer,
+            reference: Some(self.intent.order_ref.to_string()),
+            memo: format!(
+                "{} {} from the treasury to pay the sweep's fees",
+                method.format_amount(self.transfer.amount),
+                method.asset()
+            ),
+            postings: vec![
+                Posting::debit(Account::Custody(method), crypto, units),
+                Posting::credit(Account::Treasury(method), crypto, units),
+            ],
+        };
+        steps.push(Step::Booking(Booking {
+            key: BookingKey::Next {
+                base,
+                rebooking_kind: None,
+            },
+            entry,
+            credits: vec![self.index],
+        }));
+        credited.push(self.index);
     }
 
     /// Another asset than the intent's: never credited as it, held once confirmed (a token

@@ -27,7 +27,7 @@ mod decide;
 mod direct;
 mod rules;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 
 use chrono::{DateTime, Utc};
@@ -113,6 +113,10 @@ pub struct MatchPolicy {
     /// booked like any unmatched receipt, but counted in one exception per network and day
     /// instead of one each (address-poisoning and spam transfers come by the thousand).
     pub dust: BTreeMap<Method, Amount>,
+    /// The merchant's own addresses per network (`treasury_addresses`): native coin from one
+    /// of them to a token payment's address is the fee its sweep needs, not a payment, and
+    /// an outflow to one is a move to treasury.
+    pub treasury: BTreeMap<Network, BTreeSet<String>>,
 }
 
 impl MatchPolicy {
@@ -135,7 +139,15 @@ impl MatchPolicy {
                 (Network::Solana, rule(1)),
             ]),
             dust: default_dust(),
+            treasury: BTreeMap::new(),
         }
+    }
+
+    /// Whether `address` is one of the merchant's own on `network`.
+    pub(crate) fn is_treasury(&self, network: Network, address: &str) -> bool {
+        self.treasury
+            .get(&network)
+            .is_some_and(|own| own.contains(address))
     }
 
     /// Whether `amount` of `method` to no payment instructions is dust.

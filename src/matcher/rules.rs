@@ -41,6 +41,7 @@ pub(crate) async fn apply_event<S: MatchStore>(
             to_address: transfer.to_address.clone(),
             asset: transfer.asset.clone(),
             amount: transfer.amount,
+            from_address: transfer.from_address.clone(),
             intent_id: store
                 .intent_for_watch_key(transfer.id.network, &transfer.to_address)
                 .await?,
@@ -62,12 +63,17 @@ pub(crate) async fn apply_event<S: MatchStore>(
                 tip_height,
             },
         ) => {
+            let other_sender = matches!(
+                (&transfer.from_address, &old.from_address),
+                (Some(now), Some(before)) if now != before
+            );
             if transfer.amount != old.amount
                 || transfer.asset != old.asset
                 || transfer.to_address != old.to_address
+                || other_sender
             {
                 return Err(Error::InvalidEvent(format!(
-                    "transfer {} reported with another amount, asset or address than before",
+                    "transfer {} reported with another amount, asset, address or sender than before",
                     transfer.id
                 )));
             }
@@ -87,6 +93,8 @@ pub(crate) async fn apply_event<S: MatchStore>(
                 removed: false,
                 tip_height: *tip_height,
                 seen_at_ms: old.seen_at_ms.min(*seen_at_ms),
+                // Recorded before payrecon kept senders: filled in now.
+                from_address: old.from_address.or_else(|| transfer.from_address.clone()),
                 ..old
             }
         }
@@ -287,8 +295,9 @@ async fn apply<S: MatchStore>(
                             order: Some(order),
                             transfer: credits.first().map(|i| &transfers[*i]),
                         };
-                        open_rebooking_exception(store, rebooking_kind, concerns, &key, now)
-                            .await?;
+                        if let Some(kind) = rebooking_kind {
+                            open_rebooking_exception(store, kind, concerns, &key, now).await?;
+                        }
                         key
                     }
                 };

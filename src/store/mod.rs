@@ -48,7 +48,7 @@ const POSTGRES_MAX_CONNECTIONS: u32 = 16;
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The schema, in order. Each version has one script per database.
-const MIGRATIONS: [(i64, &str, &str, &str); 14] = [
+const MIGRATIONS: [(i64, &str, &str, &str); 15] = [
     (
         1,
         "foundation",
@@ -132,6 +132,12 @@ const MIGRATIONS: [(i64, &str, &str, &str); 14] = [
         "own funds",
         include_str!("../../migrations/sqlite/0014_own_funds.sql"),
         include_str!("../../migrations/postgres/0014_own_funds.sql"),
+    ),
+    (
+        15,
+        "transfer sender",
+        include_str!("../../migrations/sqlite/0015_transfer_sender.sql"),
+        include_str!("../../migrations/postgres/0015_transfer_sender.sql"),
     ),
 ];
 

@@ -538,7 +538,7 @@ pub(crate) fn parse_asset(text: &str) -> Result<ReceivedAsset, StoreError> {
 /// The columns every transfer query selects, from `transfers t`, for [`decode_transfer`].
 pub(crate) const TRANSFER_COLUMNS: &str = "t.network, t.txid, t.position, t.to_address, t.asset, \
      t.amount_base, t.intent_id, t.confirmations, t.block_height, t.removed, t.tip_height, \
-     t.seen_at_ms, t.credited_entry";
+     t.seen_at_ms, t.credited_entry, t.from_address";
 
 /// How the matcher orders an intent's transfers: first seen first, then by id, byte-wise (not
 /// by a database collation, so every store and every path agrees).
@@ -669,13 +669,14 @@ pub(crate) async fn upsert_transfer(
 }
 
 /// Inserts or replaces many transfers' states, one statement per [`rows_per_statement`] rows.
-/// What identifies a transfer (address, asset, amount, intent) never changes once written.
+/// What identifies a transfer (address, asset, amount, intent) never changes once written; a
+/// sender is filled in when a transfer recorded before payrecon kept senders is seen again.
 pub(crate) async fn upsert_transfers(
     tx: &mut WriteTx,
     transfers: &[&StoredTransfer],
     now: DateTime<Utc>,
 ) -> Result<(), StoreError> {
-    const COLUMNS: usize = 15;
+    const COLUMNS: usize = 16;
     if transfers.is_empty() {
         return Ok(());
     }
@@ -683,11 +684,12 @@ pub(crate) async fn upsert_transfers(
     for chunk in transfers.chunks(rows_per_statement(COLUMNS)) {
         let sql = format!(
             "INSERT INTO transfers (network, txid, position, to_address, asset, amount_base, intent_id, confirmations, \
-             removed, tip_height, seen_at_ms, updated_at_ms, credited_entry, block_height, feed_pos) VALUES {} \
-             ON CONFLICT (network, txid, position) DO UPDATE SET confirmations = excluded.confirmations, \
+             removed, tip_height, seen_at_ms, updated_at_ms, credited_entry, block_height, feed_pos, from_address) \
+             VALUES {} ON CONFLICT (network, txid, position) DO UPDATE SET confirmations = excluded.confirmations, \
              block_height = excluded.block_height, removed = excluded.removed, tip_height = excluded.tip_height, \
              seen_at_ms = excluded.seen_at_ms, updated_at_ms = excluded.updated_at_ms, \
-             credited_entry = excluded.credited_entry, feed_pos = excluded.feed_pos",
+             credited_entry = excluded.credited_entry, feed_pos = excluded.feed_pos, \
+             from_address = excluded.from_address",
             values_placeholders(tx.backend(), COLUMNS, chunk.len())
         );
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
@@ -711,7 +713,8 @@ pub(crate) async fn upsert_transfers(
                         .block_height
                         .map(|height| i64::try_from(height).unwrap_or(i64::MAX)),
                 )
-                .bind(feed_position);
+                .bind(feed_position)
+                .bind(transfer.from_address.as_deref());
         }
         query.execute(tx.conn()).await?;
     }
@@ -733,6 +736,7 @@ pub(crate) fn decode_transfer(row: &sqlx::any::AnyRow) -> Result<StoredTransfer,
         to_address: row.try_get("to_address")?,
         asset: parse_asset(&row.try_get::<String, _>("asset")?)?,
         amount: Amount::from_decimal_str(&amount, 0).map_err(|_| corrupt("amount"))?,
+        from_address: row.try_get("from_address")?,
         intent_id: row.try_get("intent_id")?,
         confirmations: u32::try_from(row.try_get::<i64, _>("confirmations")?)
             .map_err(|_| corrupt("confirmations"))?,

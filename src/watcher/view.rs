@@ -146,6 +146,7 @@ impl LiveView {
                                 to_address: transfer.to_address,
                                 asset: transfer.asset,
                                 amount: transfer.amount,
+                                from_address: transfer.from_address,
                             },
                             confirmations: transfer.confirmations,
                             block_height: transfer.block_height,

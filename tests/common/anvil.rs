@@ -106,8 +106,12 @@ impl Anvil {
 
     /// Sends `wei` from the funder; mined with the next block.
     pub async fn send_eth(&self, to: &str, wei: u128) -> String {
-        let tx =
-            json!({"from": self.funder, "to": to, "value": format!("0x{wei:x}"), "gas": "0x5208"});
+        self.send_eth_from(&self.funder, to, wei).await
+    }
+
+    /// Sends `wei` from `from`, one of the node's accounts; mined with the next block.
+    pub async fn send_eth_from(&self, from: &str, to: &str, wei: u128) -> String {
+        let tx = json!({"from": from, "to": to, "value": format!("0x{wei:x}"), "gas": "0x5208"});
         self.call("eth_sendTransaction", json!([tx]))
             .await
             .as_str()

@@ -108,6 +108,7 @@ pub struct Tx {
     pub asset: ReceivedAsset,
     pub amount: Amount,
     pub seen_at: DateTime<Utc>,
+    pub from: Option<String>,
 }
 
 impl Tx {
@@ -129,7 +130,14 @@ impl Tx {
             asset: ReceivedAsset::Method { method },
             amount: Amount::from_base_units(amount),
             seen_at,
+            from: None,
         }
+    }
+
+    /// Sent by `sender`, as the account chains report.
+    pub fn from(mut self, sender: &str) -> Tx {
+        self.from = Some(sender.into());
+        self
     }
 
     /// Observed `confirmations` deep (its block derived from the depth) at `tip_height`.
@@ -140,6 +148,7 @@ impl Tx {
                 to_address: self.to.clone(),
                 asset: self.asset.clone(),
                 amount: self.amount,
+                from_address: self.from.clone(),
             },
             confirmations,
             block_height: (confirmations > 0).then(|| tip_height + 1 - u64::from(confirmations)),

@@ -715,6 +715,7 @@ impl Session {
                         to_address: key,
                         asset: ReceivedAsset::Method { method },
                         amount: value.into(),
+                        from_address: None,
                     },
                     confirmations,
                     block_height,

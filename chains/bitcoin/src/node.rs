@@ -237,6 +237,7 @@ impl BlockScan<'_> {
                         method: self.method,
                     },
                     amount: *amount,
+                    from_address: None,
                 };
                 range.push_transfer(transfer, height)?;
             }
@@ -667,6 +668,7 @@ fn merge_mempool(
                     to_address: key.to_string(),
                     asset: ReceivedAsset::Method { method },
                     amount: hit.amount,
+                    from_address: None,
                 },
                 confirmations: 0,
                 block_height: None,

@@ -504,6 +504,7 @@ mod tests {
                 method: Method::Trx,
             },
             amount: Amount::from_base_units(5),
+            from_address: None,
         }
     }
 

@@ -66,6 +66,11 @@ pub struct Transfer {
     pub asset: ReceivedAsset,
     /// How much, in the asset's base units.
     pub amount: Amount,
+    /// The one address that sent it, on chains whose transfers name one (Ethereum, Tron):
+    /// native coin from the merchant's own treasury is a fee top-up, not a payment, and
+    /// operators see where a refund could go. `None` on the UTXO chains and Solana.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_address: Option<String>,
 }
 
 /// A watcher's report about one transfer.

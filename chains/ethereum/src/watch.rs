@@ -135,6 +135,7 @@ impl EthereumSettings {
             to_address: found.watched.to_string(),
             asset: found.asset,
             amount: found.amount,
+            from_address: Some(found.counterparty.to_checksum(None)),
         };
         Ok(Some((transfer, found.height)))
     }
@@ -608,7 +609,7 @@ async fn native_movements(
         if let Some(key) = tx.to().and_then(|to| watched.get(&to))
             && !tx.value().is_zero()
         {
-            received.push((tx.tx_hash(), tx.value(), key.to_string()));
+            received.push((tx.tx_hash(), tx.value(), key.to_string(), tx.from()));
         }
         if track_outflows && let Some(key) = watched.get(&tx.from()) {
             sent.push((tx.tx_hash(), tx.value(), key.to_string(), tx.to()));
@@ -639,13 +640,14 @@ async fn native_movements(
         method: Method::Eth,
     };
     let mut transfers = Vec::new();
-    for (hash, value, key) in received {
+    for (hash, value, key, from) in received {
         if receipt(&hash)?.0 {
             transfers.push(Transfer {
                 id: native_row(hash),
                 to_address: key,
                 asset: native.clone(),
                 amount: base_units(value, "ETH value")?,
+                from_address: Some(from.to_checksum(None)),
             });
         }
     }
@@ -890,6 +892,11 @@ mod tests {
             }
         );
         assert_eq!(transfer.amount.base_units(), 771_618_057_897_599_959_040);
+        assert_eq!(
+            transfer.from_address.as_deref(),
+            Some("0xBE09e43A57F2980998cEdD08517eae7d5aE683Bb"),
+            "the log's sender, checksummed as treasury addresses are"
+        );
     }
 
     #[test]

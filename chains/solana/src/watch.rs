@@ -455,6 +455,7 @@ fn verify(
                 method: Method::Sol,
             },
             amount: sol(received),
+            from_address: None,
         }),
         (None, true) => Some(Transfer {
             id,
@@ -463,6 +464,7 @@ fn verify(
                 method: Method::Sol,
             },
             amount: sol(received),
+            from_address: None,
         }),
         (Some(reference), false) => {
             // The largest balance increase is where the money went instead.
@@ -478,6 +480,7 @@ fn verify(
                     contract: format!("SOL paid to {elsewhere}, not the recipient"),
                 },
                 amount: sol(amount),
+                from_address: None,
             })
         }
         (None, false) => None,

@@ -114,6 +114,8 @@ pub struct OwnerValue {
 pub struct TransferValue {
     /// Sun for TRX, token units for TRC-10.
     pub amount: u64,
+    /// The sender, hex `41…`.
+    pub owner_address: String,
     /// The recipient, hex `41…`.
     pub to_address: String,
     /// The TRC-10 token id (hex of its name), only on `TransferAssetContract`.

@@ -492,7 +492,7 @@ fn transfers(
 fn tron_transfer(
     txid: &str,
     position: u32,
-    key: &str,
+    (from, key): (&TronAddress, &str),
     asset: ReceivedAsset,
     amount: Amount,
 ) -> Transfer {
@@ -501,6 +501,7 @@ fn tron_transfer(
         to_address: key.to_owned(),
         asset,
         amount,
+        from_address: Some(from.to_string()),
     }
 }
 
@@ -535,15 +536,18 @@ fn contract_transfers<'b>(
                     tx.tx_id, contract.kind
                 ))
             })?;
-            let to = TronAddress::from_hex(&value.to_address).map_err(|e| {
-                ScanError::Fatal(format!(
-                    "block {height}: transaction {} pays {:?}: {e}",
-                    tx.tx_id, value.to_address
-                ))
-            })?;
-            let Some(key) = watched.watch_key(&to) else {
+            let address = |hex: &str| {
+                TronAddress::from_hex(hex).map_err(|e| {
+                    ScanError::Fatal(format!(
+                        "block {height}: transaction {} names {hex:?}: {e}",
+                        tx.tx_id
+                    ))
+                })
+            };
+            let Some(key) = watched.watch_key(&address(&value.to_address)?) else {
                 continue;
             };
+            let from = address(&value.owner_address)?;
             let asset = if trc10 {
                 ReceivedAsset::OtherToken {
                     contract: format!("trc10:{}", value.asset_name.unwrap_or_default()),
@@ -554,7 +558,7 @@ fn contract_transfers<'b>(
                 }
             };
             let amount = Amount::from_base_units(u128::from(value.amount));
-            found.push(tron_transfer(&tx.tx_id, 0, key, asset, amount));
+            found.push(tron_transfer(&tx.tx_id, 0, (&from, key), asset, amount));
         }
     }
     Ok(succeeded)
@@ -570,7 +574,7 @@ fn log_transfers(
     found: &mut Vec<Transfer>,
 ) -> Result<(), ScanError> {
     for (index, log) in info.log.iter().enumerate() {
-        let Some(TokenTransfer { to, value, .. }) =
+        let Some(TokenTransfer { from, to, value }) =
             trc20_transfer(log.topics.as_slice(), &log.data)
         else {
             continue;
@@ -609,7 +613,7 @@ fn log_transfers(
         found.push(tron_transfer(
             &info.id,
             log_position(height, &info.id, index)?,
-            key,
+            (&from, key),
             asset,
             Amount::from_base_units(amount),
         ));
@@ -748,16 +752,30 @@ mod tests {
     #[test]
     fn the_recorded_block_yields_its_trx_and_usdt_transfers() {
         let found = transfers_of(&recorded_block_and_infos()).unwrap();
-        let summary: Vec<(&str, &ReceivedAsset, u128)> = found
+        let summary: Vec<(&str, &ReceivedAsset, u128, Option<&str>)> = found
             .iter()
-            .map(|t| (t.to_address.as_str(), &t.asset, t.amount.base_units()))
+            .map(|t| {
+                let from = t.from_address.as_deref();
+                (t.to_address.as_str(), &t.asset, t.amount.base_units(), from)
+            })
             .collect();
         let paid = |method| ReceivedAsset::Method { method };
+        // The senders: the TRX contract's owner_address and the USDT log's first topic.
         assert_eq!(
             summary,
             [
-                ("trx-key", &paid(Method::Trx), 1_000_000_000),
-                ("usdt-key", &paid(Method::UsdtTrc20), 79_000_000)
+                (
+                    "trx-key",
+                    &paid(Method::Trx),
+                    1_000_000_000,
+                    Some("TEQrkTwY43gnKH62mH8xQo1DKPorVZvv5r")
+                ),
+                (
+                    "usdt-key",
+                    &paid(Method::UsdtTrc20),
+                    79_000_000,
+                    Some("TDuvkvLEhHvy3VQDWowtt16n3W5khHgsaL")
+                )
             ]
         );
     }

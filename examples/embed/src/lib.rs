@@ -76,6 +76,7 @@ pub async fn shop_flow(
             method: Method::Ltc,
         },
         amount: pay.intent.amount,
+        from_address: None,
     };
     engine
         .apply_chain_events(&[ChainEvent::Observed {
