@@ -253,7 +253,9 @@ on_both_databases! {
         let stranger = eth("0xstranger", STRANGER);
         let usdc = Tx::new(Network::Ethereum, "0xusdc", &pay.intent.watch_key, Method::UsdcErc20, 5_000_000, start_time()).from(TREASURY);
         engine.apply_chain_events(&[stranger.observed(12, 32), usdc.observed(12, 32)]).await.unwrap();
-        assert_eq!(kinds(&engine.exceptions(Some(&order("T1"))).await.unwrap()), ["wrong_asset", "wrong_asset"]);
+        let exceptions = engine.exceptions(Some(&order("T1"))).await.unwrap();
+        assert_eq!(kinds(&exceptions), ["wrong_asset", "wrong_asset"]);
+        assert!(exceptions.iter().any(|e| e.detail.starts_with(&format!("0.002 ETH (ethereum:0xstranger:0) from {STRANGER} sent to"))), "operators see where a refund would go: {exceptions:?}");
         assert_eq!(suspense(&engine, SuspenseReason::WrongAsset, Method::Eth).await, -(gas as i128));
 
         // The same transfer with another sender is refused; a reorg takes the top-up back and

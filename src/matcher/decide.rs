@@ -565,7 +565,7 @@ pub(super) fn hold_entry(
 
 /// A transfer as exceptions describe it.
 pub(super) fn describe(transfer: &StoredTransfer) -> String {
-    match &transfer.asset {
+    let what = match &transfer.asset {
         ReceivedAsset::Method { method } => format!(
             "{} {} ({})",
             method.format_amount(transfer.amount),
@@ -576,6 +576,11 @@ pub(super) fn describe(transfer: &StoredTransfer) -> String {
             "{} units of token {contract} ({})",
             transfer.amount, transfer.id
         ),
+    };
+    // Where a refund or a question would go, on the chains that name a sender.
+    match &transfer.from_address {
+        Some(sender) => format!("{what} from {sender}"),
+        None => what,
     }
 }
 
