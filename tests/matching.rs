@@ -284,6 +284,28 @@ on_both_databases! {
         sound(&engine).await;
     }
 
+    async fn money_marked_as_the_merchants_own_is_named_so_in_the_report_for_every_method(db) {
+        // LTC and SOL come last among the methods: the report's own-funds query lists every
+        // treasury account, and must bind each of them.
+        let (engine, _clock) = engine(&db, config(|_| {})).await;
+        let unmatched = [
+            Tx::new(Network::Litecoin, "ltc-own", "ltc1qnoonesaddress", Method::Ltc, 1_000_000, start_time()),
+            Tx::new(Network::Solana, "sol-own", "SoLnoonesaddress", Method::Sol, 2_000_000, start_time()),
+        ];
+        engine.apply_chain_events(&[unmatched[0].observed(6, 10), unmatched[1].observed(1, 10)]).await.unwrap();
+        for tx in &unmatched {
+            let id = format!("unmatched:{}", tx.id);
+            engine.resolve_exception(&id, &payrecon::Action::MarkOwnFunds, "ops", "a move between our wallets").await.unwrap();
+        }
+        let query = ReportQuery { from: start_time() - Duration::hours(1), to: start_time() + Duration::days(1), method: None };
+        let mut out = Vec::new();
+        engine.write_reconciliation(&query, ReportFormat::Json, CsvSection::Summary, &mut out).await.unwrap();
+        let report: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        let own = |method: &str| report["summary"].as_array().unwrap().iter().find(|s| s["method"] == method).unwrap()["own_funds"].clone();
+        assert_eq!((own("ltc"), own("sol")), (json!("0.01"), json!("0.002")), "{report}");
+        sound(&engine).await;
+    }
+
     async fn a_transfer_recorded_without_its_sender_gets_it_when_seen_again(db) {
         const TREASURY: &str = "TEQrkTwY43gnKH62mH8xQo1DKPorVZvv5r";
         let (engine, _clock) = engine(&db, config(|c| {

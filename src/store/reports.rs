@@ -7,7 +7,9 @@ use payrecon_chain_core::{Amount, Method};
 use sqlx::{AnyConnection, AnyPool, Row};
 
 use super::payments::{decode_exception, parse_asset};
-use super::{Backend, StoreError, decode_exact_sum, exact_sum, list_placeholders_after};
+use super::{
+    Backend, StoreError, decode_exact_sum, exact_sum, list_placeholders_after, placeholder,
+};
 #[cfg(feature = "bench")]
 use super::{WriteTx, values_placeholders};
 use crate::ledger::Account;
@@ -476,14 +478,17 @@ async fn own_funds_sums(
         .iter()
         .map(|method| Account::Treasury(*method).to_string())
         .collect();
+    // On SQLite every placeholder is an anonymous `?`, bound in the order it appears.
     let sql = format!(
         "SELECT p.account, p.currency, {} \
          FROM postings p JOIN journal_entries j ON j.seq = p.entry_seq \
-         WHERE p.account IN ({}) AND j.posted_at_ms >= $1 AND j.posted_at_ms < $2 \
+         WHERE j.posted_at_ms >= {} AND j.posted_at_ms < {} AND p.account IN ({}) \
          AND (j.idempotency_key LIKE 'top-up:%' OR j.idempotency_key LIKE 'resolve:%' \
          OR j.idempotency_key LIKE 'reverse:top-up:%' OR j.idempotency_key LIKE 'reverse:resolve:%') \
          GROUP BY p.account, p.currency",
         exact_sum(backend, "p.amount"),
+        placeholder(backend, 1),
+        placeholder(backend, 2),
         list_placeholders_after(backend, 2, treasuries.len())
     );
     let mut query = sqlx::query(sqlx::AssertSqlSafe(sql))
