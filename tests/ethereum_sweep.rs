@@ -122,7 +122,13 @@ on_both_databases! {
             assert_eq!(anvil.balance(&row.address).await, 0, "{} is empty on the chain", row.address);
         }
         anvil.mine(1).await;
-        eventually("the sweeps to be booked", || async { held_per_asset(&engine, Network::Ethereum).await.iter().all(|(_, amount)| *amount == 0) && fees_booked(&engine, Method::Eth).await > 0 }).await;
+        // The holdings follow every event as it is seen; the books follow once the last sweep
+        // is deep enough, which can be a round later: wait for custody to empty in the books.
+        eventually("the sweeps to be booked", || async {
+            held_per_asset(&engine, Network::Ethereum).await.iter().all(|(_, amount)| *amount == 0)
+                && crypto_balance(&engine, Account::Custody(Method::Eth), Method::Eth).await == 0
+                && crypto_balance(&engine, Account::Custody(Method::UsdtErc20), Method::UsdtErc20).await == 0
+        }).await;
 
         // The treasury's gas top-ups were booked as its own money when they arrived; the two
         // from elsewhere reached addresses whose intents wanted USDT: wrong-asset exceptions,
@@ -183,6 +189,71 @@ on_both_databases! {
         assert_eq!(ethereum.differences.len(), 1, "{ethereum:?}");
         let difference = &ethereum.differences[0];
         assert_eq!((&difference.address, difference.asset.as_str(), difference.payrecon.as_str(), difference.chain.as_str()), (planted, "eth", "0", "1000000000000000000"));
+        sound(&engine).await;
+    }
+
+    async fn what_reaches_a_closed_address_shallow_is_still_followed_to_its_booking(db) {
+        let anvil = Anvil::lock().await;
+        let tokens = anvil.tokens().await;
+        let keys = SeedKeys::fresh();
+        let mut section = ethereum(&anvil, &tokens, &keys.account_xpub(), 2);
+        section.treasury_addresses = vec![anvil.other.clone()];
+        let (engine, clock) = eth_engine_of(&db, eth_config(section)).await;
+        engine.create_topup(&topup("L-1", "91", "100")).await.unwrap();
+        let intent = engine.create_payment(&order("L-1"), Method::UsdtErc20).await.unwrap().intent;
+        let watcher = watch_ethereum(&engine, &anvil, &tokens, anvil.head().await);
+        anvil.send_token(&tokens.usdt, &intent.pay_to, USDT_UNITS).await;
+        anvil.mine(2).await;
+        wait_status(&engine, &intent.id, IntentStatus::Settled).await;
+        clock.advance(Duration::days(8));
+        engine.tick().await.unwrap();
+        watcher.next_round().await;
+        anvil.next_block_at_least(clock.now().timestamp()).await;
+
+        // The window closed; the address stays followed because it holds USDT. The treasury's
+        // gas top-up is seen one block deep, short of the two that book it, then the next block
+        // must book it.
+        let gas_price = 2_000_000_000u128;
+        let top_up = u128::from(TOKEN_TRANSFER_GAS + ETH_TRANSFER_GAS) * gas_price;
+        anvil.send_eth_from(&anvil.other, &intent.pay_to, top_up).await;
+        anvil.mine(1).await;
+        anvil.wait_synced(&engine).await;
+        assert_eq!(crypto_balance(&engine, Account::Treasury(Method::Eth), Method::Eth).await, 0, "one block deep is not booked");
+        anvil.mine(1).await;
+        eventually("the top-up to be booked at depth", || async {
+            crypto_balance(&engine, Account::Treasury(Method::Eth), Method::Eth).await == top_up
+        }).await;
+
+        // The sweep empties the address, and its last transfer is seen one block deep: the
+        // address holds nothing now but stays followed until that transfer is final. A reorg
+        // moves both transfers into one block below: they are found there, not taken for gone.
+        let signer = keys.signer("m/44h/60h/0h/0/0");
+        let token_sweep = signed_transfer(&signer, 0, gas_price, TOKEN_TRANSFER_GAS, &tokens.usdt, 0, token_transfer_call(&anvil.other, USDT_UNITS));
+        anvil.send_raw(&token_sweep).await;
+        anvil.mine(1).await;
+        let native_fee = u128::from(ETH_TRANSFER_GAS) * gas_price;
+        let rest = anvil.balance(&intent.pay_to).await - native_fee;
+        let last = signed_transfer(&signer, 1, gas_price, ETH_TRANSFER_GAS, &anvil.other, rest, Vec::new());
+        let last_hash = anvil.send_raw(&last).await;
+        anvil.mine(1).await;
+        anvil.wait_synced(&engine).await;
+        assert_eq!(held_per_asset(&engine, Network::Ethereum).await, [("eth".into(), 0), ("usdt-erc20".into(), 0)]);
+        let before = anvil.head().await;
+        anvil.reorg_keeping(2, &[token_sweep, last]).await;
+        anvil.wait_synced(&engine).await;
+        let moved = anvil.call("eth_getTransactionByHash", serde_json::json!([last_hash])).await;
+        assert_eq!(moved["blockNumber"], serde_json::json!(format!("0x{:x}", before - 1)), "{moved}");
+        assert_eq!(anvil.balance(&intent.pay_to).await, 0);
+        assert_eq!(held_per_asset(&engine, Network::Ethereum).await, [("eth".into(), 0), ("usdt-erc20".into(), 0)], "the moved transfer is still seen");
+        anvil.mine(1).await;
+        eventually("the sweep to be booked", || async {
+            crypto_balance(&engine, Account::Custody(Method::Eth), Method::Eth).await == 0
+                && crypto_balance(&engine, Account::Custody(Method::UsdtErc20), Method::UsdtErc20).await == 0
+        }).await;
+        // What the treasury sent less what came back is what the two sweeps burned.
+        assert_eq!(crypto_balance(&engine, Account::Treasury(Method::Eth), Method::Eth).await, top_up - rest);
+        assert_eq!(fees_booked(&engine, Method::Eth).await, top_up - rest);
+        watcher.stop().await.unwrap();
         sound(&engine).await;
     }
 

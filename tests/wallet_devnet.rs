@@ -93,16 +93,8 @@ on_both_databases_and_sources! {
         assert_eq!(trusted.to_string(), holdings.totals[0].amount, "{balances}");
 
         // The merchant sweeps five of the payments with the seed's keys, 10,000 litoshi of fee.
-        let funding = chain.call(false, "getrawtransaction", json!([funding_txid, true, funding_block])).await;
-        let swept: Vec<(String, u64)> = paid[..5]
-            .iter()
-            .map(|intent| {
-                let vout = funding["vout"].as_array().unwrap().iter()
-                    .find(|o| o["scriptPubKey"]["addresses"][0] == json!(intent.pay_to) || o["scriptPubKey"]["address"] == json!(intent.pay_to))
-                    .unwrap_or_else(|| panic!("an output pays {}", intent.pay_to));
-                (funding_txid.clone(), vout["n"].as_u64().unwrap())
-            })
-            .collect();
+        let to_sweep: Vec<&str> = paid[..5].iter().map(|intent| intent.pay_to.as_str()).collect();
+        let swept = outpoints_paying(&chain, &funding_txid, &funding_block, &to_sweep).await;
         let fee = 10_000u64;
         let elsewhere = chain.wallet_address().await;
         let sweep_txid = sweep_with_seed(&chain, &key, &swept, &elsewhere, 5 * 100_000_000 - fee).await;
@@ -161,6 +153,89 @@ on_both_databases_and_sources! {
             Source::Node => assert!(litecoin.unchecked.is_some(), "{litecoin:?}"),
         }
     }
+
+    async fn a_sweep_that_a_reorg_moves_to_another_block_is_found_there(db, source) {
+        let chain = Chain::lock().await;
+        let key = fresh_merchant_key();
+        let (engine, _clock) = ltc_engine(&db, &chain, 2, &key.account_xpub, |c| {
+            c.networks.litecoin = Some(source.config(&key.account_xpub, &chain, 2));
+        })
+        .await;
+        let mut paid = Vec::new();
+        for n in 0..3 {
+            let reference = format!("M-{n}");
+            engine.create_topup(&topup(&reference, "43", "100")).await.unwrap();
+            paid.push(engine.create_payment(&order(&reference), Method::Ltc).await.unwrap().intent);
+        }
+        let watcher = source.watch(&engine, &chain);
+        let outputs: Vec<(&str, &str)> = paid.iter().map(|intent| (intent.pay_to.as_str(), "1")).collect();
+        let funding_txid = chain.send_many(&outputs).await;
+        let funding_block = chain.block_hash(chain.mine(1).await).await;
+        chain.mine(1).await;
+        for intent in &paid {
+            wait_status(&engine, &intent.id, IntentStatus::Settled).await;
+        }
+
+        // Two of the payments are swept; the sweep is seen one block deep, short of the two
+        // that book it.
+        let to_sweep: Vec<&str> = paid[..2].iter().map(|intent| intent.pay_to.as_str()).collect();
+        let swept = outpoints_paying(&chain, &funding_txid, &funding_block, &to_sweep).await;
+        let fee = 10_000u64;
+        let sweep_txid = sweep_with_seed(&chain, &key, &swept, &chain.wallet_address().await, 2 * 100_000_000 - fee).await;
+        let sweep_height = chain.mine(1).await;
+        chain.wait_synced(&engine, Network::Litecoin).await;
+        assert_eq!(held_litoshi(&engine).await, 100_000_000);
+        let fees = || async { engine.account_balance(&Account::NetworkFees(Method::Ltc), Currency::Crypto(Method::Ltc)).await.unwrap() };
+        assert_eq!(fees().await, 0, "one block deep is not booked");
+
+        // A reorg replaces the sweep's block with an empty one and mines the sweep in the next:
+        // the spent outputs are looked up there, and the sweep is found rather than taken for
+        // gone, so the two payments never count as held again.
+        chain.invalidate(sweep_height).await;
+        chain.call(false, "prioritisetransaction", json!([sweep_txid, 0, -100_000_000])).await;
+        chain.mine(1).await;
+        chain.call(false, "prioritisetransaction", json!([sweep_txid, 0, 100_000_000])).await;
+        let moved_to = chain.mine(1).await;
+        let moved_block = chain.block_hash(moved_to).await;
+        let moved = chain.call(false, "getrawtransaction", json!([sweep_txid, true, moved_block])).await;
+        assert_eq!(moved["blockhash"], json!(moved_block), "{moved}");
+        chain.wait_synced(&engine, Network::Litecoin).await;
+        assert_eq!(held_litoshi(&engine).await, 100_000_000, "the moved sweep is still seen");
+        chain.mine(1).await;
+        common::regtest::eventually("the moved sweep to be booked", || async { fees().await == i128::from(fee) }).await;
+        let sent_out = engine.account_balance(&Account::External(Method::Ltc), Currency::Crypto(Method::Ltc)).await.unwrap();
+        assert_eq!(sent_out, i128::from(2 * 100_000_000 - fee));
+        assert_eq!(held_litoshi(&engine).await, 100_000_000);
+        watcher.stop().await.unwrap();
+        assert!(engine.trial_balance().await.unwrap().is_sound());
+    }
+}
+
+/// The outputs of `txid` (mined in `block`) that pay each of `addresses`, in their order.
+async fn outpoints_paying(
+    chain: &Chain,
+    txid: &str,
+    block: &str,
+    addresses: &[&str],
+) -> Vec<(String, u64)> {
+    let tx = chain
+        .call(false, "getrawtransaction", json!([txid, true, block]))
+        .await;
+    addresses
+        .iter()
+        .map(|address| {
+            let output = tx["vout"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|o| {
+                    o["scriptPubKey"]["addresses"][0] == json!(address)
+                        || o["scriptPubKey"]["address"] == json!(address)
+                })
+                .unwrap_or_else(|| panic!("an output of {txid} pays {address}"));
+            (txid.to_owned(), output["n"].as_u64().unwrap())
+        })
+        .collect()
 }
 
 async fn held_litoshi(engine: &payrecon::Engine) -> u64 {

@@ -24,11 +24,12 @@ pub(crate) struct WatchedKey {
     pub monitor_until_ms: i64,
 }
 
-/// A transfer as it stands now, with the monitoring window of the intent it paid (none for an
-/// unmatched transfer, which no watcher diffs against).
+/// A transfer as it stands now, with the watch key and monitoring window of the intent it paid
+/// (none for an unmatched transfer, which no watcher diffs against).
 #[derive(Clone, Debug)]
 pub(crate) struct WatchedTransfer {
     pub transfer: StoredTransfer,
+    pub watch_key: Option<String>,
     pub monitor_until_ms: Option<i64>,
 }
 
@@ -49,15 +50,17 @@ pub(crate) struct FeedRead {
     pub holders: Vec<(String, bool)>,
 }
 
-/// Everything `network`'s watcher follows at `now_ms`: keys inside their monitoring window and
-/// the transfers to them not removed. What a watcher reads once, when it starts or takes a
-/// lease over.
+/// Everything `network`'s watcher follows at `now_ms`: keys inside their monitoring window, the
+/// transfers to them not removed, and any matched transfer or outflow not yet `settle_depth`
+/// deep, however old its intent (its depth must keep moving until it is booked). What a
+/// watcher reads once, when it starts or takes a lease over.
 pub(crate) async fn read_all(
     pool: &AnyPool,
     backend: Backend,
     network: Network,
     now_ms: i64,
     outflows_since_ms: i64,
+    settle_depth: u32,
 ) -> Result<FeedRead, StoreError> {
     let mut tx = snapshot(pool, backend).await?;
     let next_from = next_from(&mut tx, backend).await?;
@@ -72,11 +75,12 @@ pub(crate) async fn read_all(
     .map(decode_key)
     .collect::<Result<_, _>>()?;
     let transfers = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "SELECT {TRANSFER_COLUMNS}, i.monitor_until_ms FROM transfers t JOIN payment_intents i ON i.id = t.intent_id \
-         WHERE t.network = $1 AND t.removed = 0 AND i.monitor_until_ms > $2"
+        "SELECT {TRANSFER_COLUMNS}, i.watch_key, i.monitor_until_ms FROM transfers t JOIN payment_intents i ON i.id = t.intent_id \
+         WHERE t.network = $1 AND t.removed = 0 AND (i.monitor_until_ms > $2 OR t.confirmations < $3)"
     )))
     .bind(network.as_str())
     .bind(now_ms)
+    .bind(i64::from(settle_depth))
     .fetch_all(&mut *tx)
     .await?
     .iter()
@@ -87,7 +91,7 @@ pub(crate) async fn read_all(
     } else {
         Vec::new()
     };
-    let outflows = outflows::recent(&mut tx, network, outflows_since_ms).await?;
+    let outflows = outflows::recent(&mut tx, network, outflows_since_ms, settle_depth).await?;
     let holders = if follows_holders(network) {
         holders(super::wallet::holdings(&mut tx, Some(network.as_str()), i64::MAX).await?)
     } else {
@@ -154,7 +158,7 @@ pub(crate) async fn read_changes(
     .map(decode_key)
     .collect::<Result<_, _>>()?;
     let transfers = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "SELECT {TRANSFER_COLUMNS}, i.monitor_until_ms FROM transfers t LEFT JOIN payment_intents i ON i.id = t.intent_id \
+        "SELECT {TRANSFER_COLUMNS}, i.watch_key, i.monitor_until_ms FROM transfers t LEFT JOIN payment_intents i ON i.id = t.intent_id \
          WHERE t.network = $1 AND t.feed_pos >= $2"
     )))
     .bind(network.as_str())
@@ -332,6 +336,7 @@ fn decode_key(row: &sqlx::any::AnyRow) -> Result<WatchedKey, StoreError> {
 fn decode_watched_transfer(row: &sqlx::any::AnyRow) -> Result<WatchedTransfer, StoreError> {
     Ok(WatchedTransfer {
         transfer: decode_transfer(row)?,
+        watch_key: row.try_get("watch_key")?,
         monitor_until_ms: row.try_get("monitor_until_ms")?,
     })
 }

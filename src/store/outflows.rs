@@ -102,18 +102,20 @@ pub(crate) async fn upsert(
     Ok(())
 }
 
-/// `network`'s outflows not removed and first seen after `since_ms`: what its watcher checks
-/// for depth and reorgs.
+/// `network`'s outflows not removed that were first seen after `since_ms` or are not yet
+/// `settle_depth` deep: what its watcher checks for depth and reorgs.
 pub(crate) async fn recent(
     conn: &mut AnyConnection,
     network: Network,
     since_ms: i64,
+    settle_depth: u32,
 ) -> Result<Vec<OutflowRow>, StoreError> {
     sqlx::query(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM outflows WHERE network = $1 AND removed = 0 AND seen_at_ms > $2"
+        "SELECT {COLUMNS} FROM outflows WHERE network = $1 AND removed = 0 AND (seen_at_ms > $2 OR confirmations < $3)"
     )))
     .bind(network.as_str())
     .bind(since_ms)
+    .bind(i64::from(settle_depth))
     .fetch_all(conn)
     .await?
     .iter()

@@ -16,7 +16,7 @@ use payrecon_chain_core::{KnownTransfer, Network, Transfer, TransferId, WatchVie
 use crate::engine::Engine;
 use crate::error::Error;
 use crate::store::feed::{self, FeedRead, WatchedTransfer};
-use crate::store::outflows::OutputState;
+use crate::store::outflows::{OutflowRow, OutputState};
 
 /// What [`LiveView::refresh`] read and how long the database took.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -45,8 +45,20 @@ pub struct LiveView {
     /// address stays followed while it holds anything, so its outflows are seen however old
     /// its intent.
     held_per_key: HashMap<Arc<str>, u32>,
-    /// Keys whose window closed and that stay followed only because they hold outputs.
+    /// Receipts and outflows not yet at settle depth, per key: a key stays followed until
+    /// they are, however old its intent, so their depth keeps moving and a reorg that takes
+    /// them is seen.
+    unsettled: HashMap<Arc<str>, HashSet<Tracked>>,
+    /// Keys whose window closed and that stay followed only because they hold something or
+    /// have something unsettled.
     lingering: HashSet<Arc<str>>,
+}
+
+/// What keeps a key followed until it is final.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Tracked {
+    Receipt(TransferId),
+    Outflow(TransferId),
 }
 
 impl LiveView {
@@ -61,6 +73,7 @@ impl LiveView {
             network,
             now.timestamp_millis(),
             (now - window).timestamp_millis(),
+            settle_depth(engine, network),
         )
         .await?;
         let mut live = LiveView {
@@ -73,6 +86,7 @@ impl LiveView {
             key_windows: BTreeMap::new(),
             known_windows: BTreeMap::new(),
             held_per_key: HashMap::new(),
+            unsettled: HashMap::new(),
             lingering: HashSet::new(),
         };
         live.apply(read, now);
@@ -124,41 +138,8 @@ impl LiveView {
                 .or_default()
                 .push(key_handle);
         }
-        for WatchedTransfer {
-            transfer,
-            monitor_until_ms,
-        } in read.transfers
-        {
-            let open_until = monitor_until_ms.filter(|until| *until > now_ms);
-            match open_until {
-                Some(until) if !transfer.removed && transfer.intent_id.is_some() => {
-                    if !self.view.known.contains_key(&transfer.id) {
-                        self.known_windows
-                            .entry(until)
-                            .or_default()
-                            .push(transfer.id.clone());
-                    }
-                    self.view.known.insert(
-                        transfer.id.clone(),
-                        KnownTransfer {
-                            transfer: Transfer {
-                                id: transfer.id,
-                                to_address: transfer.to_address,
-                                asset: transfer.asset,
-                                amount: transfer.amount,
-                                from_address: transfer.from_address,
-                            },
-                            confirmations: transfer.confirmations,
-                            block_height: transfer.block_height,
-                            tip_height: transfer.tip_height,
-                            seen_at_ms: transfer.seen_at_ms,
-                        },
-                    );
-                }
-                _ => {
-                    self.view.known.remove(&transfer.id);
-                }
-            }
+        for watched in read.transfers {
+            self.track_receipt(watched, now_ms);
         }
         for output in read.outputs {
             self.hold(output);
@@ -167,19 +148,28 @@ impl LiveView {
             let key: Arc<str> = Arc::from(address);
             if holds {
                 if self.held_per_key.insert(key.clone(), 1).is_none() {
-                    self.start_holding(key);
+                    self.follow(key);
                 }
             } else if self.held_per_key.remove(&key).is_some() {
-                self.stop_holding(&key);
+                self.release(&key);
             }
         }
         for row in read.outflows {
-            if row.removed {
-                self.view.known_outflows.remove(&row.outflow.id);
-            } else {
-                self.view
-                    .known_outflows
-                    .insert(row.outflow.id.clone(), row.known());
+            self.track_outflow(row);
+        }
+        // Receipts first: one whose window closes unsettled keeps its key followed.
+        let still_open = self.known_windows.split_off(&(now_ms + 1));
+        for id in std::mem::replace(&mut self.known_windows, still_open)
+            .into_values()
+            .flatten()
+        {
+            if self
+                .view
+                .known
+                .get(&id)
+                .is_some_and(|known| known.confirmations >= self.view.settle_depth)
+            {
+                self.view.known.remove(&id);
             }
         }
         let still_open = self.key_windows.split_off(&(now_ms + 1));
@@ -187,18 +177,11 @@ impl LiveView {
             .into_values()
             .flatten()
         {
-            if self.held_per_key.contains_key(&key) {
+            if self.held_per_key.contains_key(&key) || self.unsettled.contains_key(&key) {
                 self.lingering.insert(key);
             } else if self.view.watch_keys.remove(&key) {
                 keys_closed += 1;
             }
-        }
-        let still_open = self.known_windows.split_off(&(now_ms + 1));
-        for id in std::mem::replace(&mut self.known_windows, still_open)
-            .into_values()
-            .flatten()
-        {
-            self.view.known.remove(&id);
         }
         self.view.cursor = read.cursor;
         self.view.now_ms = now_ms;
@@ -208,6 +191,114 @@ impl LiveView {
 }
 
 impl LiveView {
+    /// Brings one receipt's state in step. A matched receipt is diffed against while its
+    /// intent's window is open and, past it, until it is settle-depth deep: a payment seen in
+    /// the window's last minute, or a gas top-up to an address followed because it holds
+    /// something, must still reach the depth that books it.
+    fn track_receipt(&mut self, watched: WatchedTransfer, now_ms: i64) {
+        let WatchedTransfer {
+            transfer,
+            watch_key,
+            monitor_until_ms,
+        } = watched;
+        let key = watch_key.map(Arc::<str>::from);
+        let tracked = Tracked::Receipt(transfer.id.clone());
+        let open_until = monitor_until_ms.filter(|until| *until > now_ms);
+        let settled = transfer.confirmations >= self.view.settle_depth;
+        let followed =
+            !transfer.removed && transfer.intent_id.is_some() && (open_until.is_some() || !settled);
+        if !followed {
+            self.view.known.remove(&transfer.id);
+            self.settled(key, &tracked);
+            return;
+        }
+        if let Some(until) = open_until
+            && !self.view.known.contains_key(&transfer.id)
+        {
+            self.known_windows
+                .entry(until)
+                .or_default()
+                .push(transfer.id.clone());
+        }
+        if settled {
+            self.settled(key, &tracked);
+        } else {
+            self.unsettled(key, tracked);
+        }
+        self.view.known.insert(
+            transfer.id.clone(),
+            KnownTransfer {
+                transfer: Transfer {
+                    id: transfer.id,
+                    to_address: transfer.to_address,
+                    asset: transfer.asset,
+                    amount: transfer.amount,
+                    from_address: transfer.from_address,
+                },
+                confirmations: transfer.confirmations,
+                block_height: transfer.block_height,
+                tip_height: transfer.tip_height,
+                seen_at_ms: transfer.seen_at_ms,
+            },
+        );
+    }
+
+    /// Brings one outflow's state in step: known until removed, its key followed until it is
+    /// final, and on UTXO chains the output it spent kept for lookups.
+    fn track_outflow(&mut self, row: OutflowRow) {
+        // Solana's outflows leave the merchant's one recipient, which its scanner always
+        // reads; elsewhere they leave a watched address, followed until they are final.
+        let key = (self.network != Network::Solana)
+            .then(|| Arc::<str>::from(row.outflow.from_address.as_str()));
+        let tracked = Tracked::Outflow(row.outflow.id.clone());
+        if let Some(spent) = &row.outflow.spends {
+            let value = row.outflow.amount.base_units() + row.outflow.fee.base_units();
+            match u64::try_from(value) {
+                Ok(value) if !row.removed => {
+                    self.view.spent.insert(&spent.txid, spent.position, value);
+                }
+                _ => {
+                    self.view.spent.remove(&spent.txid, spent.position);
+                }
+            }
+        }
+        if row.removed {
+            self.view.known_outflows.remove(&row.outflow.id);
+            self.settled(key, &tracked);
+        } else {
+            if row.confirmations < self.view.settle_depth {
+                self.unsettled(key, tracked);
+            } else {
+                self.settled(key, &tracked);
+            }
+            self.view
+                .known_outflows
+                .insert(row.outflow.id.clone(), row.known());
+        }
+    }
+
+    /// `tracked` is not final yet: its key stays followed until it is.
+    fn unsettled(&mut self, key: Option<Arc<str>>, tracked: Tracked) {
+        let Some(key) = key else { return };
+        self.unsettled
+            .entry(key.clone())
+            .or_default()
+            .insert(tracked);
+        self.follow(key);
+    }
+
+    /// `tracked` is final (or gone): its key no longer needs following for it.
+    fn settled(&mut self, key: Option<Arc<str>>, tracked: &Tracked) {
+        let Some(key) = key else { return };
+        if let Some(pending) = self.unsettled.get_mut(&key)
+            && pending.remove(tracked)
+            && pending.is_empty()
+        {
+            self.unsettled.remove(&key);
+            self.release(&key);
+        }
+    }
+
     /// Brings one output's held state in step, and with it whether its address is followed.
     fn hold(&mut self, output: OutputState) {
         let key: Arc<str> = Arc::from(output.address.as_str());
@@ -220,7 +311,7 @@ impl LiveView {
                 let count = self.held_per_key.entry(key.clone()).or_default();
                 *count += 1;
                 if *count == 1 {
-                    self.start_holding(key);
+                    self.follow(key);
                 }
             }
         } else if self.view.held.remove(&output.txid, output.vout)
@@ -229,22 +320,26 @@ impl LiveView {
             *count -= 1;
             if *count == 0 {
                 self.held_per_key.remove(&key);
-                self.stop_holding(&key);
+                self.release(&key);
             }
         }
     }
 
-    /// `key` began to hold something: it stays followed however old its intent.
-    fn start_holding(&mut self, key: Arc<str>) {
+    /// `key` holds or awaits something: it stays followed however old its intent.
+    fn follow(&mut self, key: Arc<str>) {
         if !self.view.watch_keys.contains(&key) {
             self.view.watch_keys.insert_shared(key.clone());
             self.lingering.insert(key);
         }
     }
 
-    /// `key` holds nothing any more: followed only for that, it is dropped.
-    fn stop_holding(&mut self, key: &Arc<str>) {
-        if self.lingering.remove(key) {
+    /// `key` may need following no more: past its window, it is dropped once it holds nothing
+    /// and nothing of it is unsettled.
+    fn release(&mut self, key: &Arc<str>) {
+        if !self.held_per_key.contains_key(key)
+            && !self.unsettled.contains_key(key)
+            && self.lingering.remove(key)
+        {
             self.view.watch_keys.remove(key);
         }
     }

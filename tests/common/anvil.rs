@@ -190,6 +190,17 @@ impl Anvil {
             .await;
     }
 
+    /// Replaces the last `depth` blocks with empty ones but for `raw`, mined again in the
+    /// first of them: a reorg that moves transactions to another block.
+    pub async fn reorg_keeping(&self, depth: u64, raw: &[String]) {
+        let pairs: Vec<Value> = raw.iter().map(|tx| json!([tx, 0])).collect();
+        self.call(
+            "anvil_reorg",
+            json!({"depth": depth, "tx_block_pairs": pairs}),
+        )
+        .await;
+    }
+
     /// Waits until the engine's Ethereum watcher has committed anvil's head.
     pub async fn wait_synced(&self, engine: &Engine) {
         let head = self.head_hash().await;

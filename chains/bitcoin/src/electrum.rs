@@ -757,6 +757,7 @@ impl Session {
         let lookup = Lookup {
             held: &view.held,
             received,
+            spent: &view.spent,
             network: settings.network_id(),
             method: settings.target.method(),
             hrp: settings.target.hrp(),

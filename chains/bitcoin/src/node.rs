@@ -177,6 +177,7 @@ impl NodeOutput {
 struct BlockScan<'a> {
     scripts: &'a KeyIndex<ScriptBuf>,
     held: &'a HeldOutputs,
+    spent: &'a HeldOutputs,
     network: Network,
     method: Method,
     hrp: &'a str,
@@ -184,8 +185,8 @@ struct BlockScan<'a> {
 
 impl BlockScan<'_> {
     /// Adds what the block at `height` carries to `range`: each input spending a held output
-    /// (or one `received` earlier in this scan) as an outflow, then each output paying a
-    /// watched script as a transfer, remembered in `received`.
+    /// (or one `received` earlier in this scan, or one a known outflow spent) as an outflow,
+    /// then each output paying a watched script as a transfer, remembered in `received`.
     fn read(
         &self,
         height: u64,
@@ -214,6 +215,7 @@ impl BlockScan<'_> {
             let lookup = Lookup {
                 held: self.held,
                 received,
+                spent: self.spent,
                 network: self.network,
                 method: self.method,
                 hrp: self.hrp,
@@ -450,6 +452,7 @@ impl ChainScanner for NodeScanner {
                 let found = BlockScan {
                     scripts,
                     held: &view.held,
+                    spent: &view.spent,
                     network,
                     method,
                     hrp,

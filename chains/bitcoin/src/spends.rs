@@ -17,11 +17,13 @@ pub(crate) struct Spending<'a> {
     pub(crate) outputs: Vec<(&'a Script, u64)>,
 }
 
-/// Where outflows are looked up: the held outputs the engine gave, and those received earlier
-/// in the same scan (a payment and its sweep can sit in one range of blocks).
+/// Where outflows are looked up: the held outputs the engine gave, those received earlier in
+/// the same scan (a payment and its sweep can sit in one range of blocks), and those the known
+/// outflows spent (a reorg can move a spend to another block).
 pub(crate) struct Lookup<'a> {
     pub(crate) held: &'a HeldOutputs,
     pub(crate) received: &'a HeldOutputs,
+    pub(crate) spent: &'a HeldOutputs,
     pub(crate) network: Network,
     pub(crate) method: Method,
     pub(crate) hrp: &'a str,
@@ -32,6 +34,7 @@ impl Lookup<'_> {
         self.held
             .get(txid, vout)
             .or_else(|| self.received.get(txid, vout))
+            .or_else(|| self.spent.get(txid, vout))
     }
 
     /// One outflow per input of `tx` that spends a held output. When every input is held the

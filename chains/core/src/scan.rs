@@ -94,9 +94,11 @@ fn outpoint(txid: &str, vout: u32) -> Option<([u8; 32], u32)> {
 /// [`WatchKeys`]' change log ([`crate::KeyIndex`]).
 #[derive(Clone, Debug, Default)]
 pub struct WatchView {
-    /// Watch keys to follow now: open intents and those inside their monitoring window.
+    /// Watch keys to follow now: open intents, those inside their monitoring window, and older
+    /// ones that still hold something or await a receipt's or an outflow's final depth.
     pub watch_keys: WatchKeys,
-    /// Transfers already recorded to those keys, not removed.
+    /// Transfers already recorded to those keys, not removed: inside their intent's window,
+    /// or past it until they are `settle_depth` deep.
     pub known: BTreeMap<TransferId, KnownTransfer>,
     /// Where the last committed scan ended.
     pub cursor: Option<ChainCursor>,
@@ -113,6 +115,10 @@ pub struct WatchView {
     /// Outputs received on watched addresses and not spent (UTXO chains), however old their
     /// intent: a scanner that follows outflows reports each input spending one.
     pub held: HeldOutputs,
+    /// Outputs spent by the known outflows (UTXO chains), with their values: a scan looks
+    /// inputs up here too, so a spend that a reorg moved to another block is found there
+    /// rather than taken for gone.
+    pub spent: HeldOutputs,
     /// Outflows already recorded and not removed, for their depth and a reorg's removals.
     pub known_outflows: BTreeMap<TransferId, KnownOutflow>,
 }
