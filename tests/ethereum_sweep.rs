@@ -211,14 +211,16 @@ on_both_databases! {
         anvil.next_block_at_least(clock.now().timestamp()).await;
 
         // The window closed; the address stays followed because it holds USDT. The treasury's
-        // gas top-up is seen one block deep, short of the two that book it, then the next block
-        // must book it.
+        // gas top-up is seen one block deep, short of the two that book it; payrecon restarts
+        // (the watcher reads its view whole again), and the next block must book it.
         let gas_price = 2_000_000_000u128;
         let top_up = u128::from(TOKEN_TRANSFER_GAS + ETH_TRANSFER_GAS) * gas_price;
         anvil.send_eth_from(&anvil.other, &intent.pay_to, top_up).await;
         anvil.mine(1).await;
         anvil.wait_synced(&engine).await;
         assert_eq!(crypto_balance(&engine, Account::Treasury(Method::Eth), Method::Eth).await, 0, "one block deep is not booked");
+        watcher.stop().await.unwrap();
+        let watcher = watch_ethereum(&engine, &anvil, &tokens, anvil.head().await);
         anvil.mine(1).await;
         eventually("the top-up to be booked at depth", || async {
             crypto_balance(&engine, Account::Treasury(Method::Eth), Method::Eth).await == top_up
