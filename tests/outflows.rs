@@ -5,13 +5,15 @@
 
 mod common;
 
+use chrono::Duration;
 use common::checks::order;
-use common::outflows::{TREASURY, litecoin_engine, sent, sweep};
+use common::outflows::{TREASURY, litecoin_engine, litecoin_engine_and_clock, sent, sweep};
 use common::payments::{Tx, start_time};
 use common::topup;
 use payrecon::ledger::{Account, Currency};
+use payrecon::test_utils::watcher::LiveView;
 use payrecon::{Engine, Error, HoldingsSort, PaymentIntent};
-use payrecon_chain_core::{Amount, Method, Network, OutflowEvent};
+use payrecon_chain_core::{Amount, Method, Network, OutflowEvent, WatchView};
 
 async fn paid(engine: &Engine, reference: &str, txid: &str) -> (PaymentIntent, Tx) {
     engine
@@ -62,6 +64,65 @@ async fn held(engine: &Engine) -> String {
 }
 
 on_both_databases! {
+    async fn the_watch_view_follows_what_moved_until_it_is_final_then_forgets_it(db) {
+        let (engine, clock) = litecoin_engine_and_clock(&db).await;
+        let (intent, receipt) = paid(&engine, "V-1", &"c1".repeat(32)).await;
+        let mut live = LiveView::load(&engine, Network::Litecoin).await.unwrap();
+        let spent = |view: &WatchView| view.spent.get(&receipt.id.txid, receipt.id.position);
+        assert!(live.view().watch_keys.contains(&intent.pay_to));
+        assert!(live.view().known.contains_key(&receipt.id));
+        assert_eq!(live.view().held.get(&receipt.id.txid, receipt.id.position), Some(100_000_000));
+
+        // Swept, one block deep: the output is spent, but kept for lookups, and the sweep is
+        // followed for its depth.
+        let swept = sweep(&"d1".repeat(32), 0, &receipt, 1_000, None);
+        engine.apply_outflows(&[sent(&swept, 1, 101)]).await.unwrap();
+        live.refresh(&engine).await.unwrap();
+        assert_eq!(live.view().held.get(&receipt.id.txid, receipt.id.position), None);
+        assert_eq!(spent(live.view()), Some(100_000_000));
+        assert!(live.view().known_outflows.contains_key(&swept.id));
+
+        // The intent's window closes with the sweep short of its depth: the address stays
+        // followed, and a watcher that restarts reads the same.
+        clock.advance(Duration::days(30));
+        live.refresh(&engine).await.unwrap();
+        let restarted = LiveView::load(&engine, Network::Litecoin).await.unwrap();
+        for view in [live.view(), restarted.view()] {
+            assert!(view.watch_keys.contains(&intent.pay_to));
+            assert!(view.known_outflows.contains_key(&swept.id));
+            assert_eq!(spent(view), Some(100_000_000));
+        }
+
+        // Final: everything about the address is forgotten, as a fresh read leaves it out.
+        engine.apply_outflows(&[sent(&swept, 2, 102)]).await.unwrap();
+        live.refresh(&engine).await.unwrap();
+        let restarted = LiveView::load(&engine, Network::Litecoin).await.unwrap();
+        for view in [live.view(), restarted.view()] {
+            assert!(!view.watch_keys.contains(&intent.pay_to));
+            assert!(view.known_outflows.is_empty());
+            assert!(view.known.is_empty());
+            assert_eq!(spent(view), None);
+        }
+
+        // A payment seen one block deep when its window closes stays followed until final.
+        engine.create_topup(&topup("V-2", "7", "100")).await.unwrap();
+        let second = engine.create_payment(&order("V-2"), Method::Ltc).await.unwrap().intent;
+        let payment = Tx::new(Network::Litecoin, &"c2".repeat(32), &second.pay_to, Method::Ltc, 100_000_000, start_time());
+        engine.apply_chain_events(&[payment.observed(1, 200)]).await.unwrap();
+        live.refresh(&engine).await.unwrap();
+        clock.advance(Duration::days(30));
+        live.refresh(&engine).await.unwrap();
+        let restarted = LiveView::load(&engine, Network::Litecoin).await.unwrap();
+        for view in [live.view(), restarted.view()] {
+            assert!(view.watch_keys.contains(&second.pay_to));
+            assert!(view.known.contains_key(&payment.id));
+        }
+        engine.apply_chain_events(&[payment.observed(2, 201)]).await.unwrap();
+        live.refresh(&engine).await.unwrap();
+        assert!(!live.view().known.contains_key(&payment.id));
+        assert!(live.view().watch_keys.contains(&second.pay_to), "it holds the payment");
+    }
+
     async fn outflows_book_custody_out_and_a_reorg_puts_it_back(db) {
         let engine = litecoin_engine(&db).await;
         let (_, first) = paid(&engine, "O-1", &"a1".repeat(32)).await;

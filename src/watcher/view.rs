@@ -41,6 +41,11 @@ pub struct LiveView {
     key_windows: BTreeMap<i64, Vec<Arc<str>>>,
     /// When each known transfer's intent's window closes.
     known_windows: BTreeMap<i64, Vec<TransferId>>,
+    /// When each known outflow leaves the view: its first sight plus the monitoring window
+    /// (later if it is not final by then), as a fresh read would leave it out.
+    outflow_windows: BTreeMap<i64, Vec<TransferId>>,
+    /// The monitoring window, in milliseconds.
+    window_ms: i64,
     /// Held outputs per address (UTXO chains; 1 for an account address holding anything): an
     /// address stays followed while it holds anything, so its outflows are seen however old
     /// its intent.
@@ -85,6 +90,8 @@ impl LiveView {
             next_from: 0,
             key_windows: BTreeMap::new(),
             known_windows: BTreeMap::new(),
+            outflow_windows: BTreeMap::new(),
+            window_ms: window.num_milliseconds(),
             held_per_key: HashMap::new(),
             unsettled: HashMap::new(),
             lingering: HashSet::new(),
@@ -120,7 +127,6 @@ impl LiveView {
     fn apply(&mut self, read: FeedRead, now: DateTime<Utc>) -> (usize, usize) {
         let now_ms = now.timestamp_millis();
         let mut keys_added = 0;
-        let mut keys_closed = 0;
         for key in read.keys {
             if key.monitor_until_ms <= now_ms || self.view.watch_keys.contains(&key.watch_key) {
                 continue;
@@ -154,35 +160,13 @@ impl LiveView {
                 self.release(&key);
             }
         }
-        for row in read.outflows {
-            self.track_outflow(row);
+        // Removals first: after a reorg, another outflow may spend the same output.
+        let mut outflows = read.outflows;
+        outflows.sort_by_key(|row| !row.removed);
+        for row in outflows {
+            self.track_outflow(row, now_ms);
         }
-        // Receipts first: one whose window closes unsettled keeps its key followed.
-        let still_open = self.known_windows.split_off(&(now_ms + 1));
-        for id in std::mem::replace(&mut self.known_windows, still_open)
-            .into_values()
-            .flatten()
-        {
-            if self
-                .view
-                .known
-                .get(&id)
-                .is_some_and(|known| known.confirmations >= self.view.settle_depth)
-            {
-                self.view.known.remove(&id);
-            }
-        }
-        let still_open = self.key_windows.split_off(&(now_ms + 1));
-        for key in std::mem::replace(&mut self.key_windows, still_open)
-            .into_values()
-            .flatten()
-        {
-            if self.held_per_key.contains_key(&key) || self.unsettled.contains_key(&key) {
-                self.lingering.insert(key);
-            } else if self.view.watch_keys.remove(&key) {
-                keys_closed += 1;
-            }
-        }
+        let keys_closed = self.close_windows(now_ms);
         self.view.cursor = read.cursor;
         self.view.now_ms = now_ms;
         self.next_from = read.next_from;
@@ -191,6 +175,41 @@ impl LiveView {
 }
 
 impl LiveView {
+    /// Applies the windows that closed by `now_ms`; returns how many keys stopped being
+    /// followed. Receipts first: one whose window closes unsettled keeps its key followed.
+    fn close_windows(&mut self, now_ms: i64) -> usize {
+        let depth = self.view.settle_depth;
+        for id in due(&mut self.known_windows, now_ms) {
+            if self
+                .view
+                .known
+                .get(&id)
+                .is_some_and(|k| k.confirmations >= depth)
+            {
+                self.view.known.remove(&id);
+            }
+        }
+        for id in due(&mut self.outflow_windows, now_ms) {
+            if self
+                .view
+                .known_outflows
+                .get(&id)
+                .is_some_and(|k| k.confirmations >= depth)
+            {
+                self.forget_outflow(&id);
+            }
+        }
+        let mut keys_closed = 0;
+        for key in due(&mut self.key_windows, now_ms) {
+            if self.held_per_key.contains_key(&key) || self.unsettled.contains_key(&key) {
+                self.lingering.insert(key);
+            } else if self.view.watch_keys.remove(&key) {
+                keys_closed += 1;
+            }
+        }
+        keys_closed
+    }
+
     /// Brings one receipt's state in step. A matched receipt is diffed against while its
     /// intent's window is open and, past it, until it is settle-depth deep: a payment seen in
     /// the window's last minute, or a gas top-up to an address followed because it holds
@@ -243,37 +262,50 @@ impl LiveView {
         );
     }
 
-    /// Brings one outflow's state in step: known until removed, its key followed until it is
-    /// final, and on UTXO chains the output it spent kept for lookups.
-    fn track_outflow(&mut self, row: OutflowRow) {
+    /// Brings one outflow's state in step: known until removed, or until it is final and its
+    /// monitoring window has passed; its key followed until it is final; on UTXO chains the
+    /// output it spent kept for lookups while it is known.
+    fn track_outflow(&mut self, row: OutflowRow, now_ms: i64) {
         // Solana's outflows leave the merchant's one recipient, which its scanner always
         // reads; elsewhere they leave a watched address, followed until they are final.
         let key = (self.network != Network::Solana)
             .then(|| Arc::<str>::from(row.outflow.from_address.as_str()));
         let tracked = Tracked::Outflow(row.outflow.id.clone());
-        if let Some(spent) = &row.outflow.spends {
-            let value = row.outflow.amount.base_units() + row.outflow.fee.base_units();
-            match u64::try_from(value) {
-                Ok(value) if !row.removed => {
-                    self.view.spent.insert(&spent.txid, spent.position, value);
-                }
-                _ => {
-                    self.view.spent.remove(&spent.txid, spent.position);
-                }
-            }
+        let is_final = row.confirmations >= self.view.settle_depth;
+        let until = row.seen_at_ms.saturating_add(self.window_ms);
+        if row.removed || (is_final && until <= now_ms) {
+            self.forget_outflow(&row.outflow.id);
+            self.settled(key, &tracked);
+            return;
         }
-        if row.removed {
-            self.view.known_outflows.remove(&row.outflow.id);
+        if is_final {
             self.settled(key, &tracked);
         } else {
-            if row.confirmations < self.view.settle_depth {
-                self.unsettled(key, tracked);
-            } else {
-                self.settled(key, &tracked);
-            }
-            self.view
-                .known_outflows
-                .insert(row.outflow.id.clone(), row.known());
+            self.unsettled(key, tracked);
+        }
+        if let Some(spent) = &row.outflow.spends
+            && let Ok(value) =
+                u64::try_from(row.outflow.amount.base_units() + row.outflow.fee.base_units())
+        {
+            self.view.spent.insert(&spent.txid, spent.position, value);
+        }
+        if !self.view.known_outflows.contains_key(&row.outflow.id) {
+            self.outflow_windows
+                .entry(until)
+                .or_default()
+                .push(row.outflow.id.clone());
+        }
+        self.view
+            .known_outflows
+            .insert(row.outflow.id.clone(), row.known());
+    }
+
+    /// Drops a known outflow, and the output it spent from the lookups.
+    fn forget_outflow(&mut self, id: &TransferId) {
+        if let Some(known) = self.view.known_outflows.remove(id)
+            && let Some(spent) = known.outflow.spends
+        {
+            self.view.spent.remove(&spent.txid, spent.position);
         }
     }
 
@@ -343,6 +375,12 @@ impl LiveView {
             self.view.watch_keys.remove(key);
         }
     }
+}
+
+/// Takes the entries of `timetable` due by `now_ms` out of it.
+fn due<T>(timetable: &mut BTreeMap<i64, Vec<T>>, now_ms: i64) -> impl Iterator<Item = T> + use<T> {
+    let later = timetable.split_off(&(now_ms + 1));
+    std::mem::replace(timetable, later).into_values().flatten()
 }
 
 /// Confirmations beyond which the matcher needs no more depth updates on `network`.

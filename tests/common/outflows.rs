@@ -1,9 +1,12 @@
 //! Test support for outflows: a Litecoin engine with a treasury address, outflow reports
 //! spending recorded receipts, and what the holdings and the books say afterwards.
 
+use std::sync::Arc;
+
 use payrecon::Engine;
 use payrecon::config::UtxoConfig;
 use payrecon::ledger::{Account, Currency};
+use payrecon::test_utils::clock::ManualClock;
 use payrecon_chain_core::{
     Amount, Asset, Method, Network, Outflow, OutflowEvent, ReceivedAsset, TransferId,
 };
@@ -17,6 +20,11 @@ pub const TREASURY: &str = "rltc1qtreasury";
 
 /// An LTC engine (regtest key, 2 confirmations) whose treasury is [`TREASURY`].
 pub async fn litecoin_engine(db: &TestDb) -> Engine {
+    litecoin_engine_and_clock(db).await.0
+}
+
+/// [`litecoin_engine`] with the clock it runs on.
+pub async fn litecoin_engine_and_clock(db: &TestDb) -> (Engine, Arc<ManualClock>) {
     let key = fresh_merchant_key();
     let config = config(|c| {
         c.payments.enabled_methods = vec![Method::Ltc];
@@ -25,9 +33,7 @@ pub async fn litecoin_engine(db: &TestDb) -> Engine {
             ..UtxoConfig::new(key.account_xpub.clone(), "regtest", 2)
         });
     });
-    engine_with_prices(db, config, &[(Asset::Ltc, "100")])
-        .await
-        .0
+    engine_with_prices(db, config, &[(Asset::Ltc, "100")]).await
 }
 
 /// Input `input` of `txid` spending `spent`, `fee` of it to the network.
