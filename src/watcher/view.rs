@@ -220,7 +220,7 @@ impl LiveView {
             watch_key,
             monitor_until_ms,
         } = watched;
-        let key = watch_key.map(Arc::<str>::from);
+        let key = watch_key.as_deref();
         let tracked = Tracked::Receipt(transfer.id.clone());
         let open_until = monitor_until_ms.filter(|until| *until > now_ms);
         let settled = transfer.confirmations >= self.view.settle_depth;
@@ -268,8 +268,7 @@ impl LiveView {
     fn track_outflow(&mut self, row: OutflowRow, now_ms: i64) {
         // Solana's outflows leave the merchant's one recipient, which its scanner always
         // reads; elsewhere they leave a watched address, followed until they are final.
-        let key = (self.network != Network::Solana)
-            .then(|| Arc::<str>::from(row.outflow.from_address.as_str()));
+        let key = (self.network != Network::Solana).then_some(row.outflow.from_address.as_str());
         let tracked = Tracked::Outflow(row.outflow.id.clone());
         let is_final = row.confirmations >= self.view.settle_depth;
         let until = row.seen_at_ms.saturating_add(self.window_ms);
@@ -310,8 +309,9 @@ impl LiveView {
     }
 
     /// `tracked` is not final yet: its key stays followed until it is.
-    fn unsettled(&mut self, key: Option<Arc<str>>, tracked: Tracked) {
+    fn unsettled(&mut self, key: Option<&str>, tracked: Tracked) {
         let Some(key) = key else { return };
+        let key: Arc<str> = Arc::from(key);
         self.unsettled
             .entry(key.clone())
             .or_default()
@@ -320,14 +320,14 @@ impl LiveView {
     }
 
     /// `tracked` is final (or gone): its key no longer needs following for it.
-    fn settled(&mut self, key: Option<Arc<str>>, tracked: &Tracked) {
+    fn settled(&mut self, key: Option<&str>, tracked: &Tracked) {
         let Some(key) = key else { return };
-        if let Some(pending) = self.unsettled.get_mut(&key)
+        if let Some(pending) = self.unsettled.get_mut(key)
             && pending.remove(tracked)
             && pending.is_empty()
         {
-            self.unsettled.remove(&key);
-            self.release(&key);
+            self.unsettled.remove(key);
+            self.release(key);
         }
     }
 
@@ -367,7 +367,7 @@ impl LiveView {
 
     /// `key` may need following no more: past its window, it is dropped once it holds nothing
     /// and nothing of it is unsettled.
-    fn release(&mut self, key: &Arc<str>) {
+    fn release(&mut self, key: &str) {
         if !self.held_per_key.contains_key(key)
             && !self.unsettled.contains_key(key)
             && self.lingering.remove(key)
