@@ -6,7 +6,8 @@
 #
 #   scripts/devnet.sh up                      start (fresh chains) or reuse; prints `export` lines
 #   scripts/devnet.sh down                    stop everything started by `up`
-#   scripts/devnet.sh litecoin-cli ARGS…      the node's litecoin-cli (wallet: -rpcwallet=miner)
+#   scripts/devnet.sh litecoin-cli ARGS…      the node's litecoin-cli (wallets: -rpcwallet=miner, and
+#                                             -rpcwallet=mweb, which holds MWEB coins only)
 #   scripts/devnet.sh mine [N]                mine N Litecoin blocks (default 1)
 #   scripts/devnet.sh node-restart            stop litecoind and start it again (same chain)
 #   scripts/devnet.sh electrumx-start DIR PORT   one more ElectrumX over the same node
@@ -155,10 +156,27 @@ whitelist=noban@127.0.0.1
 CONF
   run_litecoind
   cli -named createwallet wallet_name=miner >/dev/null
-  # Coinbase outputs mature after 100 blocks: 101 leaves the miner one spendable coinbase per
-  # block mined from here on. Litecoin activates MWEB at height 432; tests stay far below it.
-  cli -rpcwallet=miner generatetoaddress 150 "$(cli -rpcwallet=miner getnewaddress '' bech32)" >/dev/null
-  log "litecoind regtest (lane $LANE) up at height $(cli getblockcount)"
+  activate_mweb
+  log "litecoind regtest (lane $LANE) up at height $(cli getblockcount), MWEB active"
+}
+
+# Brings the fresh chain past Litecoin's MWEB activation (height 432), as mainnet has been since
+# May 2022, so every block from there on ends with a HogEx transaction. Block 432 can only be
+# mined with a peg-in beside it (without one, `bad-txns-vin-empty`). The peg-in comes from the
+# `mweb` wallet, which sends its whole canonical balance into MWEB: it then holds MWEB coins
+# only, the customer who pays from a private balance, while the miner wallet, which every other
+# test pays from, never holds an MWEB coin (Litecoin Core would spend one as a peg-out).
+activate_mweb() {
+  local mine_to
+  mine_to=$(cli -rpcwallet=miner getnewaddress '' bech32)
+  cli -named createwallet wallet_name=mweb >/dev/null
+  # Coinbase outputs mature after 100 blocks.
+  cli -rpcwallet=miner generatetoaddress 101 "$mine_to" >/dev/null
+  cli -rpcwallet=miner sendtoaddress "$(cli -rpcwallet=mweb getnewaddress '' bech32)" 25 >/dev/null
+  cli -rpcwallet=miner generatetoaddress $((431 - 101)) "$mine_to" >/dev/null
+  cli -rpcwallet=mweb -named sendtoaddress address="$(cli -rpcwallet=mweb getnewaddress '' mweb)" \
+    amount=25 subtractfeefromamount=true >/dev/null
+  cli -rpcwallet=miner generatetoaddress 2 "$mine_to" >/dev/null
 }
 
 # electrumx_start DIR PORT: ElectrumX over the node, listening on 127.0.0.1:PORT.
@@ -274,6 +292,7 @@ case "${1:-}" in
     stop_litecoind
     run_litecoind
     cli loadwallet miner >/dev/null
+    cli loadwallet mweb >/dev/null
     ;;
   litecoin-cli)
     # The devnet node's litecoin-cli, e.g. `litecoin-cli -rpcwallet=miner sendtoaddress ADDR 1.5`.

@@ -19,7 +19,7 @@ use payrecon::config::TronFinality;
 use payrecon::test_utils::clock::Clock;
 use payrecon::test_utils::watcher::WatcherState;
 use payrecon_chain_core::Method;
-use payrecon_chain_tron::testkit::{FakeTron, Fault, reverted_trc20, trc20, trx};
+use payrecon_chain_tron::testkit::{FakeTron, Fault, reverted_trc20, trc20, trx, unreadable_trx};
 
 /// 400 TRX, what a 100 USD top-up costs at 0.25 USD per TRX.
 const TOPUP_SUN: u64 = 400_000_000;
@@ -28,6 +28,38 @@ const TOPUP_SUN: u64 = 400_000_000;
 const TOPUP_USDT: u128 = 100_000_000;
 
 on_both_databases! {
+    async fn an_unreadable_transaction_is_quarantined_and_the_rest_settles(db) {
+        // A transfer to a watched address that the watcher cannot read is quarantined as an
+        // exception for operators; payments beside it in the same block and in later blocks
+        // settle, and the watcher is never stopped.
+        let node = FakeTron::start(100).await;
+        let tron = tron_config(&node, &fresh_tron_xpub(), 1, TronFinality::Depth);
+        let (engine, _clock) = tron_engine(&db, &tron).await;
+        let mut pays = Vec::new();
+        for (i, reference) in ["QBROKEN", "QBESIDE", "QLATER"].iter().enumerate() {
+            engine.create_topup(&topup(reference, &format!("2{i}"), "100")).await.unwrap();
+            pays.push(engine.create_payment(&order(reference), Method::Trx).await.unwrap());
+        }
+        let watcher = watch_tron(&engine, &tron, node.head() + 1);
+        node.mine(&[unreadable_trx(&pays[0].intent.pay_to), trx(&pays[1].intent.pay_to, TOPUP_SUN)]);
+        wait_status(&engine, &pays[1].intent.id, IntentStatus::Settled).await;
+        node.mine(&[trx(&pays[2].intent.pay_to, TOPUP_SUN)]);
+        wait_status(&engine, &pays[2].intent.id, IntentStatus::Settled).await;
+        assert_eq!(watcher.status.borrow().state, WatcherState::Running);
+        assert_eq!(status(&engine, &pays[0].intent.id).await, IntentStatus::AwaitingPayment);
+
+        let quarantined: Vec<_> = engine.exceptions(None).await.unwrap().into_iter().filter(|e| e.kind == "unreadable_transaction").collect();
+        assert_eq!(quarantined.len(), 1, "one exception, however many rounds saw it: {quarantined:?}");
+        let detail = &quarantined[0].detail;
+        assert!(quarantined[0].id.starts_with("unreadable_transaction:tron:"), "{}", quarantined[0].id);
+        assert!(detail.contains(&pays[0].intent.pay_to) && detail.contains("TransferContract"), "{detail}");
+        let stuck = engine.stuck(&payrecon::StuckOptions::default()).await.unwrap();
+        assert!(stuck.iter().any(|item| item.kind == "unreadable_transaction" && item.actions == ["dismiss"]), "{stuck:?}");
+        assert!(engine.open_exceptions_by_kind().await.unwrap().contains(&("unreadable_transaction".to_owned(), 1)));
+        sound(&engine).await;
+        watcher.stop().await.unwrap();
+    }
+
     async fn trx_exact_and_under_usdt_exact_over_and_late(db) {
         let node = FakeTron::start(100).await;
         let tron = tron_config(&node, &fresh_tron_xpub(), 2, TronFinality::Depth);
@@ -292,4 +324,66 @@ async fn payrecon_serve_watches_tron_and_credits_a_top_up() {
     assert_eq!(config.cli(&["balance", "42"])["available_usd"], "100.00");
     assert!(node.api_keys().iter().all(|k| k == "serve-key"));
     serving.stop().await;
+}
+
+/// A node that answers a megabyte nobody can read: the watcher stops and says why, and what it
+/// says stays small everywhere it goes (each line of serve's log, the stuck view).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_megabyte_answer_that_cannot_be_read_leaves_small_traces() {
+    let node = FakeTron::start(50).await;
+    // Whole JSON of the wrong shape: the decoder's own complaint quotes the string.
+    let garbage = format!("{{\"block_header\": \"{}\"}}", "7".repeat(1 << 20));
+    node.inject(
+        "/wallet/getnowblock",
+        (0..50).map(|_| Fault::Status(200, garbage.clone())),
+    );
+    let config = ServeConfig::new(
+        &["trx"],
+        r#"{"TRX":"0.25"}"#,
+        &format!(
+            "[networks.tron]\nxpub = \"{xpub}\"\nconfirmations = 2\napi_url = \"{url}\"\npoll_interval_ms = 100\n",
+            xpub = fresh_tron_xpub(),
+            url = node.url,
+        ),
+    );
+    let log = config.dir().join("serve.log");
+    let serving = config.serve_logged(&log);
+    let stuck = || {
+        config
+            .cli(&["stuck"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|item| item["category"] == "watcher")
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let malformed = || {
+        stuck()
+            .into_iter()
+            .filter(|row| row["what"].as_str().unwrap().contains("malformed"))
+            .collect::<Vec<_>>()
+    };
+    eventually("the watcher to report the unreadable answer", || async {
+        !malformed().is_empty()
+    })
+    .await;
+    let rows = malformed();
+    serving.stop().await;
+    for row in &rows {
+        let what = row["what"].as_str().unwrap();
+        assert!(what.contains("bytes in all"), "{what:.400}");
+        assert!(
+            row.to_string().len() <= 2048,
+            "a stuck row of {} bytes",
+            row.to_string().len()
+        );
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("bytes in all"),
+        "the log names the answer's length"
+    );
+    let longest = text.lines().map(str::len).max().unwrap_or(0);
+    assert!(longest <= 2048, "a log line of {longest} bytes");
 }

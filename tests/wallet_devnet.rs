@@ -11,8 +11,6 @@ use payrecon::config::UtxoConfig;
 use payrecon::ledger::{Account, Currency};
 use payrecon::test_utils::clock::Clock;
 use payrecon::{HoldingsSort, IntentStatus, PaymentIntent};
-use payrecon_chain_core::bitcoin::bip32::DerivationPath;
-use payrecon_chain_core::bitcoin::secp256k1::Secp256k1;
 use payrecon_chain_core::{Amount, Method, Network};
 use serde_json::json;
 
@@ -72,25 +70,8 @@ on_both_databases_and_sources! {
             let info = chain.call(false, "getdescriptorinfo", json!([body])).await;
             assert_eq!(info["checksum"], json!(checksum), "{info}");
         }
-        // Debian's litecoind is built without SQLite, so it has no descriptor wallets and no
-        // `importdescriptors`; its legacy wallets import the same descriptors, checksums and
-        // ranges through `importmulti`, watch-only.
-        let wallet = format!("watch-{}", uuid::Uuid::new_v4().simple());
-        chain.call(false, "createwallet", json!([wallet, true, true, "", false, false])).await;
-        let import = |descriptor: &str, internal: bool| json!({
-            "desc": descriptor, "timestamp": 0, "range": export.import_range,
-            "watchonly": true, "internal": internal, "keypool": false,
-        });
-        let imported = chain
-            .call_wallet(&wallet, "importmulti", json!([[
-                import(&export.receive_descriptor, false),
-                import(&export.change_descriptor, true),
-            ], {"rescan": true}]))
-            .await;
-        assert!(imported.as_array().unwrap().iter().all(|r| r["success"] == json!(true)), "{imported}");
-        let balances = chain.call_wallet(&wallet, "getbalances", json!([])).await;
-        let trusted = Amount::from_decimal_str(&balances["watchonly"]["trusted"].to_string(), 8).unwrap();
-        assert_eq!(trusted.to_string(), holdings.totals[0].amount, "{balances}");
+        let held = chain.watch_only_holds(&export).await;
+        assert_eq!(held.to_string(), holdings.totals[0].amount);
 
         // The merchant sweeps five of the payments with the seed's keys, 10,000 litoshi of fee.
         let to_sweep: Vec<&str> = paid[..5].iter().map(|intent| intent.pay_to.as_str()).collect();
@@ -107,9 +88,7 @@ on_both_databases_and_sources! {
         assert_eq!(fees, i128::from(fee), "the fee of {sweep_txid}");
         let sent_out = engine.account_balance(&Account::External(Method::Ltc), Currency::Crypto(Method::Ltc)).await.unwrap();
         assert_eq!(sent_out, i128::from(5 * 100_000_000 - fee));
-        let balances = chain.call_wallet(&wallet, "getbalances", json!([])).await;
-        let trusted = Amount::from_decimal_str(&balances["watchonly"]["trusted"].to_string(), 8).unwrap();
-        assert_eq!(trusted.base_units(), u128::from(expected), "{balances}");
+        assert_eq!(chain.watch_only_holds(&export).await, expected);
 
         // A reorg takes the sweep's block away: the holdings are restored and the booking
         // reversed.
@@ -128,7 +107,6 @@ on_both_databases_and_sources! {
         common::regtest::eventually("the sweep to be mined again", || async {
             held_litoshi(&engine).await == expected
         }).await;
-        chain.call(false, "unloadwallet", json!([wallet])).await;
 
         // The month's roll-forward closes; then a payment arrives while payrecon is not
         // running, and the check against the chain names it.
@@ -246,8 +224,8 @@ async fn held_litoshi(engine: &payrecon::Engine) -> u64 {
     view.totals.first().map_or(0, |t| t.amount.parse().unwrap())
 }
 
-/// Signs with the seed's private keys, as the merchant's wallet would: a legacy wallet of the
-/// node given the account's private descriptor spends exactly `inputs` to `to`.
+/// Signs with the seed's private keys, as the merchant's wallet would: a wallet of the node
+/// given the account's private descriptor spends exactly `inputs` to `to`.
 async fn sweep_with_seed(
     chain: &Chain,
     key: &MerchantKey,
@@ -255,32 +233,7 @@ async fn sweep_with_seed(
     to: &str,
     litoshi: u64,
 ) -> String {
-    let secp = Secp256k1::new();
-    let path: DerivationPath = "m/84'/2'/0'".parse().unwrap();
-    let account = key.master.derive_priv(&secp, &path).unwrap();
-    let wallet = format!("sign-{}", uuid::Uuid::new_v4().simple());
-    chain
-        .call(
-            false,
-            "createwallet",
-            json!([wallet, false, true, "", false, false]),
-        )
-        .await;
-    let descriptor = format!("wpkh({account}/0/*)");
-    let info = chain
-        .call(false, "getdescriptorinfo", json!([descriptor]))
-        .await;
-    let imported = chain
-        .call_wallet(
-            &wallet,
-            "importmulti",
-            json!([[{
-        "desc": format!("{descriptor}#{}", info["checksum"].as_str().unwrap()),
-        "timestamp": "now", "range": [0, 600], "internal": false, "keypool": false,
-    }], {"rescan": false}]),
-        )
-        .await;
-    assert!(imported[0]["success"] == json!(true), "{imported}");
+    let wallet = chain.seed_wallet(key, [0, HANDED_OUT]).await;
     let inputs: Vec<_> = inputs
         .iter()
         .map(|(txid, vout)| json!({"txid": txid, "vout": vout}))

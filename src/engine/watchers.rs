@@ -12,7 +12,7 @@ use crate::records::WatcherHealth;
 use crate::store::operations::DueDelivery;
 use crate::store::{leases, operations, payments};
 use chrono::{DateTime, Utc};
-use payrecon_chain_core::{ChainCursor, ChainEvent, Network, OutflowEvent, ScanBatch};
+use payrecon_chain_core::{ChainCursor, ChainEvent, Network, OutflowEvent, ScanBatch, Unreadable};
 use std::time::Duration;
 
 impl Engine {
@@ -20,13 +20,13 @@ impl Engine {
     /// (tests can choose the one-by-one reference path): its reads and writes take a
     /// number of statements that does not grow with its length.
     pub async fn apply_chain_events(&self, events: &[ChainEvent]) -> Result<(), Error> {
-        self.apply(events, &[], None, None).await
+        self.apply(events, &[], &[], None, None).await
     }
 
     /// Applies outflow reports (value leaving watched addresses), in one transaction; each is
     /// booked once as deep as its network's payments must be.
     pub async fn apply_outflows(&self, outflows: &[OutflowEvent]) -> Result<(), Error> {
-        self.apply(&[], outflows, None, None).await
+        self.apply(&[], outflows, &[], None, None).await
     }
 
     /// Applies a watcher's events and moves its cursor in the same transaction: after a crash
@@ -38,7 +38,8 @@ impl Engine {
         cursor: &ChainCursor,
     ) -> Result<(), Error> {
         check_batch(network, events, cursor)?;
-        self.apply(events, &[], Some((network, cursor)), None).await
+        self.apply(events, &[], &[], Some((network, cursor)), None)
+            .await
     }
 
     /// [`Engine::apply_chain_events_at`] for a watcher running under `lease`: refused with
@@ -50,7 +51,7 @@ impl Engine {
         lease: &crate::leases::Lease,
     ) -> Result<(), Error> {
         check_batch(lease.network, events, cursor)?;
-        self.apply(events, &[], Some((lease.network, cursor)), Some(lease))
+        self.apply(events, &[], &[], Some((lease.network, cursor)), Some(lease))
             .await
     }
 
@@ -67,6 +68,7 @@ impl Engine {
         self.apply(
             &batch.events,
             &batch.outflows,
+            &batch.unreadable,
             Some((network, &batch.cursor)),
             lease,
         )
@@ -77,6 +79,7 @@ impl Engine {
         &self,
         events: &[ChainEvent],
         outflows: &[OutflowEvent],
+        unreadable: &[Unreadable],
         cursor: Option<(Network, &ChainCursor)>,
         lease: Option<&crate::leases::Lease>,
     ) -> Result<(), Error> {
@@ -104,6 +107,9 @@ impl Engine {
         )
         .await?;
         crate::outflows::apply(&mut tx, &settings.policy, outflows, now).await?;
+        if let Some((network, _)) = cursor {
+            quarantine(tx.conn(), network, unreadable, now).await?;
+        }
         if let Some((network, cursor)) = cursor {
             crate::store::cursors::put(tx.conn(), network, cursor, now).await?;
         }
@@ -237,4 +243,40 @@ impl Engine {
         tx.commit().await?;
         Ok(())
     }
+}
+
+/// Opens one exception per transaction a scan could not read (`unreadable_transaction:
+/// <network>:<txid>`, so a transaction reported round after round is one exception): nothing
+/// of it is booked, and the watcher goes on with everything else.
+async fn quarantine(
+    conn: &mut sqlx::AnyConnection,
+    network: Network,
+    unreadable: &[Unreadable],
+    now: DateTime<Utc>,
+) -> Result<(), Error> {
+    for item in unreadable {
+        let address = match item.address.as_str() {
+            "" => "an address it does not name readably (it may be a watched one)".to_owned(),
+            address => format!("the watched address {address}"),
+        };
+        let record = crate::records::ExceptionRecord {
+            id: format!("unreadable_transaction:{network}:{}", item.txid),
+            kind: "unreadable_transaction".into(),
+            intent_id: None,
+            order_ref: None,
+            transfer: None,
+            detail: format!(
+                "transaction {} on {network} touches {address} and cannot be read: {}. \
+                 Nothing of it is booked; the watcher goes on. See the operators' guide.",
+                item.txid, item.reason
+            ),
+            opened_at: now,
+            resolved_at: None,
+            resolution: None,
+        };
+        if payments::open_exception(conn, &record).await? {
+            tracing::warn!(%network, txid = %item.txid, address = %item.address, reason = %item.reason, "a transaction cannot be read: quarantined for operators");
+        }
+    }
+    Ok(())
 }

@@ -157,9 +157,11 @@ pub(crate) fn check_event(event: &ChainEvent) -> Result<(), Error> {
                     "transfer {id} has {confirmations} confirmations but no block"
                 )));
             }
-            Some(height) if *confirmations == 0 || height > tip_height => {
+            // In a block at zero confirmations is a coin the chain does not let be spent yet
+            // (a Litecoin peg-out before its maturity): seen, never confirmed.
+            Some(height) if height > tip_height => {
                 return Err(Error::InvalidEvent(format!(
-                    "transfer {id} in block {height} reported unconfirmed or above the tip {tip_height}"
+                    "transfer {id} in block {height} reported above the tip {tip_height}"
                 )));
             }
             _ => {}

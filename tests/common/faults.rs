@@ -267,3 +267,81 @@ async fn pump(
         }
     }
 }
+
+/// A proxy in front of a line-delimited JSON-RPC server (ElectrumX) that rewrites what the
+/// server answers: every occurrence of a text set with [`RewriteProxy::replace`] in an answer
+/// line is replaced before the client reads it. The way to hand a real watcher a transaction
+/// it cannot decode.
+pub struct RewriteProxy {
+    pub addr: SocketAddr,
+    replacements: Arc<std::sync::Mutex<Vec<(String, String)>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RewriteProxy {
+    /// Starts a proxy to `upstream` (`host:port`) that rewrites nothing yet.
+    pub async fn start(upstream: &str) -> RewriteProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let replacements = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let upstream = upstream.to_owned();
+        let rules = replacements.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = TcpStream::connect(&upstream).await else {
+                    continue;
+                };
+                tokio::spawn(rewrite_lines(client, server, rules.clone()));
+            }
+        });
+        RewriteProxy {
+            addr,
+            replacements,
+            task,
+        }
+    }
+
+    /// From now on, `from` in an answer reads as `to`.
+    pub fn replace(&self, from: &str, to: &str) {
+        self.replacements
+            .lock()
+            .unwrap()
+            .push((from.to_owned(), to.to_owned()));
+    }
+
+    /// `tcp://` URL of the proxy.
+    pub fn url(&self) -> String {
+        format!("tcp://{}", self.addr)
+    }
+}
+
+impl Drop for RewriteProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn rewrite_lines(
+    client: TcpStream,
+    server: TcpStream,
+    rules: Arc<std::sync::Mutex<Vec<(String, String)>>>,
+) {
+    use tokio::io::AsyncBufReadExt;
+    let (client_read, mut client_write) = client.into_split();
+    let (server_read, mut server_write) = server.into_split();
+    let upstream = tokio::spawn(async move {
+        let mut client_read = client_read;
+        let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
+    });
+    let mut lines = tokio::io::BufReader::new(server_read).lines();
+    while let Ok(Some(mut line)) = lines.next_line().await {
+        for (from, to) in rules.lock().unwrap().iter() {
+            line = line.replace(from, to);
+        }
+        line.push('\n');
+        if client_write.write_all(line.as_bytes()).await.is_err() {
+            break;
+        }
+    }
+    upstream.abort();
+}

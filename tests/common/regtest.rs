@@ -27,9 +27,6 @@ use tokio::task::JoinHandle;
 
 use super::{TestDb, post_json};
 
-/// Litecoin activates MWEB at this height; block 432 needs a peg-in in the mempool.
-const MWEB_ACTIVATION: u64 = 432;
-
 fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| {
         panic!("{name} is not set: run the tests with scripts/test.sh, which starts the regtest node and ElectrumX (scripts/devnet.sh up)")
@@ -197,12 +194,6 @@ impl Chain {
 
     /// Mines `n` blocks to a fresh wallet address; returns the new height.
     pub async fn mine(&self, n: u64) -> u64 {
-        let height = self.height().await;
-        assert!(
-            height + n < MWEB_ACTIVATION,
-            "test chain {} reached Litecoin's MWEB activation: restart it with scripts/devnet.sh down && scripts/devnet.sh up",
-            self.lane
-        );
         let to = self.wallet_address().await;
         self.call(true, "generatetoaddress", json!([n, to])).await;
         self.height().await
@@ -228,6 +219,27 @@ impl Chain {
         .as_str()
         .unwrap()
         .to_owned()
+    }
+
+    /// Pays `amount` LTC (a decimal string) to `address` from the devnet's `mweb` wallet, which
+    /// holds MWEB coins only (scripts/devnet.sh): a peg-out, which reaches the address as an
+    /// output of the next block's HogEx transaction. Returns the MWEB transaction's id, which
+    /// no block lists.
+    pub async fn send_from_mweb(&self, address: &str, amount: &str) -> String {
+        self.call_wallet("mweb", "sendtoaddress", json!([address, amount]))
+            .await
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    /// A fresh MWEB address (`tmweb1…`) of the devnet's `mweb` wallet.
+    pub async fn mweb_address(&self) -> String {
+        self.call_wallet("mweb", "getnewaddress", json!(["", "mweb"]))
+            .await
+            .as_str()
+            .unwrap()
+            .to_owned()
     }
 
     /// One transaction paying every `(address, amount)`.
@@ -314,6 +326,80 @@ impl Chain {
             )
             .await;
         self.sign_and_send(raw.as_str().unwrap()).await
+    }
+
+    /// A new wallet of the node holding the merchant's private keys for the receive addresses
+    /// at `range` (inclusive), their history rescanned: it signs as the merchant's own wallet
+    /// would. Unload it when done.
+    pub async fn seed_wallet(&self, key: &MerchantKey, range: [u32; 2]) -> String {
+        use payrecon_chain_core::bitcoin::bip32::DerivationPath;
+        let secp = Secp256k1::new();
+        let path: DerivationPath = "m/84'/2'/0'".parse().unwrap();
+        let account = key.master.derive_priv(&secp, &path).unwrap();
+        let wallet = format!("seed-{}", uuid::Uuid::new_v4().simple());
+        self.call(false, "createwallet", json!([wallet])).await;
+        let descriptor = format!("wpkh({account}/0/*)");
+        let info = self
+            .call(false, "getdescriptorinfo", json!([descriptor]))
+            .await;
+        let imported = self
+            .call_wallet(
+                &wallet,
+                "importmulti",
+                json!([[{
+                    "desc": format!("{descriptor}#{}", info["checksum"].as_str().unwrap()),
+                    "timestamp": 0, "range": range, "internal": false, "keypool": false,
+                }], {"rescan": true}]),
+            )
+            .await;
+        assert_eq!(imported[0]["success"], json!(true), "{imported}");
+        wallet
+    }
+
+    /// What a watch-only wallet of the node holds, confirmed and mature, in litoshi, given the
+    /// descriptors of `export`. Debian's litecoind is built without SQLite, so it has no
+    /// descriptor wallets and no `importdescriptors`; its legacy wallets import the same
+    /// descriptors, checksums and ranges through `importmulti`, watch-only.
+    pub async fn watch_only_holds(&self, export: &payrecon::WalletExport) -> u64 {
+        let wallet = format!("watch-{}", uuid::Uuid::new_v4().simple());
+        self.call(
+            false,
+            "createwallet",
+            json!([wallet, true, true, "", false, false]),
+        )
+        .await;
+        let import = |descriptor: &str, internal: bool| {
+            json!({
+                "desc": descriptor, "timestamp": 0, "range": export.import_range,
+                "watchonly": true, "internal": internal, "keypool": false,
+            })
+        };
+        let imported = self
+            .call_wallet(
+                &wallet,
+                "importmulti",
+                json!([[
+                    import(&export.receive_descriptor, false),
+                    import(&export.change_descriptor, true),
+                ], {"rescan": true}]),
+            )
+            .await;
+        assert!(
+            imported
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|r| r["success"] == json!(true)),
+            "{imported}"
+        );
+        let balances = self.call_wallet(&wallet, "getbalances", json!([])).await;
+        self.call(false, "unloadwallet", json!([wallet])).await;
+        let trusted = payrecon_chain_core::Amount::from_decimal_str(
+            &balances["watchonly"]["trusted"].to_string(),
+            8,
+        )
+        .unwrap();
+        u64::try_from(trusted.base_units()).unwrap()
     }
 
     /// Stops the node and starts it again on the same chain (scripts/devnet.sh node-restart).

@@ -17,15 +17,16 @@ use std::time::Duration;
 
 use electrum_client::{ElectrumApi, Error as ElectrumError};
 use payrecon_chain_core::bitcoin::block::Header;
-use payrecon_chain_core::bitcoin::{self, BlockHash, ScriptBuf, Transaction, Txid};
+use payrecon_chain_core::bitcoin::{BlockHash, ScriptBuf, Txid};
 use payrecon_chain_core::blocks;
 use payrecon_chain_core::{
     Amount, BlockId, ChainCursor, ChainEvent, ChainScanner, HeldOutputs, KeyIndex, KnownTransfer,
     Method, Network, OutflowEvent, ReceivedAsset, ScanBatch, ScanError, SecretUrl, Transfer,
-    TransferId, WatchKeys, WatchView,
+    TransferId, Unreadable, WatchKeys, WatchView,
 };
 
 use crate::electrum_stream::{self, ElectrumClient};
+use crate::mweb::{self, Decoded};
 use crate::spends::{Lookup, Spending};
 use crate::{UtxoTarget, script_pubkey};
 
@@ -215,8 +216,8 @@ struct Session {
     /// The watch keys as output scripts, in step with the view's keys: what is subscribed.
     index: KeyIndex<ScriptBuf>,
     /// Inputs and outputs of every transaction in a followed history (a transaction never
-    /// changes).
-    transactions: HashMap<Txid, TxParts>,
+    /// changes), or why one cannot be read.
+    transactions: HashMap<Txid, TxRead>,
     /// The tip moved other than by extension since the last scan: read every history again.
     reorged: bool,
 }
@@ -503,7 +504,7 @@ impl Session {
                         .batch_transaction_get_raw(txids)
                         .map_err(classify)?;
                     for (txid, raw) in txids.iter().zip(raws) {
-                        parts.push((txid.to_string(), parts_of(txid, &raw)?));
+                        parts.push((txid.to_string(), parts_of(txid, &raw)?.into_parts()?));
                     }
                 }
                 let spent: HashSet<(&str, u32)> = parts
@@ -652,11 +653,26 @@ impl Session {
         let method = settings.target.method();
         let known = &view.known;
         let mut found = Vec::new();
+        let mut unreadable = Vec::new();
         for (script, watched) in &self.scripts {
             for (txid, height) in watched.history.iter().flatten() {
-                let parts = self.transactions.get(txid).ok_or_else(|| {
-                    ScanError::Transient(format!("transaction {txid} was not read"))
-                })?;
+                let parts = match self.transactions.get(txid) {
+                    Some(TxRead::Parts(parts)) => parts,
+                    Some(TxRead::Unreadable(reason)) => {
+                        unreadable.push(Unreadable::new(txid.to_string(), &watched.key, reason));
+                        continue;
+                    }
+                    None => {
+                        return Err(ScanError::Transient(format!(
+                            "transaction {txid} was not read"
+                        )));
+                    }
+                };
+                let pegouts = network == Network::Litecoin
+                    && parts
+                        .outputs
+                        .first()
+                        .is_some_and(|(s, _)| mweb::is_hogex(s));
                 for (vout, (out_script, value)) in parts.outputs.iter().enumerate() {
                     if out_script != script {
                         continue;
@@ -669,30 +685,36 @@ impl Session {
                         })?,
                     };
                     let block_height = u64::try_from(*height).ok().filter(|h| *h > 0);
-                    found.push((id, watched.key.clone(), *value, block_height));
+                    found.push((id, watched.key.clone(), *value, block_height, pegouts));
                 }
             }
         }
         let new_heights: HashSet<u64> = found
             .iter()
             .filter(|(id, ..)| !known.contains_key(id))
-            .filter_map(|(.., height)| *height)
+            .filter_map(|(_, _, _, height, _)| *height)
             .collect();
         self.block_times_for(&new_heights)?;
 
         let tip_height = found
             .iter()
-            .filter_map(|(.., height)| *height)
+            .filter_map(|(_, _, _, height, _)| *height)
             .fold(self.tip_height, u64::max);
         let mut events = Vec::new();
         let mut present = HashSet::new();
         let mut received = HeldOutputs::default();
-        for (id, _, value, _) in &found {
+        for (id, _, value, ..) in &found {
             received.insert(&id.txid, id.position, *value);
         }
-        for (id, key, value, block_height) in found {
-            let confirmations =
+        for (id, key, value, block_height, pegout) in found {
+            let depth =
                 block_height.map_or(0, |h| u32::try_from(tip_height + 1 - h).unwrap_or(u32::MAX));
+            // A peg-out counts no confirmations until it can be spent.
+            let confirmations = if pegout && depth < mweb::PEGOUT_MATURITY {
+                0
+            } else {
+                depth
+            };
             let previous = known.get(&id);
             let changed = match previous {
                 None => true,
@@ -726,8 +748,12 @@ impl Session {
             present.insert(id);
         }
         let followed = self.followed_keys();
+        // A transfer recorded from a transaction that cannot be read now is not gone.
+        let quarantined: HashSet<&str> = unreadable.iter().map(|u| u.txid.as_str()).collect();
         for gone in view.known.values().filter(|k| {
-            followed.contains(k.transfer.to_address.as_str()) && !present.contains(&k.transfer.id)
+            followed.contains(k.transfer.to_address.as_str())
+                && !present.contains(&k.transfer.id)
+                && !quarantined.contains(k.transfer.id.txid.as_str())
         }) {
             events.push(ChainEvent::Removed {
                 id: gone.transfer.id.clone(),
@@ -741,6 +767,7 @@ impl Session {
             cursor: self.cursor(),
             more: false,
             head: tip_height,
+            unreadable,
         })
     }
 
@@ -773,9 +800,25 @@ impl Session {
                 if !read.insert(*txid) {
                     continue;
                 }
-                let parts = self.transactions.get(txid).ok_or_else(|| {
-                    ScanError::Transient(format!("transaction {txid} was not read"))
-                })?;
+                let parts = match self.transactions.get(txid) {
+                    Some(TxRead::Parts(parts)) => parts,
+                    Some(TxRead::Unreadable(_)) => {
+                        // Quarantined: what it spent stays as recorded.
+                        let txid = txid.to_string();
+                        present.extend(
+                            view.known_outflows
+                                .keys()
+                                .filter(|id| id.txid == txid)
+                                .cloned(),
+                        );
+                        continue;
+                    }
+                    None => {
+                        return Err(ScanError::Transient(format!(
+                            "transaction {txid} was not read"
+                        )));
+                    }
+                };
                 let txid = txid.to_string();
                 let spending = Spending {
                     txid: &txid,
@@ -851,24 +894,51 @@ impl Session {
 
 /// What a transaction of a followed history is read for: the outpoints its inputs spend and
 /// its outputs (script, value in satoshi).
+#[derive(Default)]
 struct TxParts {
     inputs: Vec<Option<(String, u32)>>,
     outputs: Vec<(ScriptBuf, u64)>,
 }
 
-/// The parts of the raw transaction the server answered for `txid`. The bytes must decode and
-/// hash to `txid`, so a corrupted or substituted answer is refused rather than read as
-/// someone's payment.
-fn parts_of(txid: &Txid, raw: &[u8]) -> Result<TxParts, ScanError> {
-    let tx: Transaction = bitcoin::consensus::deserialize(raw)
-        .map_err(|e| ScanError::Fatal(format!("transaction {txid} does not decode: {e}")))?;
+/// A transaction of a followed history as read.
+enum TxRead {
+    Parts(TxParts),
+    /// Bytes no decoder here understands: quarantined, with why.
+    Unreadable(String),
+}
+
+impl TxRead {
+    /// The parts, where a caller cannot go on without them.
+    fn into_parts(self) -> Result<TxParts, ScanError> {
+        match self {
+            TxRead::Parts(parts) => Ok(parts),
+            TxRead::Unreadable(reason) => Err(ScanError::Fatal(reason)),
+        }
+    }
+}
+
+/// The parts of the raw transaction the server answered for `txid`, Litecoin's MWEB forms
+/// included ([`crate::mweb`]); an MWEB-only transaction has none an ordinary address can see.
+/// Bytes that decode must hash to `txid`, so a corrupted or substituted answer is refused
+/// rather than read as someone's payment; bytes that do not decode are this one transaction's
+/// trouble, quarantined, and never stop the scan.
+fn parts_of(txid: &Txid, raw: &[u8]) -> Result<TxRead, ScanError> {
+    let tx = match mweb::decode(raw) {
+        Ok(Decoded::Canonical(tx)) => tx,
+        Ok(Decoded::MwebOnly) => return Ok(TxRead::Parts(TxParts::default())),
+        Err(e) => {
+            return Ok(TxRead::Unreadable(format!(
+                "transaction {txid} does not decode: {e}"
+            )));
+        }
+    };
     if tx.compute_txid() != *txid {
         return Err(ScanError::Fatal(format!(
             "the server answered transaction {} when asked for {txid}",
             tx.compute_txid()
         )));
     }
-    Ok(TxParts {
+    Ok(TxRead::Parts(TxParts {
         inputs: tx
             .input
             .iter()
@@ -886,7 +956,7 @@ fn parts_of(txid: &Txid, raw: &[u8]) -> Result<TxParts, ScanError> {
             .into_iter()
             .map(|out| (out.script_pubkey, out.value.to_sat()))
             .collect(),
-    })
+    }))
 }
 
 fn height_u32(height: u64) -> Result<u32, ScanError> {
@@ -924,6 +994,7 @@ mod tests {
     use super::*;
 
     use bitcoin::hashes::Hash as _;
+    use payrecon_chain_core::bitcoin::{self, Transaction};
 
     /// A segwit transaction of `outputs`, spending one input with a witness.
     fn transaction(outputs: &[(Vec<u8>, u64)], witness: Vec<Vec<u8>>) -> Transaction {
@@ -963,7 +1034,7 @@ mod tests {
         #[test]
         fn a_served_transaction_reads_as_its_outputs(tx in arbitrary_transaction()) {
             let raw = bitcoin::consensus::serialize(&tx);
-            let outputs = parts_of(&tx.compute_txid(), &raw).unwrap().outputs;
+            let outputs = parts_of(&tx.compute_txid(), &raw).and_then(TxRead::into_parts).unwrap().outputs;
             let expected: Vec<(ScriptBuf, u64)> = tx.output.iter().map(|o| (o.script_pubkey.clone(), o.value.to_sat())).collect();
             proptest::prop_assert_eq!(outputs, expected);
         }
@@ -985,7 +1056,7 @@ mod tests {
                 1 => raw.truncate(i),
                 _ => raw.insert(i, byte),
             }
-            if let Ok(TxParts { outputs, .. }) = parts_of(&tx.compute_txid(), &raw) {
+            if let Ok(TxParts { outputs, .. }) = parts_of(&tx.compute_txid(), &raw).and_then(TxRead::into_parts) {
                 let expected: Vec<(ScriptBuf, u64)> = tx.output.iter().map(|o| (o.script_pubkey.clone(), o.value.to_sat())).collect();
                 proptest::prop_assert_eq!(outputs, expected);
             }

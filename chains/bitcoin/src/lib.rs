@@ -7,6 +7,7 @@ mod chain;
 mod derive;
 mod electrum;
 mod electrum_stream;
+mod mweb;
 mod node;
 mod p2p;
 mod rpc;

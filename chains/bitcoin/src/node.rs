@@ -26,12 +26,14 @@ use payrecon_chain_core::bitcoin::hex::FromHex;
 use payrecon_chain_core::blocks::{self, BlockRange};
 use payrecon_chain_core::{
     Amount, ChainEvent, ChainScanner, HeldOutputs, KeyIndex, KnownTransfer, Method, Network,
-    ReceivedAsset, ScanBatch, ScanError, SecretUrl, Transfer, TransferId, WatchView,
+    ReceivedAsset, ScanBatch, ScanError, SecretUrl, Transfer, TransferId, Unreadable, WatchView,
+    excerpt,
 };
 use serde::Deserialize;
 use serde_json::json;
 use serde_json::value::RawValue;
 
+use crate::mweb;
 use crate::p2p::PushChannel;
 use crate::rpc::{NodeAuth, NodeRpc, RpcError};
 use crate::spends::{Lookup, Spending, coin_units};
@@ -105,7 +107,8 @@ struct BlockHeader {
     time: i64,
 }
 
-/// A block as `getblock <hash> 2` answers it: the fields read.
+/// A block as `getblock <hash> 2` answers it: the fields read. Its transactions are read one
+/// by one, so one that cannot be read is quarantined instead of refusing the block.
 #[derive(Deserialize)]
 struct NodeBlock {
     hash: String,
@@ -113,7 +116,7 @@ struct NodeBlock {
     #[serde(default)]
     previousblockhash: String,
     time: i64,
-    tx: Vec<NodeTransaction>,
+    tx: Vec<Box<RawValue>>,
 }
 
 /// A transaction inside a block, or as `getrawtransaction <txid> true` answers it.
@@ -138,13 +141,20 @@ struct NodeInput {
     vout: Option<u32>,
 }
 
+/// An output. Litecoin lists a transaction's MWEB outputs beside the ordinary ones
+/// (`"ismweb": true`, an `output_id`, no value, index or script): no ordinary address can see
+/// them, and payrecon hands out no MWEB address, so they are skipped.
 #[derive(Deserialize)]
 struct NodeOutput {
     /// The amount in coins, a JSON number with eight decimals: read exactly from its text.
-    value: Box<RawValue>,
-    n: u32,
-    #[serde(rename = "scriptPubKey")]
-    script_pubkey: NodeScript,
+    #[serde(default)]
+    value: Option<Box<RawValue>>,
+    #[serde(default)]
+    n: Option<u32>,
+    #[serde(rename = "scriptPubKey", default)]
+    script_pubkey: Option<NodeScript>,
+    #[serde(default)]
+    ismweb: bool,
 }
 
 #[derive(Deserialize)]
@@ -160,17 +170,97 @@ struct MempoolHit {
     amount: Amount,
 }
 
-impl NodeOutput {
-    fn script(&self) -> Result<ScriptBuf, ScanError> {
-        Vec::<u8>::from_hex(&self.script_pubkey.hex)
-            .map(ScriptBuf::from_bytes)
-            .map_err(|e| ScanError::Fatal(format!("an output script is not hex: {e}")))
-    }
+/// An ordinary output as read: its index, script and amount.
+struct ReadOutput {
+    n: u32,
+    script: ScriptBuf,
+    amount: Amount,
+}
 
-    fn amount(&self) -> Result<Amount, ScanError> {
-        Amount::from_decimal_str(self.value.get(), COIN_DECIMALS)
-            .map_err(|e| ScanError::Fatal(format!("output value {}: {e}", self.value.get())))
+impl NodeOutput {
+    /// The output, `None` for an MWEB one; why not when a field cannot be read.
+    fn read(&self) -> Result<Option<ReadOutput>, String> {
+        if self.ismweb {
+            return Ok(None);
+        }
+        let (Some(n), Some(value), Some(script)) = (self.n, &self.value, &self.script_pubkey)
+        else {
+            return Err("an ordinary output lacks its index, value or script".into());
+        };
+        let script = Vec::<u8>::from_hex(&script.hex)
+            .map(ScriptBuf::from_bytes)
+            .map_err(|e| format!("output {n}'s script is not hex: {e}"))?;
+        let amount = Amount::from_decimal_str(value.get(), COIN_DECIMALS)
+            .map_err(|e| format!("output {n}'s value {}: {e}", excerpt(value.get())))?;
+        Ok(Some(ReadOutput { n, script, amount }))
     }
+}
+
+impl NodeTransaction {
+    /// Its ordinary outputs.
+    fn outputs(&self) -> Result<Vec<ReadOutput>, String> {
+        let mut outputs = Vec::with_capacity(self.vout.len());
+        for output in &self.vout {
+            outputs.extend(output.read()?);
+        }
+        Ok(outputs)
+    }
+}
+
+/// A transaction of a block or the mempool as read, or why it cannot be, with its id where the
+/// answer names one.
+fn read_transaction(raw: &RawValue) -> Result<(NodeTransaction, Vec<ReadOutput>), String> {
+    let tx: NodeTransaction = serde_json::from_str(raw.get()).map_err(|e| {
+        format!(
+            "the node's JSON for it does not read ({})",
+            excerpt(&e.to_string())
+        )
+    })?;
+    let outputs = tx.outputs()?;
+    Ok((tx, outputs))
+}
+
+/// Whether a transaction that cannot be read touches a watched address, judged from its JSON
+/// as loosely as it reads: the watched address it pays, an empty one when it spends a held
+/// output or has an output whose script cannot be read (it may be ours), `None` when it is
+/// none of payrecon's business.
+fn touched_by(raw: &RawValue, scripts: &KeyIndex<ScriptBuf>, held: &HeldOutputs) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_str(raw.get()).ok()?;
+    let mut unknown = false;
+    for output in value["vout"].as_array().into_iter().flatten() {
+        if output["ismweb"].as_bool() == Some(true) {
+            continue;
+        }
+        match output["scriptPubKey"]["hex"]
+            .as_str()
+            .and_then(|hex| Vec::<u8>::from_hex(hex).ok())
+        {
+            Some(bytes) => {
+                if let Some(key) = scripts.get(&ScriptBuf::from_bytes(bytes)) {
+                    return Some(key.to_string());
+                }
+            }
+            None => unknown = true,
+        }
+    }
+    let spends_held = value["vin"].as_array().into_iter().flatten().any(|input| {
+        match (input["txid"].as_str(), input["vout"].as_u64()) {
+            (Some(txid), Some(vout)) => u32::try_from(vout)
+                .ok()
+                .and_then(|vout| held.get(txid, vout))
+                .is_some(),
+            _ => false,
+        }
+    });
+    (unknown || spends_held).then(String::new)
+}
+
+/// The id a transaction's JSON names, for an operator to look up.
+fn txid_of(raw: &RawValue) -> String {
+    serde_json::from_str::<serde_json::Value>(raw.get())
+        .ok()
+        .and_then(|value| value["txid"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| "(no txid in the answer)".into())
 }
 
 /// What a block scan looks each transaction up in.
@@ -190,16 +280,22 @@ impl BlockScan<'_> {
     fn read(
         &self,
         height: u64,
-        transactions: Vec<NodeTransaction>,
+        transactions: Vec<Box<RawValue>>,
         received: &mut HeldOutputs,
         range: &mut BlockRange,
     ) -> Result<(), ScanError> {
-        for tx in transactions {
-            let outputs = tx
-                .vout
-                .iter()
-                .map(|output| Ok((output.script()?, output.amount()?)))
-                .collect::<Result<Vec<_>, ScanError>>()?;
+        for raw in transactions {
+            let (tx, outputs) = match read_transaction(&raw) {
+                Ok(read) => read,
+                Err(reason) => {
+                    if let Some(address) = touched_by(&raw, self.scripts, self.held) {
+                        let txid = txid_of(&raw);
+                        let reason = format!("block {height}: transaction {txid}: {reason}");
+                        range.push_unreadable(Unreadable::new(txid, address, &reason));
+                    }
+                    continue;
+                }
+            };
             let spending = Spending {
                 txid: &tx.txid,
                 inputs: tx
@@ -209,7 +305,7 @@ impl BlockScan<'_> {
                     .collect(),
                 outputs: outputs
                     .iter()
-                    .map(|(script, amount)| Ok((script.as_script(), coin_units(*amount)?)))
+                    .map(|output| Ok((output.script.as_script(), coin_units(output.amount)?)))
                     .collect::<Result<_, ScanError>>()?,
             };
             let lookup = Lookup {
@@ -223,11 +319,13 @@ impl BlockScan<'_> {
             for outflow in lookup.outflows(&spending) {
                 range.push_outflow(outflow, height)?;
             }
-            for (output, (script, amount)) in tx.vout.iter().zip(&outputs) {
-                let Some(key) = self.scripts.get(script) else {
+            let pegouts = self.network == Network::Litecoin
+                && outputs.first().is_some_and(|o| mweb::is_hogex(&o.script));
+            for output in &outputs {
+                let Some(key) = self.scripts.get(&output.script) else {
                     continue;
                 };
-                received.insert(&tx.txid, output.n, coin_units(*amount)?);
+                received.insert(&tx.txid, output.n, coin_units(output.amount)?);
                 let transfer = Transfer {
                     id: TransferId {
                         network: self.network,
@@ -238,10 +336,14 @@ impl BlockScan<'_> {
                     asset: ReceivedAsset::Method {
                         method: self.method,
                     },
-                    amount: *amount,
+                    amount: output.amount,
                     from_address: None,
                 };
-                range.push_transfer(transfer, height)?;
+                if pegouts {
+                    range.push_maturing_transfer(transfer, height)?;
+                } else {
+                    range.push_transfer(transfer, height)?;
+                }
             }
         }
         Ok(())
@@ -260,6 +362,8 @@ pub struct NodeScanner {
     mempool_seen: HashSet<String>,
     /// Those of them that pay a watched script (as watched when fetched).
     mempool_hits: HashMap<String, Vec<MempoolHit>>,
+    /// Those of them that touch a watched address and cannot be read.
+    mempool_unreadable: HashMap<String, Unreadable>,
     push: Option<PushChannel>,
 }
 
@@ -273,6 +377,7 @@ impl NodeScanner {
             scripts: KeyIndex::default(),
             mempool_seen: HashSet::new(),
             mempool_hits: HashMap::new(),
+            mempool_unreadable: HashMap::new(),
             push: None,
         }
     }
@@ -436,7 +541,7 @@ impl ChainScanner for NodeScanner {
             block_hash(rpc, height)
         })
         .await?;
-        let mut range = BlockRange::new(resume);
+        let mut range = BlockRange::new(resume).with_maturity(mweb::PEGOUT_MATURITY);
         let last = head.min(range.from().saturating_add(per_scan - 1));
         let heights: Vec<u64> = (range.from()..=last).collect();
         let hrp = self.settings.target.hrp();
@@ -470,7 +575,9 @@ impl ChainScanner for NodeScanner {
             rpc,
             seen: &mut self.mempool_seen,
             hits: &mut self.mempool_hits,
+            unreadable: &mut self.mempool_unreadable,
             scripts,
+            held: &view.held,
         };
         if !mempool.refresh(&tip_hash).await? {
             // A block came in while the mempool was read: a transaction missing from both
@@ -483,6 +590,9 @@ impl ChainScanner for NodeScanner {
             .tip
             .height
             .max(view.cursor.as_ref().map_or(0, |cursor| cursor.tip.height));
+        batch
+            .unreadable
+            .extend(self.mempool_unreadable.values().cloned());
         merge_mempool(
             &mut batch,
             view,
@@ -500,6 +610,7 @@ impl ChainScanner for NodeScanner {
         self.checked = false;
         self.mempool_seen.clear();
         self.mempool_hits.clear();
+        self.mempool_unreadable.clear();
     }
 
     async fn recheck(
@@ -569,7 +680,10 @@ struct Mempool<'a> {
     rpc: &'a NodeRpc,
     seen: &'a mut HashSet<String>,
     hits: &'a mut HashMap<String, Vec<MempoolHit>>,
+    /// Those that touch a watched address and cannot be read.
+    unreadable: &'a mut HashMap<String, Unreadable>,
     scripts: &'a KeyIndex<ScriptBuf>,
+    held: &'a HeldOutputs,
 }
 
 impl Mempool<'_> {
@@ -580,19 +694,33 @@ impl Mempool<'_> {
         let current: HashSet<&str> = now.iter().map(String::as_str).collect();
         self.seen.retain(|txid| current.contains(txid.as_str()));
         self.hits.retain(|txid, _| current.contains(txid.as_str()));
+        self.unreadable
+            .retain(|txid, _| current.contains(txid.as_str()));
         let new: Vec<&String> = now.iter().filter(|t| !self.seen.contains(*t)).collect();
         for chunk in new.chunks(TRANSACTIONS_PER_REQUEST) {
             let params: Vec<_> = chunk.iter().map(|txid| json!([txid, true])).collect();
             let answers = self
                 .rpc
-                .batch::<NodeTransaction>("getrawtransaction", &params)
+                .batch::<Box<RawValue>>("getrawtransaction", &params)
                 .await?;
             for (txid, answer) in chunk.iter().zip(answers) {
-                let tx = match answer {
-                    Ok(tx) => tx,
+                let raw = match answer {
+                    Ok(raw) => raw,
                     // Mined or dropped since the list: the blocks or the next list say which.
                     Err(RpcError { code, .. }) if code == RPC_NOT_FOUND => continue,
                     Err(error) => return Err(error.into_scan_error("getrawtransaction")),
+                };
+                let (tx, outputs) = match read_transaction(&raw) {
+                    Ok(read) => read,
+                    Err(reason) => {
+                        if let Some(address) = touched_by(&raw, self.scripts, self.held) {
+                            let reason = format!("mempool transaction {txid}: {reason}");
+                            self.unreadable
+                                .insert((*txid).clone(), Unreadable::new(*txid, address, &reason));
+                        }
+                        self.seen.insert((*txid).clone());
+                        continue;
+                    }
                 };
                 if tx.txid != **txid {
                     return Err(ScanError::Fatal(format!(
@@ -600,17 +728,15 @@ impl Mempool<'_> {
                         tx.txid
                     )));
                 }
-                let mut paid = Vec::new();
-                for output in &tx.vout {
-                    let script = output.script()?;
-                    if self.scripts.contains(&script) {
-                        paid.push(MempoolHit {
-                            vout: output.n,
-                            script,
-                            amount: output.amount()?,
-                        });
-                    }
-                }
+                let paid: Vec<MempoolHit> = outputs
+                    .into_iter()
+                    .filter(|output| self.scripts.contains(&output.script))
+                    .map(|output| MempoolHit {
+                        vout: output.n,
+                        script: output.script,
+                        amount: output.amount,
+                    })
+                    .collect();
                 if !paid.is_empty() {
                     self.hits.insert((*txid).clone(), paid);
                 }
@@ -700,6 +826,14 @@ fn merge_mempool(
 mod tests {
     use super::*;
 
+    fn fixture(name: &str) -> String {
+        let path = format!(
+            "{}/../../fixtures/litecoin/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+    }
+
     #[test]
     fn a_recorded_block_reads_with_exact_amounts() {
         let block: NodeBlock = serde_json::from_str(
@@ -709,15 +843,13 @@ mod tests {
                   {"value":20999999.97690000,"n":1,"scriptPubKey":{"hex":"6a","type":"nulldata"}}]}]}"#,
         )
         .unwrap();
+        let (_, outputs) = read_transaction(&block.tx[0]).unwrap();
+        assert_eq!(outputs[0].amount, Amount::from_base_units(1));
         assert_eq!(
-            block.tx[0].vout[0].amount().unwrap(),
-            Amount::from_base_units(1)
-        );
-        assert_eq!(
-            block.tx[0].vout[1].amount().unwrap(),
+            outputs[1].amount,
             Amount::from_base_units(2_099_999_997_690_000)
         );
-        assert_eq!(block.tx[0].vout[0].script().unwrap().len(), 22);
+        assert_eq!(outputs[0].script.len(), 22);
     }
 
     #[test]
@@ -727,7 +859,68 @@ mod tests {
                 r#"{{"value":{value},"n":0,"scriptPubKey":{{"hex":"00"}}}}"#
             ))
             .unwrap();
-            assert!(output.amount().is_err(), "{value}");
+            assert!(output.read().is_err(), "{value}");
         }
+    }
+
+    #[test]
+    fn a_block_with_a_hogex_reads_its_peg_out() {
+        let block: NodeBlock =
+            serde_json::from_str(&fixture("getblock_pegout_regtest.json")).unwrap();
+        let (hogex, outputs) = read_transaction(block.tx.last().unwrap()).unwrap();
+        assert_eq!(
+            hogex.txid,
+            "8dcb51c8b6753d488a8f581082a62788eb63e6be7071d085d3c074a336657b39"
+        );
+        assert_eq!(outputs.len(), 2);
+        assert_eq!(
+            (outputs[1].n, outputs[1].amount),
+            (1, Amount::from_base_units(125_000_000))
+        );
+    }
+
+    #[test]
+    fn an_mweb_only_transaction_in_the_mempool_has_no_ordinary_output() {
+        let raw: Box<RawValue> =
+            serde_json::from_str(&fixture("getrawtransaction_pegout_mempool_regtest.json"))
+                .unwrap();
+        let (tx, outputs) = read_transaction(&raw).unwrap();
+        assert_eq!(
+            tx.txid,
+            "1a1fd052123c06290d80ef2f27a546916bf7af425d4af2d9e849a270f78d2a89"
+        );
+        assert!(outputs.is_empty());
+        assert_eq!(tx.vin[0].txid, None, "an MWEB input spends no outpoint");
+    }
+
+    #[test]
+    fn an_unreadable_transaction_is_judged_by_what_it_touches() {
+        let watched = ScriptBuf::from_bytes(
+            Vec::from_hex("001451eadb7deb7ee6caeb359ce1ac798ad098cccf78").unwrap(),
+        );
+        let mut scripts = KeyIndex::default();
+        let mut keys = payrecon_chain_core::WatchKeys::default();
+        keys.insert("rltc1q284dkl0t0mnv46e4nns6c7v26zvvenmcmgmvpj");
+        scripts
+            .sync(&keys, crate::script_pubkey)
+            .map_err(|(key, e)| format!("{key}: {e}"))
+            .unwrap();
+        assert!(scripts.contains(&watched));
+        let held = HeldOutputs::default();
+        let paying: Box<RawValue> = serde_json::from_str(
+            r#"{"txid":"aa","vout":[{"value":"x","n":0,"scriptPubKey":{"hex":"001451eadb7deb7ee6caeb359ce1ac798ad098cccf78"}}]}"#,
+        )
+        .unwrap();
+        assert!(read_transaction(&paying).is_err());
+        assert_eq!(
+            touched_by(&paying, &scripts, &held).as_deref(),
+            Some("rltc1q284dkl0t0mnv46e4nns6c7v26zvvenmcmgmvpj")
+        );
+        let elsewhere: Box<RawValue> = serde_json::from_str(
+            r#"{"txid":"bb","vout":[{"value":"x","n":0,"scriptPubKey":{"hex":"0014aabbccddeeff00112233445566778899aabbccdd"}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(touched_by(&elsewhere, &scripts, &held), None);
+        assert_eq!(txid_of(&elsewhere), "bb");
     }
 }

@@ -337,12 +337,8 @@ fn result_of<T: DeserializeOwned>(
 
 /// A complete answer that does not have the documented shape cannot be trusted.
 fn decode<T: DeserializeOwned>(method: &str, text: &str) -> Result<T, ScanError> {
-    serde_json::from_str(text).map_err(|e| {
-        let excerpt: String = text.chars().take(200).collect();
-        ScanError::Fatal(format!(
-            "{method} answered a malformed body ({e}): {excerpt}"
-        ))
-    })
+    serde_json::from_str(text)
+        .map_err(|e| ScanError::Fatal(payrecon_chain_core::malformed(method, &e, text)))
 }
 
 /// `%XX` escapes of a URL's user or password.

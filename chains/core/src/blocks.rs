@@ -10,7 +10,7 @@ use std::future::Future;
 
 use crate::{
     BlockId, ChainCursor, ChainEvent, Outflow, OutflowEvent, ScanBatch, ScanError, Transfer,
-    TransferId, WatchView,
+    TransferId, Unreadable, WatchView,
 };
 
 /// Recent block ids kept in the cursor for finding a fork point.
@@ -200,6 +200,11 @@ pub struct BlockRange {
     blocks: BTreeMap<u64, ReadBlock>,
     found: Vec<(Transfer, u64)>,
     outflows: Vec<(Outflow, u64)>,
+    unreadable: Vec<Unreadable>,
+    /// The receipts the chain's consensus keeps unspendable until [`BlockRange::maturity`]
+    /// deep (Litecoin's peg-outs), and that depth.
+    maturing: HashSet<TransferId>,
+    maturity: u32,
 }
 
 impl BlockRange {
@@ -210,7 +215,19 @@ impl BlockRange {
             blocks: BTreeMap::new(),
             found: Vec::new(),
             outflows: Vec::new(),
+            unreadable: Vec::new(),
+            maturing: HashSet::new(),
+            maturity: 0,
         }
+    }
+
+    /// Receipts pushed with [`BlockRange::push_maturing_transfer`] count no confirmations
+    /// until they are `maturity` deep: the coin cannot be spent before, so it is not paid
+    /// before. Reported in a block at zero confirmations meanwhile, which is also how a
+    /// later scan, which no longer reads that block, recognises one.
+    pub fn with_maturity(mut self, maturity: u32) -> BlockRange {
+        self.maturity = maturity;
+        self
     }
 
     /// The first block to read.
@@ -273,6 +290,22 @@ impl BlockRange {
         Ok(())
     }
 
+    /// Records a receipt that matures at the range's maturity ([`BlockRange::with_maturity`]).
+    pub fn push_maturing_transfer(
+        &mut self,
+        transfer: Transfer,
+        height: u64,
+    ) -> Result<(), ScanError> {
+        self.maturing.insert(transfer.id.clone());
+        self.push_transfer(transfer, height)
+    }
+
+    /// Quarantines a transaction of the range that touches a watched address and cannot be
+    /// read: the scan goes on without it.
+    pub fn push_unreadable(&mut self, unreadable: Unreadable) {
+        self.unreadable.push(unreadable);
+    }
+
     /// Records value leaving a watched address in a block already read.
     pub fn push_outflow(&mut self, outflow: Outflow, height: u64) -> Result<(), ScanError> {
         if !self.blocks.contains_key(&height) {
@@ -312,12 +345,17 @@ impl BlockRange {
             settle_depth: view.settle_depth,
             confirmations: &confirmations,
         };
+        let maturing = Maturing {
+            ids: Some(&self.maturing),
+            depth: self.maturity,
+        };
         let events = diff
             .changes(
                 self.found,
                 &view.known,
                 |t| &t.id,
                 |k| (&k.transfer, k.block_height, k.confirmations, k.seen_at_ms),
+                &maturing,
             )
             .into_iter()
             .map(|change| match change {
@@ -352,6 +390,7 @@ impl BlockRange {
                         k.seen_at_ms,
                     )
                 },
+                &Maturing::NONE,
             )
             .into_iter()
             .map(|change| match change {
@@ -392,6 +431,7 @@ impl BlockRange {
             },
             more: tip < head,
             head,
+            unreadable: self.unreadable,
         }
     }
 }
@@ -407,6 +447,33 @@ enum Change<T> {
     },
     /// A reorg took it out.
     Gone(TransferId),
+}
+
+/// Which items count no confirmations until `depth` deep: those in `ids`, found in this range,
+/// and known ones recorded in a block at zero confirmations (nothing else is: a block gives
+/// what it carries at least one).
+struct Maturing<'a> {
+    ids: Option<&'a HashSet<TransferId>>,
+    depth: u32,
+}
+
+impl Maturing<'_> {
+    const NONE: Maturing<'static> = Maturing {
+        ids: None,
+        depth: 0,
+    };
+
+    fn contains(&self, id: &TransferId) -> bool {
+        self.ids.is_some_and(|ids| ids.contains(id))
+    }
+
+    fn confirmations(&self, maturing: bool, depth: u32) -> u32 {
+        if maturing && depth < self.depth {
+            0
+        } else {
+            depth
+        }
+    }
 }
 
 /// The range a scan read, against which receipts and outflows are diffed alike.
@@ -430,13 +497,17 @@ impl<C: Fn(u64, u64) -> u32> Diff<'_, C> {
         known: &BTreeMap<TransferId, K>,
         id: impl Fn(&T) -> &TransferId,
         prior: impl Fn(&K) -> (&T, Option<u64>, u32, i64),
+        maturing: &Maturing<'_>,
     ) -> Vec<Change<T>> {
         let needs_update =
             |recorded: u32, now: u32| recorded != now && recorded < self.settle_depth;
         let mut changes = Vec::new();
         let mut present = HashSet::new();
         for (item, height) in found {
-            let now = (self.confirmations)(height, self.tip);
+            let now = maturing.confirmations(
+                maturing.contains(id(&item)),
+                (self.confirmations)(height, self.tip),
+            );
             let previous = known.get(id(&item)).map(&prior);
             let seen_at_ms = match previous {
                 Some((_, _, _, seen_at_ms)) => seen_at_ms,
@@ -470,7 +541,8 @@ impl<C: Fn(u64, u64) -> u32> Diff<'_, C> {
                 }
                 // Below the range and still canonical: only its depth moved.
                 Some(height) if height < self.from => {
-                    let now = (self.confirmations)(height, self.tip);
+                    let now = maturing
+                        .confirmations(confirmations == 0, (self.confirmations)(height, self.tip));
                     if needs_update(confirmations, now) {
                         changes.push(Change::Seen {
                             item: item.clone(),
@@ -671,6 +743,60 @@ mod tests {
                 "new 2 Some(11) 500",
                 "deeper 5 Some(8) 7",
                 "reorged removed"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_maturing_receipt_counts_no_confirmation_until_it_matures() {
+        let mut range = range_from(10).with_maturity(6);
+        for height in 10..=12 {
+            range
+                .push_block(height, block(height), &block(height - 1), 1_000)
+                .unwrap();
+        }
+        range
+            .push_maturing_transfer(transfer("pegout"), 11)
+            .unwrap();
+        range.push_transfer(transfer("plain"), 11).unwrap();
+        // Recorded in block 5 at zero confirmations: a maturing receipt that is 8 deep now;
+        // one in block 8 is 5 deep and stays at zero.
+        let known = |txid: &str, height: u64| {
+            let k = KnownTransfer {
+                transfer: transfer(txid),
+                confirmations: 0,
+                block_height: Some(height),
+                tip_height: 9,
+                seen_at_ms: 7,
+            };
+            (k.transfer.id.clone(), k)
+        };
+        let view = WatchView {
+            known: [known("matured", 5), known("young", 8)]
+                .into_iter()
+                .collect(),
+            settle_depth: 6,
+            ..WatchView::default()
+        };
+        let batch = range.into_batch(&view, 12, depth);
+        let summary: Vec<(String, u32)> = batch
+            .events
+            .iter()
+            .filter_map(|event| match event {
+                ChainEvent::Observed {
+                    transfer,
+                    confirmations,
+                    ..
+                } => Some((transfer.id.txid.clone(), *confirmations)),
+                ChainEvent::Removed { .. } => None,
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                ("pegout".to_owned(), 0),
+                ("plain".to_owned(), 2),
+                ("matured".to_owned(), 8)
             ]
         );
     }

@@ -83,7 +83,8 @@ pub enum ChainEvent {
         transfer: Transfer,
         /// How final the watcher judges it: 0 while unconfirmed, else the block depth, or for
         /// a chain with explicit finality at least the settling depth once final and less
-        /// before.
+        /// before. 0 in a block for a coin the chain keeps unspendable until it matures (a
+        /// Litecoin peg-out before 6 blocks).
         confirmations: u32,
         /// The block that carries it; `None` while unconfirmed.
         #[serde(default)]

@@ -7,6 +7,7 @@ mod amount;
 pub mod blocks;
 mod derive;
 mod event;
+mod excerpt;
 #[cfg(feature = "fuzz")]
 pub mod fuzz;
 #[cfg(feature = "http")]
@@ -26,6 +27,7 @@ pub use event::{
     BlockId, ChainCursor, ChainEvent, MAX_CHECKPOINTS, Outflow, OutflowEvent, ReceivedAsset,
     Transfer, TransferId,
 };
+pub use excerpt::{MAX_ERROR_BYTES, MAX_EXCERPT_BYTES, excerpt, excerpt_within, malformed};
 pub use keys::{
     IndexChanges, KeyChange, KeyIndex, KeysPosition, MAX_LOGGED_KEY_CHANGES, WatchKeys,
     WatchedLookup,
@@ -34,7 +36,7 @@ pub use method::{Asset, Method, Network, ParseMethodError, ParseNetworkError};
 pub use retry::{Attempt, RetryPolicy};
 pub use scan::{
     ChainScanner, HeldOutputs, KnownOutflow, KnownTransfer, ScanBatch, ScanError, SweepFees,
-    WatchView,
+    Unreadable, WatchView,
 };
 pub use secret::{Secret, SecretUrl};
 

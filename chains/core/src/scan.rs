@@ -123,6 +123,33 @@ pub struct WatchView {
     pub known_outflows: BTreeMap<TransferId, KnownOutflow>,
 }
 
+/// A transaction that touches a watched address and that the scanner cannot read (a form
+/// its decoder does not know, a field out of range): quarantined as an exception for
+/// operators, while the watcher goes on with everything else. Only what makes the whole chain
+/// view untrustworthy (another chain, a broken header, a cursor that cannot be placed) stops a
+/// watcher.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unreadable {
+    /// The transaction, as the chain's explorers print it.
+    pub txid: String,
+    /// The watched address (or reference key) it touches; empty when the part that would name
+    /// it is what cannot be read.
+    pub address: String,
+    /// Why, in at most a few hundred bytes ([`crate::excerpt`]).
+    pub reason: String,
+}
+
+impl Unreadable {
+    /// `txid` touching `address`, unreadable for `reason` (cut to an excerpt).
+    pub fn new(txid: impl Into<String>, address: impl Into<String>, reason: &str) -> Unreadable {
+        Unreadable {
+            txid: txid.into(),
+            address: address.into(),
+            reason: crate::excerpt(reason).into_owned(),
+        }
+    }
+}
+
 /// What one scan found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ScanBatch {
@@ -136,6 +163,9 @@ pub struct ScanBatch {
     pub more: bool,
     /// The node's newest block (or slot) at this scan: operators see how far the cursor lags.
     pub head: u64,
+    /// Transactions touching watched addresses that could not be read: quarantined, each an
+    /// exception for operators, in the same transaction as the events.
+    pub unreadable: Vec<Unreadable>,
 }
 
 /// What moving money out of one address costs on an account chain, in its native coin's base
@@ -173,11 +203,16 @@ impl ScanError {
     /// The same error with `source`'s credentials taken out of its text (an HTTP client's
     /// error names the URL it failed to reach, key and all): what every caller does before an
     /// error is logged, stored or answered.
+    /// Its text is also cut to [`crate::MAX_ERROR_BYTES`], so no answer a scanner quoted
+    /// whole floods the log, the watcher health or the operators' view.
     pub fn scrubbed(self, source: &SecretUrl) -> ScanError {
+        let clean = |reason: String| {
+            crate::excerpt_within(&source.scrub(&reason), crate::MAX_ERROR_BYTES).into_owned()
+        };
         match self {
-            ScanError::Transient(reason) => ScanError::Transient(source.scrub(&reason)),
-            ScanError::Fatal(reason) => ScanError::Fatal(source.scrub(&reason)),
-            ScanError::WrongChain(reason) => ScanError::WrongChain(source.scrub(&reason)),
+            ScanError::Transient(reason) => ScanError::Transient(clean(reason)),
+            ScanError::Fatal(reason) => ScanError::Fatal(clean(reason)),
+            ScanError::WrongChain(reason) => ScanError::WrongChain(clean(reason)),
         }
     }
 }

@@ -830,7 +830,12 @@ fn base_units(value: U256, what: &str) -> Result<Amount, ScanError> {
 /// decode is not.
 fn classify(error: RpcError<TransportErrorKind>) -> ScanError {
     match error {
-        RpcError::DeserError { .. } | RpcError::SerError(_) => {
+        // The deserializer's error carries the whole answer (a block can be 400 KiB): quote
+        // an excerpt.
+        RpcError::DeserError { err, text } => {
+            ScanError::Fatal(payrecon_chain_core::malformed("the node", &err, &text))
+        }
+        RpcError::SerError(_) => {
             ScanError::Fatal(format!("the node answered something unreadable: {error}"))
         }
         other => ScanError::Transient(format!("Ethereum RPC: {other}")),

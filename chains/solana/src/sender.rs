@@ -110,7 +110,7 @@ impl RpcSender for CappedSender {
         if !json.is_object() {
             return Err(RpcError::RpcRequestError(format!(
                 "RPC response is not a JSON object: {}",
-                json.to_string().chars().take(200).collect::<String>()
+                payrecon_chain_core::excerpt(&json.to_string())
             ))
             .into());
         }

@@ -380,6 +380,7 @@ impl ChainScanner for SolanaScanner {
             },
             more: false,
             head: tip,
+            unreadable: Vec::new(),
         })
     }
 
@@ -727,7 +728,8 @@ fn signature(text: &str) -> Result<Signature, ScanError> {
 fn classify(call: &str, error: ClientError) -> ScanError {
     match error.kind() {
         ErrorKind::SerdeJson(_) => ScanError::Fatal(format!(
-            "{call}: the node answered something unreadable: {error}"
+            "{call}: the node answered something unreadable: {}",
+            payrecon_chain_core::excerpt(&error.to_string())
         )),
         _ => ScanError::Transient(format!("{call}: {error}")),
     }

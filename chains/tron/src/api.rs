@@ -343,7 +343,7 @@ impl TronClient {
                 reason: format!("{path}: {e}"),
                 after: None,
             })?;
-        let excerpt: String = text.chars().take(200).collect();
+        let excerpt = payrecon_chain_core::excerpt(&text);
         if status.as_u16() == 429 || status.as_u16() == 403 || status.is_server_error() {
             // TronGrid says "rate limited" with 429, 403 (no key) or 503 (over quota).
             return Err(Attempt::Retry {
@@ -380,10 +380,8 @@ impl TronClient {
 /// A complete answer that does not have the documented shape cannot be trusted: the watcher
 /// stops rather than skip what it could not read.
 pub(crate) fn decode<T: DeserializeOwned>(path: &str, text: &str) -> Result<T, ScanError> {
-    serde_json::from_str(text).map_err(|e| {
-        let excerpt: String = text.chars().take(200).collect();
-        ScanError::Fatal(format!("{path} answered a malformed body ({e}): {excerpt}"))
-    })
+    serde_json::from_str(text)
+        .map_err(|e| ScanError::Fatal(payrecon_chain_core::malformed(path, &e, text)))
 }
 
 #[cfg(test)]

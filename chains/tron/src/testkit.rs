@@ -66,6 +66,11 @@ pub enum TxSpec {
         /// Sun burned for its energy and bandwidth (the recorded call's when `None`).
         fee: Option<u64>,
     },
+    /// A TRX transfer to `to` (base58) whose amount cannot be read.
+    UnreadableTrx {
+        /// Recipient, base58.
+        to: String,
+    },
 }
 
 /// TRX to `to`.
@@ -129,6 +134,12 @@ pub fn reverted_trc20(contract: &str, to: &str, amount: u128) -> TxSpec {
         success: false,
         fee: None,
     }
+}
+
+/// A TRX transfer to `to` whose amount is no number (`"amount": "unreadable"`): a transaction
+/// the watcher cannot read, which it must quarantine and go on.
+pub fn unreadable_trx(to: &str) -> TxSpec {
+    TxSpec::UnreadableTrx { to: to.to_owned() }
 }
 
 /// What the node answers instead of the truth, once.
@@ -333,6 +344,13 @@ fn build_tx(spec: &TxSpec, txid: &str, height: u64, timestamp: i64) -> (Value, V
             value["amount"] = json!(sun);
             (tx, recorded(TRX_INFOS, "response")[0].clone())
         }
+        TxSpec::UnreadableTrx { to } => {
+            let mut tx = recorded(BLOCK, "response")["transactions"][0].clone();
+            let value = &mut tx["raw_data"]["contract"][0]["parameter"]["value"];
+            value["to_address"] = json!(address_hex(to));
+            value["amount"] = json!("unreadable");
+            (tx, recorded(TRX_INFOS, "response")[0].clone())
+        }
         TxSpec::Trc20 {
             contract,
             to,
@@ -366,6 +384,7 @@ fn build_tx(spec: &TxSpec, txid: &str, height: u64, timestamp: i64) -> (Value, V
     };
     let (from, fee) = match spec {
         TxSpec::Trx { from, fee, .. } | TxSpec::Trc20 { from, fee, .. } => (from, fee),
+        TxSpec::UnreadableTrx { .. } => (&None, &None),
     };
     if let Some(from) = from {
         let from_hex = address_hex(from);

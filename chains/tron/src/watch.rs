@@ -16,7 +16,8 @@ use futures_util::{StreamExt as _, TryStreamExt as _};
 use payrecon_chain_core::blocks::{self, BlockRange};
 use payrecon_chain_core::{
     Amount, ChainScanner, KeyIndex, KnownTransfer, Method, Network, Outflow, ReceivedAsset,
-    ScanBatch, ScanError, SecretUrl, SweepFees, Transfer, TransferId, WatchView, WatchedLookup,
+    ScanBatch, ScanError, SecretUrl, SweepFees, Transfer, TransferId, Unreadable, WatchView,
+    WatchedLookup,
 };
 use serde::Deserialize as _;
 
@@ -195,8 +196,12 @@ impl ChainScanner for TronScanner {
                     &raw.parent_hash,
                     raw.timestamp,
                 )?;
-                for transfer in transfers(settings, block, infos, watched)? {
+                let (found, unreadable) = transfers(settings, block, infos, watched)?;
+                for transfer in found {
                     range.push_transfer(transfer, height)?;
+                }
+                for item in unreadable {
+                    range.push_unreadable(item);
                 }
                 for outflow in outflows(settings, &read, watched)? {
                     range.push_outflow(outflow, height)?;
@@ -238,6 +243,7 @@ impl ChainScanner for TronScanner {
             let watched = HashMap::from([(address, known.transfer.to_address.as_str())]);
             let read = read_block(&client, height, &watched).await?;
             let present = transfers(&self.settings, &read.block, &read.infos, &watched)?
+                .0
                 .iter()
                 .any(|t| t.id == known.transfer.id && t.amount == known.transfer.amount);
             found.push(
@@ -470,9 +476,10 @@ fn transfers(
     block: &Block,
     infos: &[TransactionInfo],
     watched: &impl WatchedLookup<TronAddress>,
-) -> Result<Vec<Transfer>, ScanError> {
+) -> Result<(Vec<Transfer>, Vec<Unreadable>), ScanError> {
     let mut found = Vec::new();
-    let succeeded = contract_transfers(block, watched, &mut found)?;
+    let mut unreadable = Vec::new();
+    let succeeded = contract_transfers(block, watched, &mut found, &mut unreadable);
     let height = block.block_header.raw_data.number;
     for info in infos {
         if info.block_number != height {
@@ -485,7 +492,7 @@ fn transfers(
             log_transfers(settings, height, info, watched, &mut found)?;
         }
     }
-    Ok(found)
+    Ok((found, unreadable))
 }
 
 /// One transfer as a watcher reports it.
@@ -514,12 +521,16 @@ fn tron_id(txid: &str, position: u32) -> TransferId {
 }
 
 /// TRX (`TransferContract`) and TRC-10 (`TransferAssetContract`, never credited) payments to
-/// watched addresses; returns the block's successful transactions.
+/// watched addresses; returns the block's successful transactions. A transfer to a watched
+/// address whose value or sender cannot be read is quarantined in `unreadable`; one whose
+/// recipient cannot be read is too, as it may be ours; one that reads as paying an address not
+/// watched is none of payrecon's business.
 fn contract_transfers<'b>(
     block: &'b Block,
     watched: &impl WatchedLookup<TronAddress>,
     found: &mut Vec<Transfer>,
-) -> Result<HashSet<&'b str>, ScanError> {
+    unreadable: &mut Vec<Unreadable>,
+) -> HashSet<&'b str> {
     let height = block.block_header.raw_data.number;
     let mut succeeded = HashSet::new();
     for tx in block.transactions.iter().filter(|tx| tx.succeeded()) {
@@ -530,24 +541,40 @@ fn contract_transfers<'b>(
                 "TransferAssetContract" => true,
                 _ => continue,
             };
-            let value = TransferValue::deserialize(&contract.parameter.value).map_err(|e| {
-                ScanError::Fatal(format!(
-                    "block {height}: transaction {} has a malformed {}: {e}",
-                    tx.tx_id, contract.kind
-                ))
-            })?;
-            let address = |hex: &str| {
-                TronAddress::from_hex(hex).map_err(|e| {
-                    ScanError::Fatal(format!(
-                        "block {height}: transaction {} names {hex:?}: {e}",
-                        tx.tx_id
-                    ))
-                })
+            let recipient = contract.parameter.value["to_address"]
+                .as_str()
+                .and_then(|hex| TronAddress::from_hex(hex).ok());
+            let key = match recipient {
+                Some(to) => match watched.watch_key(&to) {
+                    Some(key) => Some(key),
+                    None => continue,
+                },
+                None => None,
             };
-            let Some(key) = watched.watch_key(&address(&value.to_address)?) else {
-                continue;
+            let read = TransferValue::deserialize(&contract.parameter.value)
+                .map_err(|e| e.to_string())
+                .and_then(|value| match TronAddress::from_hex(&value.owner_address) {
+                    Ok(from) => Ok((value, from)),
+                    Err(e) => Err(format!("its sender {:?}: {e}", value.owner_address)),
+                });
+            let (key, value, from) = match (key, read) {
+                (Some(key), Ok((value, from))) => (key, value, from),
+                (key, read) => {
+                    let why = read
+                        .err()
+                        .unwrap_or_else(|| "its recipient is not a Tron address".into());
+                    let reason = format!(
+                        "block {height}: transaction {} has a malformed {}: {why}",
+                        tx.tx_id, contract.kind
+                    );
+                    unreadable.push(Unreadable::new(
+                        tx.tx_id.as_str(),
+                        key.unwrap_or_default(),
+                        &reason,
+                    ));
+                    continue;
+                }
             };
-            let from = address(&value.owner_address)?;
             let asset = if trc10 {
                 ReceivedAsset::OtherToken {
                     contract: format!("trc10:{}", value.asset_name.unwrap_or_default()),
@@ -561,7 +588,7 @@ fn contract_transfers<'b>(
             found.push(tron_transfer(&tx.tx_id, 0, (&from, key), asset, amount));
         }
     }
-    Ok(succeeded)
+    succeeded
 }
 
 /// TRC-20 `Transfer` logs of one successful transaction to watched addresses: USDT from its
@@ -747,6 +774,7 @@ mod tests {
             &infos,
             &watched(),
         )
+        .map(|(found, _)| found)
     }
 
     #[test]
