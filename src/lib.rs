@@ -121,7 +121,7 @@ pub use records::{
 };
 pub use report::{CsvSection, ReportFormat, ReportQuery, ReportTotals};
 pub use serve::serve;
-pub use store::{Durability, StoreError as DatabaseError};
+pub use store::{BackupReport, Durability, SCHEMA_VERSION, StoreError as DatabaseError};
 pub use stuck::{Page, StuckItem, StuckOptions};
 pub use support::{AddressView, Finding, OrderView, TransferView};
 pub use tokens::Role;

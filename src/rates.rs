@@ -461,7 +461,7 @@ impl CoinGecko {
     fn malformed(message: String) -> RateError {
         RateError::Malformed {
             source_name: "coingecko".into(),
-            message,
+            message: payrecon_chain_core::excerpt(&message).into_owned(),
         }
     }
 
@@ -620,7 +620,7 @@ impl Kraken {
         if !answer.error.is_empty() {
             return Err(RateError::Unavailable {
                 source_name: "kraken".into(),
-                message: answer.error.join(", "),
+                message: payrecon_chain_core::excerpt(&answer.error.join(", ")).into_owned(),
             });
         }
         answer
@@ -640,7 +640,7 @@ impl Kraken {
     fn malformed(message: String) -> RateError {
         RateError::Malformed {
             source_name: "kraken".into(),
-            message,
+            message: payrecon_chain_core::excerpt(&message).into_owned(),
         }
     }
 

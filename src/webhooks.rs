@@ -347,7 +347,10 @@ impl Lane {
                 endpoint.timeout_ms
             )),
             Err(error) if error.is_connect() => Some("cannot connect".to_owned()),
-            Err(error) => Some(endpoint.url.scrub(&error.without_url().to_string())),
+            Err(error) => Some(
+                payrecon_chain_core::excerpt(&endpoint.url.scrub(&error.without_url().to_string()))
+                    .into_owned(),
+            ),
         };
         let now = self.engine.clock().now();
         match &error {

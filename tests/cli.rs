@@ -165,6 +165,33 @@ fn without_configured_networks_a_method_is_disabled() {
 }
 
 #[test]
+fn backup_copies_the_sqlite_database_and_refuses_to_overwrite() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("live.db").display());
+    json(
+        &url,
+        &[
+            "topup",
+            "create",
+            "--account",
+            "42",
+            "--amount-usd",
+            "100",
+            "--reference",
+            "T1",
+        ],
+    );
+    let copy = dir.path().join("copy.db");
+    let copy_arg = copy.to_str().unwrap();
+    let report = json(&url, &["backup", "--output", copy_arg]);
+    assert_eq!(report["integrity"], "ok");
+    assert_eq!(report["schema_version"], payrecon::SCHEMA_VERSION);
+    let copied = format!("sqlite://{copy_arg}");
+    assert_eq!(json(&copied, &["order", "show", "T1"])["reference"], "T1");
+    assert!(refused(&url, &["backup", "--output", copy_arg]).contains("exists already"));
+}
+
+#[test]
 fn an_unknown_database_scheme_is_one_clear_line() {
     assert!(refused("mysql://localhost/x", &["init"]).contains("unsupported database URL scheme"));
 }

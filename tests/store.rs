@@ -5,10 +5,10 @@ mod common;
 use std::sync::Arc;
 
 use common::{account, btc_topup_credit, fund, rental, topup};
-use payrecon::Error;
 use payrecon::Usd;
 use payrecon::ledger::{Account, Currency, EntryKind, LedgerError, NewEntry, PostOutcome, Posting};
 use payrecon::test_utils::order::SettledVia;
+use payrecon::{Engine, Error};
 use payrecon::{OrderKind, OrderRef, OrderRuleError, OrderStatus};
 use payrecon_chain_core::Method;
 
@@ -17,6 +17,75 @@ fn reference(r: &str) -> OrderRef {
 }
 
 on_both_databases! {
+    async fn a_database_written_by_a_newer_payrecon_is_refused_in_plain_words(db) {
+        let engine = db.engine().await;
+        engine.create_topup(&topup("NEWER", "42", "100")).await.unwrap();
+        sqlx::any::install_default_drivers();
+        let mut conn = <sqlx::AnyConnection as sqlx::Connection>::connect(&db.url).await.unwrap();
+        let insert = match db.db {
+            common::Db::Sqlite => "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) VALUES (?, ?, ?, ?, ?)",
+            common::Db::Postgres => "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) VALUES ($1, $2, $3, $4, $5)",
+        };
+        // What a newer payrecon leaves behind: one more schema version.
+        sqlx::query(insert)
+            .bind(payrecon::SCHEMA_VERSION + 1)
+            .bind("from a newer payrecon")
+            .bind(true)
+            .bind(vec![0u8; 48])
+            .bind(1i64)
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        let Err(refused) = Engine::open(&db.url).await else {
+            panic!("a newer database is refused");
+        };
+        let refused = refused.to_string();
+        let newer = payrecon::SCHEMA_VERSION + 1;
+        assert!(refused.contains(&format!("schema version {newer}, written by a newer payrecon")), "{refused}");
+        assert!(refused.contains(&format!("knows versions up to {}", payrecon::SCHEMA_VERSION)), "{refused}");
+        assert!(matches!(engine.store().migrate().await, Err(payrecon::DatabaseError::NewerSchema { .. })));
+        assert_eq!(engine.order(&reference("NEWER")).await.unwrap().reference.as_str(), "NEWER", "nothing was touched");
+    }
+
+    async fn a_backup_taken_while_writing_is_a_consistent_copy(db) {
+        let engine = db.engine().await;
+        engine.create_topup(&topup("BEFORE", "42", "100")).await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("copy.db");
+        if db.db == common::Db::Postgres {
+            let refused = engine.backup(&path).await.unwrap_err().to_string();
+            assert!(refused.contains("pg_dump") && refused.contains("pg_basebackup"), "{refused}");
+            assert!(!path.exists());
+            return;
+        }
+        let writer = {
+            let engine = engine.clone();
+            tokio::spawn(async move {
+                for n in 0..40 {
+                    engine.create_topup(&topup(&format!("DURING-{n}"), "43", "100")).await.unwrap();
+                }
+            })
+        };
+        let report = engine.backup(&path).await.unwrap();
+        writer.await.unwrap();
+        assert_eq!((report.integrity.as_str(), report.schema_version), ("ok", payrecon::SCHEMA_VERSION));
+        assert_eq!(report.bytes, std::fs::metadata(&path).unwrap().len());
+        let copy = common::TestDb::sqlite_at(&path).engine().await;
+        assert!(copy.order(&reference("BEFORE")).await.is_ok());
+        // One snapshot: the writes it holds are a prefix of those made, none half-written.
+        let held: Vec<bool> = futures_util::future::join_all(
+            (0..40).map(|n| {
+                let copy = copy.clone();
+                async move { copy.order(&reference(&format!("DURING-{n}"))).await.is_ok() }
+            }),
+        )
+        .await;
+        assert!(held.windows(2).all(|w| w[0] >= w[1]), "{held:?}");
+        assert!(copy.trial_balance().await.unwrap().is_sound());
+        let again = engine.backup(&path).await.unwrap_err().to_string();
+        assert!(again.contains("exists already"), "{again}");
+    }
+
     async fn migrations_run_twice_and_concurrently(db) {
         let (a, b) = tokio::join!(db.engine(), db.engine());
         a.store().migrate().await.unwrap();

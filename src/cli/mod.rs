@@ -46,6 +46,13 @@ struct Cli {
 enum Command {
     /// Create the database if needed and bring its schema up to date.
     Init,
+    /// A consistent copy of the SQLite database while `payrecon serve` runs, checked with
+    /// SQLite's integrity check. PostgreSQL: use pg_dump or pg_basebackup.
+    Backup {
+        /// The copy to write; it must not exist.
+        #[arg(long)]
+        output: PathBuf,
+    },
     /// Rental orders.
     #[command(subcommand)]
     Order(OrderCommand),
@@ -230,6 +237,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 &serde_json::json!({ "database": config.database_url.to_string(), "backend": backend, "migrated": true }),
                 || format!("database ready: {} ({backend})", config.database_url),
             )
+        }
+        Command::Backup { output } => {
+            let report = engine.backup(&output).await?;
+            emit(json, &report, || {
+                format!(
+                    "backup written: {} ({} bytes, schema version {}, integrity {})",
+                    report.path.display(),
+                    report.bytes,
+                    report.schema_version,
+                    report.integrity
+                )
+            })
         }
         Command::Order(command) => shop::order(command, &engine, json).await,
         Command::Topup(command) => shop::topup(command, &engine, json).await,

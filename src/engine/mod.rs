@@ -181,6 +181,13 @@ impl Engine {
         }
     }
 
+    /// A consistent copy of the SQLite database at `path` while `serve` runs, checked with
+    /// SQLite's integrity check before it is reported. PostgreSQL is refused with the advice to
+    /// use its own tools.
+    pub async fn backup(&self, path: &std::path::Path) -> Result<store::BackupReport, Error> {
+        Ok(self.store.backup_to(path).await?)
+    }
+
     /// The store, for the engine's methods in other modules.
     pub(crate) fn db(&self) -> &Store {
         &self.store

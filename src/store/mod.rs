@@ -141,6 +141,22 @@ const MIGRATIONS: [(i64, &str, &str, &str); 15] = [
     ),
 ];
 
+/// The newest schema version this payrecon writes.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS[MIGRATIONS.len() - 1].0;
+
+/// What `payrecon backup` made.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct BackupReport {
+    /// The copy.
+    pub path: std::path::PathBuf,
+    /// Its size.
+    pub bytes: u64,
+    /// Its schema version.
+    pub schema_version: i64,
+    /// SQLite's `PRAGMA integrity_check` of the copy: `ok`.
+    pub integrity: String,
+}
+
 /// Starts a transaction with `begin` on a task of its own. A caller cancelled while the
 /// `BEGIN` is in flight (a watcher task aborted mid-round, an HTTP client gone) would otherwise
 /// drop the connection after the server opened the transaction but before sqlx counted it:
@@ -178,6 +194,28 @@ pub enum Durability {
     /// loss may roll back the last commits after they were acknowledged; an intent whose
     /// address a customer already holds can vanish and its index be handed out again.
     Relaxed,
+}
+
+/// Opens the SQLite copy at `path` read-only: its integrity check must say `ok`, and its
+/// schema version is read.
+async fn check_copy(path: &str) -> Result<(String, i64), StoreError> {
+    let options: AnyConnectOptions = format!("sqlite://{path}?mode=ro")
+        .parse()
+        .map_err(StoreError::Connect)?;
+    let mut copy = options.connect().await.map_err(StoreError::Connect)?;
+    let verdict: Vec<String> = sqlx::query_scalar("PRAGMA integrity_check")
+        .fetch_all(&mut copy)
+        .await?;
+    if verdict != ["ok"] {
+        return Err(StoreError::Backup(format!(
+            "the copy fails its integrity check: {}",
+            payrecon_chain_core::excerpt(&verdict.join("; "))
+        )));
+    }
+    let version = Store::applied_version(&mut copy, Backend::Sqlite)
+        .await?
+        .unwrap_or(0);
+    Ok(("ok".to_owned(), version))
 }
 
 /// Which database a [`Store`] talks to.
@@ -265,7 +303,42 @@ impl Store {
         })
     }
 
+    /// The newest schema version applied to the database; `None` for an empty one.
+    async fn applied_version(
+        conn: &mut AnyConnection,
+        backend: Backend,
+    ) -> Result<Option<i64>, StoreError> {
+        let tables: i64 = sqlx::query_scalar(backend.pick(
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'",
+            "SELECT CAST(COUNT(to_regclass('_sqlx_migrations')) AS BIGINT)",
+        ))
+        .fetch_one(&mut *conn)
+        .await?;
+        if tables == 0 {
+            return Ok(None);
+        }
+        Ok(
+            sqlx::query_scalar("SELECT MAX(version) FROM _sqlx_migrations WHERE success")
+                .fetch_one(&mut *conn)
+                .await?,
+        )
+    }
+
+    /// A database written by a newer payrecon is refused before anything touches it: this
+    /// binary would read its rows by an older schema.
+    async fn refuse_newer(conn: &mut AnyConnection, backend: Backend) -> Result<(), StoreError> {
+        match Store::applied_version(conn, backend).await? {
+            Some(database) if database > SCHEMA_VERSION => Err(StoreError::NewerSchema {
+                database,
+                binary: SCHEMA_VERSION,
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// Brings the schema up to date; safe to run on every start and from several processes.
+    /// A database whose schema is newer than this binary's is refused
+    /// ([`StoreError::NewerSchema`]).
     pub async fn migrate(&self) -> Result<(), StoreError> {
         let migrations = MIGRATIONS
             .iter()
@@ -282,15 +355,66 @@ impl Store {
         let migrator = Migrator::with_migrations(migrations);
         match self.backend {
             // PostgreSQL: the migrator serializes concurrent runs with an advisory lock.
-            Backend::Postgres => migrator.run(&self.pool).await.map_err(StoreError::Migrate),
+            Backend::Postgres => {
+                Store::refuse_newer(&mut *self.pool.acquire().await?, self.backend).await?;
+                migrator.run(&self.pool).await.map_err(StoreError::Migrate)
+            }
             // SQLite has no advisory locks: holding the write lock for the whole run makes a
             // second process wait, then find the schema applied.
             Backend::Sqlite => {
                 let mut tx = self.begin_write().await?;
+                Store::refuse_newer(tx.conn(), self.backend).await?;
                 migrator.run(tx.conn()).await.map_err(StoreError::Migrate)?;
                 tx.commit().await
             }
         }
+    }
+
+    /// A consistent copy of a SQLite database at `path` while other connections read and
+    /// write (`VACUUM INTO` reads one snapshot), checked with `PRAGMA integrity_check` before
+    /// it is reported. PostgreSQL is backed up with its own tools (`pg_dump`,
+    /// `pg_basebackup`): refused with that advice.
+    pub async fn backup_to(&self, path: &std::path::Path) -> Result<BackupReport, StoreError> {
+        if self.backend == Backend::Postgres {
+            return Err(StoreError::Backup(
+                "PostgreSQL is backed up with its own tools: pg_dump for a logical copy, \
+                 pg_basebackup with WAL archiving for point-in-time recovery (see README, \
+                 Backups and restores)"
+                    .into(),
+            ));
+        }
+        if path.exists() {
+            return Err(StoreError::Backup(format!(
+                "{} exists already: name a new file",
+                path.display()
+            )));
+        }
+        let target = path
+            .to_str()
+            .ok_or_else(|| StoreError::Backup(format!("{} is not a UTF-8 path", path.display())))?;
+        let mut conn = self.pool.acquire().await?;
+        sqlx::query("VACUUM INTO ?")
+            .bind(target)
+            .execute(&mut *conn)
+            .await?;
+        drop(conn);
+        let checked = check_copy(target).await;
+        let (integrity, schema_version) = match checked {
+            Ok(checked) => checked,
+            Err(error) => {
+                let _ = std::fs::remove_file(path);
+                return Err(error);
+            }
+        };
+        let bytes = std::fs::metadata(path)
+            .map_err(|e| StoreError::Backup(format!("{}: {e}", path.display())))?
+            .len();
+        Ok(BackupReport {
+            path: path.to_owned(),
+            bytes,
+            schema_version,
+            integrity,
+        })
     }
 
     /// Which database this is.
@@ -698,6 +822,20 @@ pub enum StoreError {
     /// The shared commit of a group of writes failed: none of the group's writes happened.
     #[error("the write was not committed: {0}")]
     GroupCommit(String),
+    /// The database was written by a newer payrecon: this one would misread it.
+    #[error(
+        "this database has schema version {database}, written by a newer payrecon; this payrecon ({}) knows versions up to {binary}: run the newer payrecon, or restore a backup taken before the upgrade",
+        env!("CARGO_PKG_VERSION")
+    )]
+    NewerSchema {
+        /// The database's newest schema version.
+        database: i64,
+        /// The newest this binary knows.
+        binary: i64,
+    },
+    /// A backup could not be made.
+    #[error("backup: {0}")]
+    Backup(String),
 }
 
 impl StoreError {
