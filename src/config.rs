@@ -197,6 +197,11 @@ pub struct BooksConfig {
     /// How the Xero organisation's region writes dates: `day_first` (dd/mm/yyyy, the UK,
     /// Australia, New Zealand) or `month_first` (mm/dd/yyyy, the US).
     pub xero_date_order: DateOrder,
+    /// How the QuickBooks Online company's region writes dates, which is how QuickBooks reads
+    /// an imported journal's dates: `month_first` (mm/dd/yyyy, a US company, the default) or
+    /// `day_first` (dd/mm/yyyy: the UK, Australia, most of the world). A wrong order books 5
+    /// December on 12 May.
+    pub qbo_date_order: DateOrder,
 }
 
 /// The order of day and month in a date a vendor's import reads.
@@ -298,6 +303,7 @@ impl Default for BooksConfig {
             datev: DatevConfig::default(),
             xero_tax_rate: "No VAT".into(),
             xero_date_order: DateOrder::DayFirst,
+            qbo_date_order: DateOrder::MonthFirst,
         }
     }
 }

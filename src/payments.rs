@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use payrecon_chain_bitcoin::{KeyOrigin, SegwitDeriver, UtxoChain};
+use payrecon_chain_bitcoin::{KeyOrigin, SegwitDeriver, UtxoChain, UtxoNetwork};
 use payrecon_chain_core::{
     AccountXpub, AddressDeriver, BlockId, ChainCursor, ChainEvent, DeriveError, Lookahead,
     MAX_CHECKPOINTS, Method, Network, OutflowEvent,
@@ -162,6 +162,29 @@ fn treasury_of(
         .collect()
 }
 
+/// A Bitcoin-family key says by its version bytes whether it is a mainnet key (`xpub`,
+/// `zpub`, `Ltub`) or a test one (`tpub`, `vpub`, `ttub`): one of the other kind would hand
+/// out addresses of a wallet the merchant keeps for the other chain.
+fn key_fits_network(
+    network: Network,
+    account: &AccountXpub,
+    utxo_network: UtxoNetwork,
+) -> Result<(), Error> {
+    let mainnet_key = account.xpub().network == payrecon_chain_core::bitcoin::NetworkKind::Main;
+    let mainnet = utxo_network == UtxoNetwork::Mainnet;
+    if mainnet_key == mainnet {
+        return Ok(());
+    }
+    let (key, chain) = if mainnet_key {
+        ("a mainnet key (xpub, zpub, Ltub)", "a test chain")
+    } else {
+        ("a test key (tpub, vpub, ttub)", "mainnet")
+    };
+    Err(Error::Config(format!(
+        "networks.{network}.xpub is {key}, and networks.{network}.network says {chain} ({utxo_network:?}): give the account key of the wallet for that chain"
+    )))
+}
+
 fn add_networks(settings: &mut PaymentSettings, networks: &NetworksConfig) -> Result<(), Error> {
     let xpub = |network: Network, text: &str| -> Result<AccountXpub, Error> {
         text.parse()
@@ -190,6 +213,7 @@ fn add_networks(settings: &mut PaymentSettings, networks: &NetworksConfig) -> Re
                 Error::Config(format!("networks.{network}.network: {e}"))
             })?;
             let account = xpub(network, &config.xpub)?;
+            key_fits_network(network, &account, utxo_network)?;
             let origin = config
                 .key_origin
                 .as_deref()

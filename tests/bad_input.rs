@@ -260,6 +260,13 @@ async fn a_broken_configuration_names_the_key() {
         ("networks.bitcoin.network", |c| {
             c.networks.bitcoin.as_mut().unwrap().network = "moonnet".into()
         }),
+        // A mainnet zpub on a regtest chain, a test vpub on mainnet.
+        ("networks.bitcoin.xpub is a mainnet key", |c| {
+            c.networks.bitcoin.as_mut().unwrap().network = "regtest".into()
+        }),
+        ("networks.litecoin.xpub is a test key", |c| {
+            c.networks.litecoin.as_mut().unwrap().xpub = "vpub5Y6cjg78GGuNLsaPhmYsiw4gYX3HoQiRBiSwDaBXKUafCt9bNwWQiitDk5VZ5BVxYnQdwoTyXSs2JHRPAgjAvtbBrf8ZhDYe2jWAqvZVnsc".into()
+        }),
     ];
     for (key, breaks) in cases {
         let db = TestDb::new(Db::Sqlite).await;

@@ -262,6 +262,17 @@ on_both_databases! {
         }
         assert_eq!(per_journal.len(), 111);
         assert!(per_journal.values().all(|sum| *sum == 0));
+        let uk = engine.clone().with_books(payrecon::config::BooksConfig {
+            qbo_date_order: payrecon::config::DateOrder::DayFirst,
+            ..engine.books_config().clone()
+        }).unwrap();
+        let us_dates: Vec<String> = rows[1..].iter().map(|row| row[1].clone()).collect();
+        let uk_rows = python_csv(&export(&uk, november(), JournalFormat::Qbo).await.remove(0), ',', "utf-8", 1);
+        assert_eq!(uk_rows.len(), us_dates.len());
+        for (row, us) in uk_rows.iter().zip(&us_dates) {
+            let day = chrono::NaiveDate::parse_from_str(us, "%m/%d/%Y").unwrap();
+            assert_eq!(row[1], day.format("%d/%m/%Y").to_string(), "a UK company's dates are day first");
+        }
 
         // Generic: every ledger leg, balanced per entry in every currency and value column,
         // its native totals the ledger's movement.

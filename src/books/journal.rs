@@ -468,7 +468,10 @@ impl<'a> JournalWriter<'a> {
                     b',',
                     &[
                         &said.id,
-                        &said.date.format("%m/%d/%Y").to_string(),
+                        &said
+                            .date
+                            .format(self.books.qbo_date_order.format())
+                            .to_string(),
                         &line.account.name,
                         &said.memo,
                         &debit,
