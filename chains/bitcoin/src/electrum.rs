@@ -652,69 +652,33 @@ impl Session {
         let network = settings.network_id();
         let method = settings.target.method();
         let known = &view.known;
-        let mut found = Vec::new();
-        let mut unreadable = Vec::new();
-        for (script, watched) in &self.scripts {
-            for (txid, height) in watched.history.iter().flatten() {
-                let parts = match self.transactions.get(txid) {
-                    Some(TxRead::Parts(parts)) => parts,
-                    Some(TxRead::Unreadable(reason)) => {
-                        unreadable.push(Unreadable::new(txid.to_string(), &watched.key, reason));
-                        continue;
-                    }
-                    None => {
-                        return Err(ScanError::Transient(format!(
-                            "transaction {txid} was not read"
-                        )));
-                    }
-                };
-                let pegouts = network == Network::Litecoin
-                    && parts
-                        .outputs
-                        .first()
-                        .is_some_and(|(s, _)| mweb::is_hogex(s));
-                for (vout, (out_script, value)) in parts.outputs.iter().enumerate() {
-                    if out_script != script {
-                        continue;
-                    }
-                    let id = TransferId {
-                        network,
-                        txid: txid.to_string(),
-                        position: u32::try_from(vout).map_err(|_| {
-                            ScanError::Fatal(format!("transaction {txid} has too many outputs"))
-                        })?,
-                    };
-                    let block_height = u64::try_from(*height).ok().filter(|h| *h > 0);
-                    found.push((id, watched.key.clone(), *value, block_height, pegouts));
-                }
-            }
-        }
+        let (found, unreadable) = self.receipts(network)?;
         let new_heights: HashSet<u64> = found
             .iter()
-            .filter(|(id, ..)| !known.contains_key(id))
-            .filter_map(|(_, _, _, height, _)| *height)
+            .filter(|r| !known.contains_key(&r.id))
+            .filter_map(|r| r.block_height)
             .collect();
         self.block_times_for(&new_heights)?;
 
         let tip_height = found
             .iter()
-            .filter_map(|(_, _, _, height, _)| *height)
+            .filter_map(|r| r.block_height)
             .fold(self.tip_height, u64::max);
         let mut events = Vec::new();
         let mut present = HashSet::new();
         let mut received = HeldOutputs::default();
-        for (id, _, value, ..) in &found {
-            received.insert(&id.txid, id.position, *value);
+        for receipt in &found {
+            received.insert(&receipt.id.txid, receipt.id.position, receipt.value);
         }
-        for (id, key, value, block_height, pegout) in found {
-            let depth =
-                block_height.map_or(0, |h| u32::try_from(tip_height + 1 - h).unwrap_or(u32::MAX));
-            // A peg-out counts no confirmations until it can be spent.
-            let confirmations = if pegout && depth < mweb::PEGOUT_MATURITY {
-                0
-            } else {
-                depth
-            };
+        for receipt in found {
+            let confirmations = receipt.confirmations(tip_height);
+            let Receipt {
+                id,
+                key,
+                value,
+                block_height,
+                ..
+            } = receipt;
             let previous = known.get(&id);
             let changed = match previous {
                 None => true,
@@ -769,6 +733,53 @@ impl Session {
             head: tip_height,
             unreadable,
         })
+    }
+
+    /// Every output of a followed history that pays its script, and the transactions of those
+    /// histories that cannot be read (quarantined).
+    fn receipts(&self, network: Network) -> Result<(Vec<Receipt>, Vec<Unreadable>), ScanError> {
+        let mut found = Vec::new();
+        let mut unreadable = Vec::new();
+        for (script, watched) in &self.scripts {
+            for (txid, height) in watched.history.iter().flatten() {
+                let parts = match self.transactions.get(txid) {
+                    Some(TxRead::Parts(parts)) => parts,
+                    Some(TxRead::Unreadable(reason)) => {
+                        unreadable.push(Unreadable::new(txid.to_string(), &watched.key, reason));
+                        continue;
+                    }
+                    None => {
+                        return Err(ScanError::Transient(format!(
+                            "transaction {txid} was not read"
+                        )));
+                    }
+                };
+                let pegout = network == Network::Litecoin
+                    && parts
+                        .outputs
+                        .first()
+                        .is_some_and(|(s, _)| mweb::is_hogex(s));
+                for (vout, (out_script, value)) in parts.outputs.iter().enumerate() {
+                    if out_script != script {
+                        continue;
+                    }
+                    found.push(Receipt {
+                        id: TransferId {
+                            network,
+                            txid: txid.to_string(),
+                            position: u32::try_from(vout).map_err(|_| {
+                                ScanError::Fatal(format!("transaction {txid} has too many outputs"))
+                            })?,
+                        },
+                        key: watched.key.clone(),
+                        value: *value,
+                        block_height: u64::try_from(*height).ok().filter(|h| *h > 0),
+                        pegout,
+                    });
+                }
+            }
+        }
+        Ok((found, unreadable))
     }
 
     /// Outflows in the followed histories: each mined transaction's inputs that spend a held
@@ -888,6 +899,33 @@ impl Session {
                 .range(..self.tip_height)
                 .map(|(height, (hash, _))| block(*height, hash))
                 .collect(),
+        }
+    }
+}
+
+/// An output paying a followed script, as a history lists it.
+struct Receipt {
+    id: TransferId,
+    /// The watch key of the script.
+    key: String,
+    /// Satoshi.
+    value: u64,
+    /// `None` while in the mempool.
+    block_height: Option<u64>,
+    /// An output of a Litecoin HogEx: it counts no confirmations until it matures.
+    pegout: bool,
+}
+
+impl Receipt {
+    /// Its depth below `tip_height`; a peg-out's is 0 until it can be spent.
+    fn confirmations(&self, tip_height: u64) -> u32 {
+        let depth = self
+            .block_height
+            .map_or(0, |h| u32::try_from(tip_height + 1 - h).unwrap_or(u32::MAX));
+        if self.pegout && depth < mweb::PEGOUT_MATURITY {
+            0
+        } else {
+            depth
         }
     }
 }
