@@ -49,6 +49,23 @@ fn bench(args: &[&str]) -> Value {
     serde_json::from_slice(&output.stdout).expect("one JSON document")
 }
 
+/// `payrecon topup create` of 100 USD for `account`.
+fn topup_of_100(url: &str, account: &str, reference: &str) -> Value {
+    json(
+        url,
+        &[
+            "topup",
+            "create",
+            "--account",
+            account,
+            "--amount-usd",
+            "100",
+            "--reference",
+            reference,
+        ],
+    )
+}
+
 /// Runs a command that must fail, returning its one-line error.
 fn refused(url: &str, args: &[&str]) -> String {
     let output = payrecon(url, args);
@@ -168,19 +185,7 @@ fn without_configured_networks_a_method_is_disabled() {
 fn backup_copies_the_sqlite_database_and_refuses_to_overwrite() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("live.db").display());
-    json(
-        &url,
-        &[
-            "topup",
-            "create",
-            "--account",
-            "42",
-            "--amount-usd",
-            "100",
-            "--reference",
-            "T1",
-        ],
-    );
+    topup_of_100(&url, "42", "T1");
     let copy = dir.path().join("copy.db");
     let copy_arg = copy.to_str().unwrap();
     let report = json(&url, &["backup", "--output", copy_arg]);
@@ -344,19 +349,7 @@ fn a_closed_pipe_ends_the_cli_quietly() {
 fn find_looks_up_what_a_customer_gave() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("find.db").display());
-    json(
-        &url,
-        &[
-            "topup",
-            "create",
-            "--account",
-            "42",
-            "--amount-usd",
-            "100",
-            "--reference",
-            "T-find",
-        ],
-    );
+    topup_of_100(&url, "42", "T-find");
     let found = json(&url, &["find", "T-find"]);
     assert_eq!(
         (found["found"].as_str(), found["reference"].as_str()),
@@ -374,19 +367,7 @@ fn account_history_from_the_command_line() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("history.db").display());
     for reference in ["H1", "H2"] {
-        json(
-            &url,
-            &[
-                "topup",
-                "create",
-                "--account",
-                "77",
-                "--amount-usd",
-                "100",
-                "--reference",
-                reference,
-            ],
-        );
+        topup_of_100(&url, "77", reference);
     }
     let first = json(&url, &["account", "history", "77", "--limit", "1"]);
     assert_eq!(first["items"][0]["reference"], "H1");

@@ -107,10 +107,8 @@ impl Engine {
         )
         .await?;
         crate::outflows::apply(&mut tx, &settings.policy, outflows, now).await?;
-        if let Some((network, _)) = cursor {
-            quarantine(tx.conn(), network, unreadable, now).await?;
-        }
         if let Some((network, cursor)) = cursor {
+            quarantine(tx.conn(), network, unreadable, now).await?;
             crate::store::cursors::put(tx.conn(), network, cursor, now).await?;
         }
         crash_point("apply.before_commit");

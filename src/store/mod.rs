@@ -196,9 +196,9 @@ pub enum Durability {
     Relaxed,
 }
 
-/// Opens the SQLite copy at `path` read-only: its integrity check must say `ok`, and its
-/// schema version is read.
-async fn check_copy(path: &str) -> Result<(String, i64), StoreError> {
+/// Opens the SQLite copy at `path` read-only: its integrity check must say `ok`; answers its
+/// schema version.
+async fn check_copy(path: &str) -> Result<i64, StoreError> {
     let options: AnyConnectOptions = format!("sqlite://{path}?mode=ro")
         .parse()
         .map_err(StoreError::Connect)?;
@@ -212,10 +212,9 @@ async fn check_copy(path: &str) -> Result<(String, i64), StoreError> {
             payrecon_chain_core::excerpt(&verdict.join("; "))
         )));
     }
-    let version = Store::applied_version(&mut copy, Backend::Sqlite)
+    Ok(Store::applied_version(&mut copy, Backend::Sqlite)
         .await?
-        .unwrap_or(0);
-    Ok(("ok".to_owned(), version))
+        .unwrap_or(0))
 }
 
 /// Which database a [`Store`] talks to.
@@ -398,14 +397,9 @@ impl Store {
             .execute(&mut *conn)
             .await?;
         drop(conn);
-        let checked = check_copy(target).await;
-        let (integrity, schema_version) = match checked {
-            Ok(checked) => checked,
-            Err(error) => {
-                let _ = std::fs::remove_file(path);
-                return Err(error);
-            }
-        };
+        let schema_version = check_copy(target).await.inspect_err(|_| {
+            let _ = std::fs::remove_file(path);
+        })?;
         let bytes = std::fs::metadata(path)
             .map_err(|e| StoreError::Backup(format!("{}: {e}", path.display())))?
             .len();
@@ -413,7 +407,7 @@ impl Store {
             path: path.to_owned(),
             bytes,
             schema_version,
-            integrity,
+            integrity: "ok".into(),
         })
     }
 

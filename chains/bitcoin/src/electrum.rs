@@ -754,11 +754,10 @@ impl Session {
                         )));
                     }
                 };
-                let pegout = network == Network::Litecoin
-                    && parts
-                        .outputs
-                        .first()
-                        .is_some_and(|(s, _)| mweb::is_hogex(s));
+                let pegout = mweb::carries_pegouts(
+                    network,
+                    parts.outputs.first().map(|(s, _)| s.as_script()),
+                );
                 for (vout, (out_script, value)) in parts.outputs.iter().enumerate() {
                     if out_script != script {
                         continue;
@@ -921,9 +920,9 @@ impl Receipt {
     fn confirmations(&self, tip_height: u64) -> u32 {
         let depth = self
             .block_height
-            .map_or(0, |h| u32::try_from(tip_height + 1 - h).unwrap_or(u32::MAX));
-        if self.pegout && depth < mweb::PEGOUT_MATURITY {
-            0
+            .map_or(0, |h| blocks::depth(h, tip_height));
+        if self.pegout {
+            blocks::until_mature(depth, mweb::PEGOUT_MATURITY)
         } else {
             depth
         }

@@ -23,6 +23,7 @@
 //! inside MWEB, or a peg-out before its block): nothing of it is visible on an ordinary
 //! address, and its id is MWEB's own hash, so it is reported as such and not read.
 
+use payrecon_chain_core::Network;
 use payrecon_chain_core::bitcoin::consensus::{self, Decodable};
 use payrecon_chain_core::bitcoin::locktime::absolute::LockTime;
 use payrecon_chain_core::bitcoin::transaction::Version;
@@ -33,10 +34,16 @@ use payrecon_chain_core::bitcoin::{Script, Transaction, TxIn, TxOut, Witness};
 /// coinbase outputs are held for 100. payrecon counts a peg-out no confirmations before.
 pub(crate) const PEGOUT_MATURITY: u32 = 6;
 
+/// Whether a transaction on `network` whose first output pays `first_output` carries peg-outs:
+/// a Litecoin HogEx, whose outputs after the first count no confirmations until they mature.
+pub(crate) fn carries_pegouts(network: Network, first_output: Option<&Script>) -> bool {
+    network == Network::Litecoin && first_output.is_some_and(is_hogex)
+}
+
 /// Whether a transaction whose first output pays `script` is a HogEx: the integrating
 /// transaction's first output pays the HogAddr, `OP_8 <32-byte MWEB header hash>`, and its
 /// others are the block's peg-outs.
-pub(crate) fn is_hogex(first_output: &Script) -> bool {
+fn is_hogex(first_output: &Script) -> bool {
     matches!(first_output.as_bytes(), [0x58, 0x20, rest @ ..] if rest.len() == 32)
 }
 

@@ -207,8 +207,8 @@ impl NodeTransaction {
     }
 }
 
-/// A transaction of a block or the mempool as read, or why it cannot be, with its id where the
-/// answer names one.
+/// A transaction of a block or the mempool as read, with its ordinary outputs, or why it
+/// cannot be read.
 fn read_transaction(raw: &RawValue) -> Result<(NodeTransaction, Vec<ReadOutput>), String> {
     let tx: NodeTransaction = serde_json::from_str(raw.get()).map_err(|e| {
         format!(
@@ -221,11 +221,19 @@ fn read_transaction(raw: &RawValue) -> Result<(NodeTransaction, Vec<ReadOutput>)
 }
 
 /// Whether a transaction that cannot be read touches a watched address, judged from its JSON
-/// as loosely as it reads: the watched address it pays, an empty one when it spends a held
-/// output or has an output whose script cannot be read (it may be ours), `None` when it is
-/// none of payrecon's business.
-fn touched_by(raw: &RawValue, scripts: &KeyIndex<ScriptBuf>, held: &HeldOutputs) -> Option<String> {
+/// as loosely as it reads: its id as the answer names it, and the watched address it pays (an
+/// empty one when it spends a held output or has an output whose script cannot be read: it
+/// may be ours); `None` when it is none of payrecon's business.
+fn touched_by(
+    raw: &RawValue,
+    scripts: &KeyIndex<ScriptBuf>,
+    held: &HeldOutputs,
+) -> Option<(String, String)> {
     let value: serde_json::Value = serde_json::from_str(raw.get()).ok()?;
+    let txid = value["txid"]
+        .as_str()
+        .unwrap_or("(no txid in the answer)")
+        .to_owned();
     let mut unknown = false;
     for output in value["vout"].as_array().into_iter().flatten() {
         if output["ismweb"].as_bool() == Some(true) {
@@ -237,7 +245,7 @@ fn touched_by(raw: &RawValue, scripts: &KeyIndex<ScriptBuf>, held: &HeldOutputs)
         {
             Some(bytes) => {
                 if let Some(key) = scripts.get(&ScriptBuf::from_bytes(bytes)) {
-                    return Some(key.to_string());
+                    return Some((txid, key.to_string()));
                 }
             }
             None => unknown = true,
@@ -252,15 +260,7 @@ fn touched_by(raw: &RawValue, scripts: &KeyIndex<ScriptBuf>, held: &HeldOutputs)
             _ => false,
         }
     });
-    (unknown || spends_held).then(String::new)
-}
-
-/// The id a transaction's JSON names, for an operator to look up.
-fn txid_of(raw: &RawValue) -> String {
-    serde_json::from_str::<serde_json::Value>(raw.get())
-        .ok()
-        .and_then(|value| value["txid"].as_str().map(str::to_owned))
-        .unwrap_or_else(|| "(no txid in the answer)".into())
+    (unknown || spends_held).then(|| (txid, String::new()))
 }
 
 /// What a block scan looks each transaction up in.
@@ -288,8 +288,7 @@ impl BlockScan<'_> {
             let (tx, outputs) = match read_transaction(&raw) {
                 Ok(read) => read,
                 Err(reason) => {
-                    if let Some(address) = touched_by(&raw, self.scripts, self.held) {
-                        let txid = txid_of(&raw);
+                    if let Some((txid, address)) = touched_by(&raw, self.scripts, self.held) {
                         let reason = format!("block {height}: transaction {txid}: {reason}");
                         range.push_unreadable(Unreadable::new(txid, address, &reason));
                     }
@@ -319,8 +318,8 @@ impl BlockScan<'_> {
             for outflow in lookup.outflows(&spending) {
                 range.push_outflow(outflow, height)?;
             }
-            let pegouts = self.network == Network::Litecoin
-                && outputs.first().is_some_and(|o| mweb::is_hogex(&o.script));
+            let pegouts =
+                mweb::carries_pegouts(self.network, outputs.first().map(|o| o.script.as_script()));
             for output in &outputs {
                 let Some(key) = self.scripts.get(&output.script) else {
                     continue;
@@ -713,7 +712,7 @@ impl Mempool<'_> {
                 let (tx, outputs) = match read_transaction(&raw) {
                     Ok(read) => read,
                     Err(reason) => {
-                        if let Some(address) = touched_by(&raw, self.scripts, self.held) {
+                        if let Some((_, address)) = touched_by(&raw, self.scripts, self.held) {
                             let reason = format!("mempool transaction {txid}: {reason}");
                             self.unreadable
                                 .insert((*txid).clone(), Unreadable::new(*txid, address, &reason));
@@ -913,14 +912,16 @@ mod tests {
         .unwrap();
         assert!(read_transaction(&paying).is_err());
         assert_eq!(
-            touched_by(&paying, &scripts, &held).as_deref(),
-            Some("rltc1q284dkl0t0mnv46e4nns6c7v26zvvenmcmgmvpj")
+            touched_by(&paying, &scripts, &held),
+            Some((
+                "aa".to_owned(),
+                "rltc1q284dkl0t0mnv46e4nns6c7v26zvvenmcmgmvpj".to_owned()
+            ))
         );
         let elsewhere: Box<RawValue> = serde_json::from_str(
             r#"{"txid":"bb","vout":[{"value":"x","n":0,"scriptPubKey":{"hex":"0014aabbccddeeff00112233445566778899aabbccdd"}}]}"#,
         )
         .unwrap();
         assert_eq!(touched_by(&elsewhere, &scripts, &held), None);
-        assert_eq!(txid_of(&elsewhere), "bb");
     }
 }

@@ -177,6 +177,12 @@ pub fn depth(height: u64, tip: u64) -> u32 {
     u32::try_from(tip.saturating_sub(height) + 1).unwrap_or(u32::MAX)
 }
 
+/// The confirmations of a receipt `depth` deep that its chain keeps unspendable until it is
+/// `maturity` deep (a Litecoin peg-out): none before, its depth after.
+pub fn until_mature(depth: u32, maturity: u32) -> u32 {
+    if depth < maturity { 0 } else { depth }
+}
+
 /// The confirmations of a block on a chain with its own finality (Ethereum's `finalized`
 /// tag, Tron's solidified head): 1 until `final_height` covers it, then at least
 /// `settle_depth`. Without a final height it is the depth.
@@ -468,8 +474,8 @@ impl Maturing<'_> {
     }
 
     fn confirmations(&self, maturing: bool, depth: u32) -> u32 {
-        if maturing && depth < self.depth {
-            0
+        if maturing {
+            until_mature(depth, self.depth)
         } else {
             depth
         }

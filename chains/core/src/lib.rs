@@ -27,7 +27,7 @@ pub use event::{
     BlockId, ChainCursor, ChainEvent, MAX_CHECKPOINTS, Outflow, OutflowEvent, ReceivedAsset,
     Transfer, TransferId,
 };
-pub use excerpt::{MAX_ERROR_BYTES, MAX_EXCERPT_BYTES, excerpt, excerpt_within, malformed};
+pub use excerpt::{excerpt, malformed};
 pub use keys::{
     IndexChanges, KeyChange, KeyIndex, KeysPosition, MAX_LOGGED_KEY_CHANGES, WatchKeys,
     WatchedLookup,

@@ -203,11 +203,13 @@ impl ScanError {
     /// The same error with `source`'s credentials taken out of its text (an HTTP client's
     /// error names the URL it failed to reach, key and all): what every caller does before an
     /// error is logged, stored or answered.
-    /// Its text is also cut to [`crate::MAX_ERROR_BYTES`], so no answer a scanner quoted
-    /// whole floods the log, the watcher health or the operators' view.
+    ///
+    /// Its text is also cut to 1 KiB (`MAX_ERROR_BYTES`), so no answer a scanner quoted whole
+    /// floods the log, the watcher health or the operators' view.
     pub fn scrubbed(self, source: &SecretUrl) -> ScanError {
         let clean = |reason: String| {
-            crate::excerpt_within(&source.scrub(&reason), crate::MAX_ERROR_BYTES).into_owned()
+            crate::excerpt::excerpt_within(&source.scrub(&reason), crate::excerpt::MAX_ERROR_BYTES)
+                .into_owned()
         };
         match self {
             ScanError::Transient(reason) => ScanError::Transient(clean(reason)),
