@@ -472,6 +472,11 @@ pub struct UtxoConfig {
     /// than this to find every paid address (20 is Electrum's and Sparrow's default).
     #[serde(default = "gap_limit_warning")]
     pub gap_limit_warning: u32,
+    /// Unissued addresses watched ahead of each key's last handed-out one (a gap limit): money
+    /// paid to one, handed out by a database since restored from a backup, is found and the
+    /// counter moves past it.
+    #[serde(default = "lookahead")]
+    pub lookahead: u32,
     /// The merchant's own addresses on this network (cold storage, an exchange deposit
     /// address it controls): money swept there is booked to `treasury:…`, anywhere else to
     /// `external:…`.
@@ -506,6 +511,7 @@ impl UtxoConfig {
             max_answer_bytes: None,
             key_origin: None,
             gap_limit_warning: gap_limit_warning(),
+            lookahead: lookahead(),
             treasury_addresses: Vec::new(),
         }
     }
@@ -554,6 +560,11 @@ pub struct EthereumConfig {
     /// and Solana.
     #[serde(default)]
     pub max_answer_bytes: Option<usize>,
+    /// Unissued addresses watched ahead of each key's last handed-out one (a gap limit): money
+    /// paid to one, handed out by a database since restored from a backup, is found and the
+    /// counter moves past it.
+    #[serde(default = "lookahead")]
+    pub lookahead: u32,
     /// The merchant's own addresses on Ethereum: ETH and tokens swept there are booked to
     /// `treasury:…`, anywhere else to `external:…`.
     #[serde(default)]
@@ -611,6 +622,11 @@ pub struct TronConfig {
     /// and Solana.
     #[serde(default)]
     pub max_answer_bytes: Option<usize>,
+    /// Unissued addresses watched ahead of each key's last handed-out one (a gap limit): money
+    /// paid to one, handed out by a database since restored from a backup, is found and the
+    /// counter moves past it.
+    #[serde(default = "lookahead")]
+    pub lookahead: u32,
     /// The merchant's own Tron addresses (base58): TRX and USDT swept there are booked to
     /// `treasury:…`, anywhere else to `external:…`.
     #[serde(default)]
@@ -678,6 +694,10 @@ fn yes() -> bool {
 }
 fn gap_limit_warning() -> u32 {
     20
+}
+
+fn lookahead() -> u32 {
+    crate::keys::DEFAULT_LOOKAHEAD
 }
 
 fn poll_interval_ms() -> u32 {

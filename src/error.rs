@@ -88,6 +88,13 @@ pub enum Error {
     /// refused, with nothing written.
     #[error("the {0} watcher lease is held by another process")]
     LeaseLost(payrecon_chain_core::Network),
+    /// The network's watcher has not yet finished its first round since it started: until it
+    /// has looked for money at the addresses ahead of each key's counter, no new address is
+    /// handed out (one may have been handed out by a database since restored from a backup).
+    #[error(
+        "the {0} watcher is still looking for payments ahead of its address counter since it started; ask again in a few seconds"
+    )]
+    CatchingUp(payrecon_chain_core::Network),
     /// A watcher stopped because its chain data source cannot be trusted.
     #[error("the {network} watcher stopped: {reason}")]
     WatcherStopped {

@@ -62,6 +62,7 @@ mod engine;
 mod error;
 mod history;
 mod intent;
+mod keys;
 mod leases;
 pub mod ledger;
 mod matcher;
@@ -106,6 +107,7 @@ pub use engine::{BalancePayment, Created, Engine};
 pub use error::Error;
 pub use history::{AccountHistory, HistoryItem};
 pub use intent::{IntentStatus, PaymentIntent};
+pub use keys::{AccountKey, DEFAULT_LOOKAHEAD, KeyState, MAX_LOOKAHEAD, NetworkKeys};
 pub use leases::Lease;
 pub use ledger::{AccountBalance, TrialBalance};
 pub use money::Usd;
@@ -126,9 +128,9 @@ pub use stuck::{Page, StuckItem, StuckOptions};
 pub use support::{AddressView, Finding, OrderView, TransferView};
 pub use tokens::Role;
 pub use wallet::{
-    GAP_MARGIN, Holding, HoldingDifference, HoldingTotal, HoldingsRollForward, HoldingsSort,
-    HoldingsVerification, HoldingsView, MAX_HOLDINGS_PAGE, SweepAddress, SweepList, UtxoWallet,
-    UtxoWallets, WalletExport, derivation_path,
+    GAP_MARGIN, Holding, HoldingDifference, HoldingKeyTotal, HoldingTotal, HoldingsRollForward,
+    HoldingsSort, HoldingsVerification, HoldingsView, MAX_HOLDINGS_PAGE, SweepAddress, SweepList,
+    UtxoWallet, UtxoWallets, WalletExport, derivation_path,
 };
 pub use webhooks::{EVENT_ID_HEADER, SIGNATURE_HEADER, SIGNATURE_TOLERANCE, verify_signature};
 

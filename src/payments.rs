@@ -18,6 +18,7 @@ use serde::Serialize;
 use crate::config::{Config, EthereumFinality, NetworksConfig, RatesConfig, TronFinality};
 use crate::error::Error;
 use crate::intent::{IntentRate, IntentStatus, PaymentIntent, UriParams, crypto_amount_for};
+use crate::keys::{AccountKey, NetworkKeys, check_lookahead};
 use crate::matcher::{ConfirmationRule, MatchPolicy};
 use crate::order::{OrderRef, OrderStatus};
 use crate::rates::{CoinGecko, Kraken, RateBook, RateSource, RecordedQuotes};
@@ -49,6 +50,8 @@ pub struct PaymentSettings {
     pub uri: UriParams,
     /// The Bitcoin-family accounts, as the merchant's wallet must import them.
     pub wallets: UtxoWallets,
+    /// Every derived-key network's current and retired keys and look-ahead.
+    pub keys: BTreeMap<Network, NetworkKeys>,
 }
 
 impl Default for PaymentSettings {
@@ -69,6 +72,7 @@ impl Default for PaymentSettings {
                 label: "payrecon".into(),
             },
             wallets: UtxoWallets::new(),
+            keys: BTreeMap::new(),
         }
     }
 }
@@ -105,6 +109,58 @@ impl PaymentSettings {
         }
         add_networks(&mut settings, &config.networks)?;
         Ok(settings)
+    }
+
+    /// Adds the keys the database knows `network` had before its configured one: they stay
+    /// watched and exported. A stored key that no longer parses is refused.
+    pub(crate) fn add_retired(
+        &mut self,
+        network: Network,
+        rows: &[crate::store::keys::KeyRow],
+    ) -> Result<(), Error> {
+        let Some(keys) = self.keys.get_mut(&network) else {
+            return Ok(());
+        };
+        for row in rows {
+            if row.key_id == keys.current.key_id || keys.get(&row.key_id).is_some() {
+                continue;
+            }
+            let account: AccountXpub = row.account_key.parse().map_err(|e: DeriveError| {
+                Error::Config(format!("retired key {} of {network}: {e}", row.key_id))
+            })?;
+            let wallet = keys.current.wallet.as_ref().map(|current| UtxoWallet {
+                account: account.clone(),
+                origin: row
+                    .key_origin
+                    .as_deref()
+                    .and_then(|text| text.parse::<KeyOrigin>().ok()),
+                ..current.clone()
+            });
+            let utxo = wallet.as_ref().map(|w| w.network);
+            keys.retired.push(AccountKey {
+                key_id: row.key_id.clone(),
+                account_key: row.account_key.clone(),
+                key_origin: row.key_origin.clone(),
+                deriver: deriver_of(network, account, utxo),
+                wallet,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The deriver of `account` on `network`; Bitcoin and Litecoin need their wallet's chain.
+fn deriver_of(
+    network: Network,
+    account: AccountXpub,
+    utxo: Option<UtxoNetwork>,
+) -> Arc<dyn AddressDeriver> {
+    let utxo = utxo.unwrap_or(UtxoNetwork::Mainnet);
+    match network {
+        Network::Bitcoin => Arc::new(SegwitDeriver::new(account, UtxoChain::Bitcoin, utxo)),
+        Network::Litecoin => Arc::new(SegwitDeriver::new(account, UtxoChain::Litecoin, utxo)),
+        Network::Tron => Arc::new(TronDeriver::new(account)),
+        _ => Arc::new(EthereumDeriver::new(account)),
     }
 }
 
@@ -192,6 +248,7 @@ fn add_networks(settings: &mut PaymentSettings, networks: &NetworksConfig) -> Re
     };
     let mut wallets = UtxoWallets::new();
     let mut treasury = BTreeMap::new();
+    let mut keys = Vec::new();
     let mut add = |network: Network, deriver: Arc<dyn AddressDeriver>, confirmations, tiers| {
         settings
             .derivers
@@ -229,12 +286,23 @@ fn add_networks(settings: &mut PaymentSettings, networks: &NetworksConfig) -> Re
             wallet
                 .descriptors()
                 .map_err(|e| Error::Config(format!("networks.{network}.key_origin: {e}")))?;
-            wallets.insert(network, wallet);
             treasury.insert(network, config.treasury_addresses.iter().cloned().collect());
-            let deriver = SegwitDeriver::new(account, chain, utxo_network);
+            let deriver: Arc<dyn AddressDeriver> =
+                Arc::new(SegwitDeriver::new(account, chain, utxo_network));
+            keys.push((
+                network,
+                config.lookahead,
+                current_key(
+                    &deriver,
+                    &config.xpub,
+                    config.key_origin.clone(),
+                    Some(wallet.clone()),
+                ),
+            ));
+            wallets.insert(network, wallet);
             add(
                 network,
-                Arc::new(deriver),
+                deriver,
                 config.confirmations,
                 config.confirmation_tiers.clone(),
             );
@@ -244,10 +312,16 @@ fn add_networks(settings: &mut PaymentSettings, networks: &NetworksConfig) -> Re
         if config.finality == EthereumFinality::Finalized {
             explicit_finality_depth(Network::Ethereum, config.confirmations)?;
         }
-        let deriver = EthereumDeriver::new(xpub(Network::Ethereum, &config.xpub)?);
+        let deriver: Arc<dyn AddressDeriver> =
+            Arc::new(EthereumDeriver::new(xpub(Network::Ethereum, &config.xpub)?));
+        keys.push((
+            Network::Ethereum,
+            config.lookahead,
+            current_key(&deriver, &config.xpub, None, None),
+        ));
         add(
             Network::Ethereum,
-            Arc::new(deriver),
+            deriver,
             config.confirmations,
             config.confirmation_tiers.clone(),
         );
@@ -272,10 +346,16 @@ fn add_networks(settings: &mut PaymentSettings, networks: &NetworksConfig) -> Re
                 .map_err(|e| e.to_string())
         })?;
         treasury.insert(Network::Tron, own);
-        let deriver = TronDeriver::new(xpub(Network::Tron, &config.xpub)?);
+        let deriver: Arc<dyn AddressDeriver> =
+            Arc::new(TronDeriver::new(xpub(Network::Tron, &config.xpub)?));
+        keys.push((
+            Network::Tron,
+            config.lookahead,
+            current_key(&deriver, &config.xpub, None, None),
+        ));
         add(
             Network::Tron,
-            Arc::new(deriver),
+            deriver,
             config.confirmations,
             config.confirmation_tiers.clone(),
         );
@@ -297,7 +377,34 @@ fn add_networks(settings: &mut PaymentSettings, networks: &NetworksConfig) -> Re
     }
     settings.wallets = wallets;
     settings.policy.treasury = treasury;
+    for (network, lookahead, current) in keys {
+        check_lookahead(network, lookahead)?;
+        settings.keys.insert(
+            network,
+            NetworkKeys {
+                lookahead,
+                current,
+                retired: Vec::new(),
+            },
+        );
+    }
     Ok(())
+}
+
+/// The configured key of a derived-key network.
+fn current_key(
+    deriver: &Arc<dyn AddressDeriver>,
+    account_key: &str,
+    key_origin: Option<String>,
+    wallet: Option<UtxoWallet>,
+) -> AccountKey {
+    AccountKey {
+        key_id: deriver.key_id(),
+        account_key: account_key.trim().to_owned(),
+        key_origin,
+        deriver: deriver.clone(),
+        wallet,
+    }
 }
 
 /// With explicit finality (Ethereum's `finalized` tag, Tron's solidified blocks) a payment in a

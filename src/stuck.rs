@@ -183,6 +183,43 @@ pub(crate) fn wallet_gap_item(
     })
 }
 
+/// A row per retired account key that still holds money: the merchant's wallet must import
+/// that key too, or the money stays where only payrecon sees it.
+pub(crate) fn retired_key_items(
+    totals: &[crate::wallet::HoldingKeyTotal],
+    now: DateTime<Utc>,
+) -> Vec<StuckItem> {
+    let mut held: std::collections::BTreeMap<(&str, &str), Vec<String>> = Default::default();
+    for total in totals {
+        if total.state == crate::keys::KeyState::Retired && total.addresses > 0 {
+            held.entry((&total.network, &total.key_id))
+                .or_default()
+                .push(format!(
+                    "{} {}",
+                    total.amount_decimal.as_deref().unwrap_or(&total.amount),
+                    total.asset.to_uppercase()
+                ));
+        }
+    }
+    held.into_iter()
+        .map(|((network, key_id), amounts)| StuckItem {
+            category: "wallet",
+            kind: "retired_key_holds".into(),
+            subject: key_id.to_owned(),
+            order_ref: None,
+            what: format!(
+                "the retired {network} key {key_id} still holds {}; payrecon keeps watching it, and a wallet that imports only the current key does not see this money",
+                amounts.join(", ")
+            ),
+            since: now,
+            actions: vec![
+                "run `payrecon wallet export --network <network> --key <key>` and import it into the merchant's wallet",
+                "sweep the money to the treasury from that wallet",
+            ],
+        })
+        .collect()
+}
+
 /// A row per enabled asset whose rate cannot be locked now.
 pub(crate) async fn stale_rates(settings: &PaymentSettings, now: DateTime<Utc>) -> Vec<StuckItem> {
     let Some(rates) = &settings.rates else {

@@ -12,6 +12,7 @@ use payrecon_chain_bitcoin::{KeyOrigin, UtxoNetwork, WalletDescriptors, descript
 use payrecon_chain_core::{AccountXpub, Amount, DeriveError, Method, Network, SweepFees};
 use serde::Serialize;
 
+use crate::keys::{KeyState, NetworkKeys};
 use crate::records::{AssetRollForward, FundedIndexes};
 use crate::store::StoreError;
 use crate::store::wallet::{HoldingRow, MovementRow};
@@ -56,6 +57,10 @@ impl UtxoWallet {
 pub struct WalletExport {
     /// bitcoin or litecoin.
     pub network: Network,
+    /// The account key (`<chain>:<fingerprint>`).
+    pub key_id: String,
+    /// `current`, or `retired` for a key configured before: its addresses stay watched.
+    pub state: KeyState,
     /// The receive branch's descriptor, with its checksum.
     pub receive_descriptor: String,
     /// The change branch's descriptor, with its checksum.
@@ -86,6 +91,7 @@ impl WalletExport {
     /// and paid.
     pub fn new(
         network: Network,
+        (key_id, state): (&str, KeyState),
         wallet: &UtxoWallet,
         descriptors: WalletDescriptors,
         funded: &FundedIndexes,
@@ -105,6 +111,8 @@ impl WalletExport {
         let top = funded.highest_index.unwrap_or(0);
         WalletExport {
             network,
+            key_id: key_id.to_owned(),
+            state,
             receive_descriptor: descriptors.receive,
             change_descriptor: descriptors.change,
             key_origin: wallet.origin.as_ref().map(origin_text),
@@ -122,8 +130,13 @@ impl WalletExport {
     /// The export as `payrecon wallet export` prints it.
     pub fn text(&self) -> String {
         let mut out = format!(
-            "network: {}\nreceive: {}\nchange: {}\nkey origin: {}\nhighest index handed out: {}\naddresses handed out: {}\npaid addresses: {}\nlongest unpaid run: {}\ngap limit needed: {}\ngap limit recommended: {}\nimportdescriptors range: [{}, {}]\n",
+            "network: {}\nkey: {} ({})\nreceive: {}\nchange: {}\nkey origin: {}\nhighest index handed out: {}\naddresses handed out: {}\npaid addresses: {}\nlongest unpaid run: {}\ngap limit needed: {}\ngap limit recommended: {}\nimportdescriptors range: [{}, {}]\n",
             self.network,
+            self.key_id,
+            match self.state {
+                KeyState::Current => "current",
+                KeyState::Retired => "retired: hands out no new address",
+            },
             self.receive_descriptor,
             self.change_descriptor,
             self.key_origin.as_deref().unwrap_or("(not configured)"),
@@ -217,6 +230,27 @@ pub struct Holding {
     pub derivation_index: Option<u32>,
     /// Its derivation path, where the chain has one.
     pub derivation_path: Option<String>,
+    /// The account key that derived it (`<chain>:<fingerprint>`), when payrecon did.
+    pub key_id: Option<String>,
+}
+
+/// One asset's total over the addresses of one account key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct HoldingKeyTotal {
+    /// The network.
+    pub network: String,
+    /// The key (`<chain>:<fingerprint>`).
+    pub key_id: String,
+    /// `current`, or `retired` for a key configured before.
+    pub state: KeyState,
+    /// The asset.
+    pub asset: String,
+    /// Base units, as text.
+    pub amount: String,
+    /// The same in whole coins, for a method.
+    pub amount_decimal: Option<String>,
+    /// Addresses holding some.
+    pub addresses: u64,
 }
 
 /// One asset's total over every address that holds it.
@@ -239,6 +273,8 @@ pub struct HoldingTotal {
 pub struct HoldingsView {
     /// Per network and asset.
     pub totals: Vec<HoldingTotal>,
+    /// Per account key and asset: what a wallet that imports one key's descriptors holds.
+    pub key_totals: Vec<HoldingKeyTotal>,
     /// The page's addresses, in the asked order.
     pub addresses: Vec<Holding>,
     /// Addresses holding something, over every page.
@@ -266,18 +302,19 @@ fn checked_amount(row: &HoldingRow) -> Result<u128, crate::error::Error> {
 /// nothing (swept) are left out unless `include_empty`.
 pub(crate) fn holdings_view(
     rows: Vec<HoldingRow>,
-    wallets: &UtxoWallets,
+    keys: &NetworksKeys,
     sort: HoldingsSort,
     include_empty: bool,
     offset: u64,
     limit: usize,
 ) -> Result<HoldingsView, crate::error::Error> {
     let mut totals: BTreeMap<(String, String), (u128, u64)> = BTreeMap::new();
+    let mut key_totals: BTreeMap<(String, String, String), (u128, u64)> = BTreeMap::new();
     let mut held = Vec::new();
     let mut overdrawn = Vec::new();
     for row in rows {
         if row.amount < 0 {
-            let mut shown = holding(0, row.clone(), wallets);
+            let mut shown = holding(0, row.clone(), keys);
             shown.amount = row.amount.to_string();
             shown.amount_decimal = None;
             overdrawn.push(shown);
@@ -288,8 +325,13 @@ pub(crate) fn holdings_view(
             .entry((row.network.clone(), row.asset.clone()))
             .or_default();
         total.0 += amount;
-        if amount > 0 {
-            total.1 += 1;
+        total.1 += u64::from(amount > 0);
+        if let Some(key_id) = &row.key_id {
+            let total = key_totals
+                .entry((row.network.clone(), key_id.clone(), row.asset.clone()))
+                .or_default();
+            total.0 += amount;
+            total.1 += u64::from(amount > 0);
         }
         if amount > 0 || include_empty {
             held.push((amount, row));
@@ -320,7 +362,7 @@ pub(crate) fn holdings_view(
     let next_offset = (end < held.len()).then_some(end as u64);
     let addresses = held
         .drain(start..end)
-        .map(|(amount, row)| holding(amount, row, wallets))
+        .map(|(amount, row)| holding(amount, row, keys))
         .collect();
     Ok(HoldingsView {
         totals: totals
@@ -333,6 +375,20 @@ pub(crate) fn holdings_view(
                 addresses,
             })
             .collect(),
+        key_totals: key_totals
+            .into_iter()
+            .map(
+                |((network, key_id, asset), (amount, addresses))| HoldingKeyTotal {
+                    state: key_state(keys, &network, &key_id),
+                    amount_decimal: decimal_of(&asset, amount),
+                    amount: amount.to_string(),
+                    network,
+                    key_id,
+                    asset,
+                    addresses,
+                },
+            )
+            .collect(),
         addresses,
         address_count,
         next_offset,
@@ -340,7 +396,24 @@ pub(crate) fn holdings_view(
     })
 }
 
-fn holding(amount: u128, row: HoldingRow, wallets: &UtxoWallets) -> Holding {
+/// Each derived-key network's keys.
+pub(crate) type NetworksKeys = BTreeMap<Network, NetworkKeys>;
+
+/// Whether `key_id` is `network`'s configured key.
+pub(crate) fn key_state(keys: &NetworksKeys, network: &str, key_id: &str) -> KeyState {
+    let current = network
+        .parse::<Network>()
+        .ok()
+        .and_then(|network| keys.get(&network))
+        .is_some_and(|keys| keys.current.key_id == key_id);
+    if current {
+        KeyState::Current
+    } else {
+        KeyState::Retired
+    }
+}
+
+fn holding(amount: u128, row: HoldingRow, keys: &NetworksKeys) -> Holding {
     let index = row.derivation_index.and_then(|i| u32::try_from(i).ok());
     let network: Option<Network> = row.network.parse().ok();
     Holding {
@@ -348,11 +421,31 @@ fn holding(amount: u128, row: HoldingRow, wallets: &UtxoWallets) -> Holding {
         amount: amount.to_string(),
         derivation_path: network
             .zip(index)
-            .and_then(|(n, i)| derivation_path(n, i, wallets)),
+            .and_then(|(n, i)| key_path(n, i, row.key_id.as_deref(), keys)),
         derivation_index: index,
         network: row.network,
         address: row.address,
         asset: row.asset,
+        key_id: row.key_id,
+    }
+}
+
+/// The path of receive index `index` of `key_id` on `network` (see [`derivation_path`]).
+fn key_path(
+    network: Network,
+    index: u32,
+    key_id: Option<&str>,
+    keys: &NetworksKeys,
+) -> Option<String> {
+    let wallet = keys
+        .get(&network)
+        .and_then(|keys| key_id.and_then(|id| keys.get(id)).or(Some(&keys.current)))
+        .and_then(|key| key.wallet.as_ref());
+    match (network, wallet) {
+        (Network::Bitcoin | Network::Litecoin, Some(wallet)) => {
+            Some(wallet.receive_path(i64::from(index)))
+        }
+        _ => derivation_path(network, index, &UtxoWallets::new()),
     }
 }
 
@@ -360,6 +453,14 @@ fn holding(amount: u128, row: HoldingRow, wallets: &UtxoWallets) -> Holding {
 fn decimal_of(asset: &str, amount: u128) -> Option<String> {
     let method: Method = asset.parse().ok()?;
     Some(Amount::from_base_units(amount).to_decimal_string(method.decimals()))
+}
+
+/// Base units per method id, as text.
+fn per_method(amounts: BTreeMap<Method, u128>) -> BTreeMap<String, String> {
+    amounts
+        .into_iter()
+        .map(|(method, amount)| (method.id().to_owned(), amount.to_string()))
+        .collect()
 }
 
 /// The path of receive index `index` on `network`: BIP84 below the configured origin on the
@@ -544,6 +645,8 @@ pub struct SweepList {
     pub addresses: Vec<SweepAddress>,
     /// What the sweeps would collect per asset, in base units.
     pub totals: BTreeMap<String, String>,
+    /// The same per account key: what each key's wallet sweeps.
+    pub key_totals: BTreeMap<String, BTreeMap<String, String>>,
     /// The sum of every address's top-up, in base units of the native coin.
     pub top_up_total: String,
 }
@@ -557,6 +660,8 @@ pub struct SweepAddress {
     pub derivation_index: Option<u32>,
     /// The full path a wallet derives its key at.
     pub derivation_path: Option<String>,
+    /// The account key that derived it.
+    pub key_id: Option<String>,
     /// Base units held per asset (the network's methods, the native coin included).
     pub balances: BTreeMap<String, String>,
     /// The fees its sweeps need at the list's gas price: one token transfer per token held,
@@ -575,8 +680,8 @@ impl SweepList {
     ) -> Result<SweepList, crate::error::Error> {
         let native = network.native_method();
         let (per_token, native_fee) = (fees.per_token.base_units(), fees.native.base_units());
-        let mut by_address: BTreeMap<String, (Option<u32>, BTreeMap<Method, u128>)> =
-            BTreeMap::new();
+        type Held = (Option<u32>, Option<String>, BTreeMap<Method, u128>);
+        let mut by_address: BTreeMap<String, Held> = BTreeMap::new();
         for row in rows {
             let Ok(method) = row.asset.parse::<Method>() else {
                 continue;
@@ -586,12 +691,16 @@ impl SweepList {
             if entry.0.is_none() {
                 entry.0 = row.derivation_index.and_then(|i| u32::try_from(i).ok());
             }
-            *entry.1.entry(method).or_default() += amount;
+            if entry.1.is_none() {
+                entry.1 = row.key_id.clone();
+            }
+            *entry.2.entry(method).or_default() += amount;
         }
         let mut totals: BTreeMap<Method, u128> = BTreeMap::new();
+        let mut key_totals: BTreeMap<String, BTreeMap<Method, u128>> = BTreeMap::new();
         let mut top_up_total: u128 = 0;
         let mut addresses = Vec::new();
-        for (address, (index, balances)) in by_address {
+        for (address, (index, key_id, balances)) in by_address {
             if balances.values().all(|amount| *amount == 0) {
                 continue;
             }
@@ -607,11 +716,19 @@ impl SweepList {
             top_up_total = top_up_total.saturating_add(top_up);
             for (method, amount) in &balances {
                 *totals.entry(*method).or_default() += amount;
+                if let Some(key_id) = &key_id {
+                    *key_totals
+                        .entry(key_id.clone())
+                        .or_default()
+                        .entry(*method)
+                        .or_default() += amount;
+                }
             }
             addresses.push(SweepAddress {
                 derivation_path: index
                     .and_then(|i| derivation_path(network, i, &UtxoWallets::new())),
                 derivation_index: index,
+                key_id,
                 address,
                 balances: balances
                     .into_iter()
@@ -630,9 +747,10 @@ impl SweepList {
             native_fee: native_fee.to_string(),
             fee_basis: fees.basis.clone(),
             addresses,
-            totals: totals
+            totals: per_method(totals),
+            key_totals: key_totals
                 .into_iter()
-                .map(|(method, amount)| (method.id().to_owned(), amount.to_string()))
+                .map(|(key_id, totals)| (key_id, per_method(totals)))
                 .collect(),
             top_up_total: top_up_total.to_string(),
         })

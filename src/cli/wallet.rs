@@ -3,7 +3,7 @@
 use clap::Subcommand;
 use payrecon::chain::Network;
 use payrecon::config::Config;
-use payrecon::{Engine, HoldingsSort, SweepList};
+use payrecon::{Engine, HoldingsSort, SweepList, WalletExport};
 
 use super::named;
 use super::output::emit;
@@ -17,6 +17,9 @@ pub(super) enum WalletCommand {
         /// bitcoin or litecoin.
         #[arg(long, value_parser = named::<Network>(&["bitcoin", "litecoin"]))]
         network: Network,
+        /// One key (`ltc:1a2b3c4d`, as printed) instead of every key the network ever used.
+        #[arg(long)]
+        key: Option<String>,
     },
     /// Every funded Ethereum or Tron address with its derivation path, what it holds of each
     /// asset, the fees its sweeps need at the node's prices now and the native coin to send it
@@ -104,9 +107,12 @@ pub(super) async fn wallet(
     json: bool,
 ) -> anyhow::Result<()> {
     match command {
-        WalletCommand::Export { network } => {
-            let export = engine.wallet_export(network).await?;
-            emit(json, &export, || export.text().trim_end().to_owned())
+        WalletCommand::Export { network, key } => {
+            let exports = engine.wallet_exports(network, key.as_deref()).await?;
+            emit(json, &exports, || {
+                let texts: Vec<String> = exports.iter().map(WalletExport::text).collect();
+                texts.join("\n").trim_end().to_owned()
+            })
         }
         WalletCommand::SweepList { network, csv } => {
             let list = engine.sweep_list(config, network).await?;

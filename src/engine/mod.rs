@@ -42,6 +42,7 @@ pub struct Engine {
     matcher_path: MatcherPath,
     catalog: Arc<Catalog>,
     books: Arc<books::Books>,
+    handout: Arc<crate::keys::HandoutGate>,
 }
 
 /// The result of a create call: the order, and whether this call created it or found the
@@ -71,9 +72,11 @@ impl Engine {
     /// network's watcher could not use is refused here, before anything runs on it.
     pub async fn from_config(config: &Config) -> Result<Engine, Error> {
         crate::networks::check(config)?;
-        let settings = PaymentSettings::from_config(config)?;
-        Engine::open_with(config.database_url.expose(), config.database_durability)
-            .await?
+        let mut settings = PaymentSettings::from_config(config)?;
+        let engine =
+            Engine::open_with(config.database_url.expose(), config.database_durability).await?;
+        engine.register_keys(&mut settings).await?;
+        engine
             .with_payment_settings(settings)
             .with_catalog(config.catalog.clone())?
             .with_books(config.books.clone())
@@ -104,6 +107,7 @@ impl Engine {
             payments: Arc::new(PaymentSettings::default()),
             events: tokio::sync::broadcast::channel(EVENT_NOTIFICATIONS).0,
             matcher_path: MatcherPath::default(),
+            handout: Arc::default(),
             catalog: Arc::new(Catalog::default()),
             books: Arc::new(
                 books::Books::new(crate::config::BooksConfig::default())
@@ -191,6 +195,11 @@ impl Engine {
     /// The store, for the engine's methods in other modules.
     pub(crate) fn db(&self) -> &Store {
         &self.store
+    }
+
+    /// Holds back new addresses while a network's watcher first looks ahead of its counters.
+    pub(crate) fn handout(&self) -> &crate::keys::HandoutGate {
+        &self.handout
     }
 
     /// The store underneath (tests and the bench).

@@ -305,6 +305,17 @@ impl Engine {
                 let export = self.wallet_export(*network).await?;
                 few.extend(wallet_gap_item(&export, wallet.gap_limit_warning, now));
             }
+            if self
+                .payment_settings()
+                .keys
+                .values()
+                .any(|keys| !keys.retired.is_empty())
+            {
+                let holdings = self
+                    .holdings(None, crate::wallet::HoldingsSort::Amount, false, 0, 1)
+                    .await?;
+                few.extend(crate::stuck::retired_key_items(&holdings.key_totals, now));
+            }
             let mut few: Vec<(usize, StuckItem)> = few
                 .into_iter()
                 .map(|item| (StuckCursor::after(&item).category, item))

@@ -38,6 +38,9 @@ impl Engine {
             .filter(|_| settings.enabled.contains(&method))
             .ok_or(Error::MethodDisabled(method))?
             .clone();
+        self.handout()
+            .wait(method.network(), crate::keys::HANDOUT_WAIT)
+            .await?;
         let now = self.now();
         let rate = match settings.rates.as_ref() {
             Some(rates) => rates.rate(method.asset(), now).await,

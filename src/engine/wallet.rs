@@ -18,20 +18,96 @@ use crate::wallet::{
 };
 
 impl Engine {
-    /// The output descriptors of `network`'s account (Bitcoin or Litecoin) with the gap limit a
-    /// wallet needs to find every address payrecon handed out and was paid on.
+    /// Records each derived-key network's configured key as its current key, and adds the keys
+    /// the database knows it had before to `settings`: a key configured before is retired here,
+    /// said once in the log, and stays watched and exported.
+    pub async fn register_keys(
+        &self,
+        settings: &mut crate::payments::PaymentSettings,
+    ) -> Result<(), Error> {
+        let now_ms = self.now().timestamp_millis();
+        let networks: Vec<Network> = settings.keys.keys().copied().collect();
+        for network in networks {
+            let current = &settings.keys[&network].current;
+            let row = store::keys::KeyRow {
+                key_id: current.key_id.clone(),
+                network: network.as_str().to_owned(),
+                account_key: current.account_key.clone(),
+                key_origin: current.key_origin.clone(),
+                state: "current".into(),
+                first_seen_ms: now_ms,
+                retired_at_ms: None,
+            };
+            let mut tx = self.db().begin_write().await?;
+            let retired = store::keys::make_current(tx.conn(), &row, now_ms).await?;
+            let rows = store::keys::keys_of(tx.conn(), network.as_str()).await?;
+            tx.commit().await?;
+            for old in &retired {
+                tracing::warn!(
+                    %network,
+                    retired = %old.key_id,
+                    current = %row.key_id,
+                    "the configured key changed: the old key is retired, its addresses stay watched and `wallet export` still gives it"
+                );
+            }
+            settings.add_retired(network, &rows)?;
+        }
+        Ok(())
+    }
+
+    /// The output descriptors of `network`'s current account key (Bitcoin or Litecoin) with
+    /// the gap limit a wallet needs to find every address payrecon handed out and was paid on.
     pub async fn wallet_export(&self, network: Network) -> Result<WalletExport, Error> {
+        let mut exports = self.wallet_exports(network, None).await?;
+        Ok(exports.remove(0))
+    }
+
+    /// [`Engine::wallet_export`] for every key `network` ever handed out from, the current one
+    /// first, or for `key_id` alone: a merchant who changed wallets imports each.
+    pub async fn wallet_exports(
+        &self,
+        network: Network,
+        key_id: Option<&str>,
+    ) -> Result<Vec<WalletExport>, Error> {
         let settings = self.payment_settings();
-        let wallet = settings.wallets.get(&network).ok_or_else(|| {
-            Error::InvalidInput(format!(
-                "network {network}: no Bitcoin-family account is configured for it (wallet export covers bitcoin and litecoin)"
-            ))
-        })?;
-        let descriptors = wallet
-            .descriptors()
-            .map_err(|e| Error::Config(format!("networks.{network}: {e}")))?;
-        let funded = self.funded_indexes(network).await?;
-        Ok(WalletExport::new(network, wallet, descriptors, &funded))
+        let keys = settings
+            .keys
+            .get(&network)
+            .filter(|keys| keys.current.wallet.is_some())
+            .ok_or_else(|| {
+                Error::InvalidInput(format!(
+                    "network {network}: no Bitcoin-family account is configured for it (wallet export covers bitcoin and litecoin)"
+                ))
+            })?;
+        let chosen: Vec<_> = keys
+            .all()
+            .filter(|key| key_id.is_none_or(|id| key.key_id == id))
+            .collect();
+        if chosen.is_empty() {
+            let known: Vec<&str> = keys.all().map(|key| key.key_id.as_str()).collect();
+            return Err(Error::InvalidInput(format!(
+                "key {:?} is not a key of {network}: its keys are {}",
+                key_id.unwrap_or_default(),
+                known.join(", ")
+            )));
+        }
+        let mut exports = Vec::new();
+        for key in chosen {
+            let Some(wallet) = &key.wallet else { continue };
+            let descriptors = wallet
+                .descriptors()
+                .map_err(|e| Error::Config(format!("networks.{network}: {e}")))?;
+            let funded = self.funded_indexes(network, &key.key_id).await?;
+            let state = crate::wallet::key_state(&settings.keys, network.as_str(), &key.key_id);
+            exports.push(WalletExport::new(
+                network,
+                (&key.key_id, state),
+                wallet,
+                descriptors,
+                &funded,
+            ));
+        }
+        Ok(exports)
     }
 
     /// What each address holds, totals per asset and one page of the funded addresses
@@ -51,7 +127,7 @@ impl Engine {
         drop(conn);
         holdings_view(
             rows,
-            &self.payment_settings().wallets,
+            &self.payment_settings().keys,
             sort,
             include_empty,
             offset,
@@ -185,12 +261,9 @@ impl Engine {
     }
 
     /// How `network`'s current account key handed out receive indexes and which were paid.
-    async fn funded_indexes(&self, network: Network) -> Result<FundedIndexes, Error> {
-        let Some(deriver) = self.payment_settings().derivers.get(&network) else {
-            return Ok(FundedIndexes::default());
-        };
+    async fn funded_indexes(&self, network: Network, key_id: &str) -> Result<FundedIndexes, Error> {
         let mut conn = self.db().pool().acquire().await?;
-        Ok(store::wallet::funded_indexes(&mut conn, network.as_str(), &deriver.key_id()).await?)
+        Ok(store::wallet::funded_indexes(&mut conn, network.as_str(), key_id).await?)
     }
 }
 

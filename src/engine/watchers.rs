@@ -9,6 +9,7 @@ use crate::matcher;
 use crate::outbox::{DISPATCH_BATCH, SEND_BATCH, retry_at};
 use crate::payments::{TICK_BATCH, check_batch, check_outflows};
 use crate::records::WatcherHealth;
+use crate::store::keys::UnissuedRow;
 use crate::store::operations::DueDelivery;
 use crate::store::{leases, operations, payments};
 use chrono::{DateTime, Utc};
@@ -38,7 +39,7 @@ impl Engine {
         cursor: &ChainCursor,
     ) -> Result<(), Error> {
         check_batch(network, events, cursor)?;
-        self.apply(events, &[], &[], Some((network, cursor)), None)
+        self.apply(events, &[], &[], Some((network, cursor, &[])), None)
             .await
     }
 
@@ -51,16 +52,24 @@ impl Engine {
         lease: &crate::leases::Lease,
     ) -> Result<(), Error> {
         check_batch(lease.network, events, cursor)?;
-        self.apply(events, &[], &[], Some((lease.network, cursor)), Some(lease))
-            .await
+        self.apply(
+            events,
+            &[],
+            &[],
+            Some((lease.network, cursor, &[])),
+            Some(lease),
+        )
+        .await
     }
 
     /// A scan's receipts and outflows with its cursor, in one transaction (under `lease` when
-    /// given): what the watcher loop commits.
-    pub async fn apply_scan(
+    /// given): what the watcher loop commits. `unissued` are its receipts at addresses ahead of
+    /// their key's counter: each moves the counter past its index before it is matched.
+    pub(crate) async fn apply_scan(
         &self,
         network: Network,
         batch: &ScanBatch,
+        unissued: &[UnissuedRow],
         lease: Option<&crate::leases::Lease>,
     ) -> Result<(), Error> {
         check_batch(network, &batch.events, &batch.cursor)?;
@@ -69,7 +78,7 @@ impl Engine {
             &batch.events,
             &batch.outflows,
             &batch.unreadable,
-            Some((network, &batch.cursor)),
+            Some((network, &batch.cursor, unissued)),
             lease,
         )
         .await
@@ -80,7 +89,7 @@ impl Engine {
         events: &[ChainEvent],
         outflows: &[OutflowEvent],
         unreadable: &[Unreadable],
-        cursor: Option<(Network, &ChainCursor)>,
+        cursor: Option<(Network, &ChainCursor, &[UnissuedRow])>,
         lease: Option<&crate::leases::Lease>,
     ) -> Result<(), Error> {
         let now = self.now();
@@ -97,6 +106,18 @@ impl Engine {
         {
             return Err(Error::LeaseLost(lease.network));
         }
+        if let Some((_, _, unissued)) = cursor {
+            let backend = tx.backend();
+            for row in unissued {
+                crate::store::keys::record_unissued(
+                    tx.conn(),
+                    backend,
+                    row,
+                    now.timestamp_millis(),
+                )
+                .await?;
+            }
+        }
         matcher::apply_events(
             self.matcher_path(),
             &mut tx,
@@ -107,7 +128,7 @@ impl Engine {
         )
         .await?;
         crate::outflows::apply(&mut tx, &settings.policy, outflows, now).await?;
-        if let Some((network, cursor)) = cursor {
+        if let Some((network, cursor, _)) = cursor {
             quarantine(tx.conn(), network, unreadable, now).await?;
             crate::store::cursors::put(tx.conn(), network, cursor, now).await?;
         }

@@ -369,6 +369,14 @@ impl MatchStore for BatchStore<'_> {
         Ok(owner)
     }
 
+    async fn unissued(
+        &mut self,
+        network: Network,
+        address: &str,
+    ) -> Result<Option<(String, u32)>, Error> {
+        Ok(crate::store::keys::unissued(self.tx.conn(), network.as_str(), address).await?)
+    }
+
     async fn intent(&mut self, id: &str) -> Result<Option<PaymentIntent>, Error> {
         if let Some(intent) = self.intents.get(id) {
             return Ok(Some(intent.clone()));

@@ -38,6 +38,14 @@ impl MatchStore for DirectStore<'_> {
         Ok(payments::intent_id_by_watch_key(self.tx.conn(), network, watch_key).await?)
     }
 
+    async fn unissued(
+        &mut self,
+        network: Network,
+        address: &str,
+    ) -> Result<Option<(String, u32)>, Error> {
+        Ok(crate::store::keys::unissued(self.tx.conn(), network.as_str(), address).await?)
+    }
+
     async fn intent(&mut self, id: &str) -> Result<Option<PaymentIntent>, Error> {
         Ok(payments::get_intent(self.tx.conn(), id).await?)
     }

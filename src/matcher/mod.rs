@@ -203,6 +203,14 @@ pub(crate) trait MatchStore: Send {
         watch_key: &str,
     ) -> impl Future<Output = Result<Option<String>, Error>> + Send;
 
+    /// The key and derivation index of `address` on `network` when money was found there ahead
+    /// of the key's counter (an address not yet handed out).
+    fn unissued(
+        &mut self,
+        network: Network,
+        address: &str,
+    ) -> impl Future<Output = Result<Option<(String, u32)>, Error>> + Send;
+
     /// An intent by id, as it stands now.
     fn intent(
         &mut self,

@@ -185,23 +185,27 @@ async fn account_unmatched<S: MatchStore>(
         ReceivedAsset::Method { method } => policy.is_dust(*method, transfer.amount),
         ReceivedAsset::OtherToken { .. } => false,
     };
-    if dust {
+    let unissued = store
+        .unissued(transfer.id.network, &transfer.to_address)
+        .await?;
+    if dust && unissued.is_none() {
         open_dust_exception(store, &transfer, now).await?;
     } else {
-        open_exception(
-            store,
-            "unmatched",
-            None,
-            None,
-            Some(&transfer),
-            format!(
+        let detail = match unissued {
+            Some((key_id, index)) => format!(
+                "{} paid to an address not yet handed out ({}, key {key_id}, index {index}): \
+                 an address a database since restored from a backup may have given a customer; \
+                 the key's counter moved past it",
+                describe(&transfer),
+                transfer.to_address
+            ),
+            None => format!(
                 "{} to {} matched no payment instructions",
                 describe(&transfer),
                 transfer.to_address
             ),
-            now,
-        )
-        .await?;
+        };
+        open_exception(store, "unmatched", None, None, Some(&transfer), detail, now).await?;
     }
     let required = policy.required(transfer.id.network, Usd::ZERO);
     if let (ReceivedAsset::Method { method }, None) = (&transfer.asset, &transfer.credited_entry)

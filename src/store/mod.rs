@@ -12,6 +12,7 @@ pub(crate) mod books;
 pub mod cursors;
 pub mod feed;
 mod group;
+pub(crate) mod keys;
 pub mod leases;
 pub mod ledger;
 pub mod operations;
@@ -48,7 +49,7 @@ const POSTGRES_MAX_CONNECTIONS: u32 = 16;
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The schema, in order. Each version has one script per database.
-const MIGRATIONS: [(i64, &str, &str, &str); 15] = [
+const MIGRATIONS: [(i64, &str, &str, &str); 16] = [
     (
         1,
         "foundation",
@@ -138,6 +139,12 @@ const MIGRATIONS: [(i64, &str, &str, &str); 15] = [
         "transfer sender",
         include_str!("../../migrations/sqlite/0015_transfer_sender.sql"),
         include_str!("../../migrations/postgres/0015_transfer_sender.sql"),
+    ),
+    (
+        16,
+        "wallet keys",
+        include_str!("../../migrations/sqlite/0016_wallet_keys.sql"),
+        include_str!("../../migrations/postgres/0016_wallet_keys.sql"),
     ),
 ];
 

@@ -13,21 +13,30 @@ pub(crate) async fn funded_indexes(
     network: &str,
     key_id: &str,
 ) -> Result<FundedIndexes, StoreError> {
+    // Addresses found paid ahead of the counter count as handed out and paid.
     let handed = sqlx::query(
-        "SELECT COUNT(*), MAX(derivation_index) FROM payment_intents \
-         WHERE network = $1 AND key_id = $2",
+        "SELECT COUNT(*), MAX(idx) FROM ( \
+           SELECT derivation_index AS idx FROM payment_intents WHERE network = $1 AND key_id = $2 \
+           UNION ALL \
+           SELECT derivation_index FROM unissued_payments WHERE network = $3 AND key_id = $4) h",
     )
+    .bind(network)
+    .bind(key_id)
     .bind(network)
     .bind(key_id)
     .fetch_one(&mut *conn)
     .await?;
     let paid = sqlx::query(
-        "WITH paid AS (SELECT DISTINCT i.derivation_index AS idx FROM payment_intents i \
+        "WITH paid AS (SELECT i.derivation_index AS idx FROM payment_intents i \
            WHERE i.network = $1 AND i.key_id = $2 AND EXISTS \
-             (SELECT 1 FROM transfers t WHERE t.intent_id = i.id AND t.removed = 0)), \
+             (SELECT 1 FROM transfers t WHERE t.intent_id = i.id AND t.removed = 0) \
+           UNION \
+           SELECT derivation_index FROM unissued_payments WHERE network = $3 AND key_id = $4), \
          runs AS (SELECT idx - LAG(idx, 1, -1) OVER (ORDER BY idx) - 1 AS run FROM paid) \
          SELECT COUNT(*), COALESCE(MAX(run), 0) FROM runs",
     )
+    .bind(network)
+    .bind(key_id)
     .bind(network)
     .bind(key_id)
     .fetch_one(&mut *conn)
@@ -118,17 +127,21 @@ async fn holdings_of(
         among("o.from_address"),
     );
     let sql = format!(
-        "SELECT h.network, h.address, h.asset, MIN(h.derivation_index), {sum} FROM ( \
+        "SELECT h.network, h.address, h.asset, MIN(h.derivation_index), COALESCE(MIN(h.key_id), ''), {sum} FROM ( \
            SELECT t.network, COALESCE(i.pay_to, t.to_address) AS address, t.asset, \
-                  i.derivation_index, t.amount_base AS amount \
+                  COALESCE(i.derivation_index, u.derivation_index) AS derivation_index, \
+                  t.amount_base AS amount, COALESCE(i.key_id, u.key_id) AS key_id \
            FROM transfers t LEFT JOIN payment_intents i ON i.id = t.intent_id \
+             LEFT JOIN unissued_payments u ON u.network = t.network AND u.address = t.to_address \
            WHERE t.removed = 0 AND t.confirmations >= 1 AND ($1 = '' OR t.network = $2) \
              AND t.seen_at_ms < $7{received} \
            UNION ALL \
-           SELECT o.network, o.from_address, o.asset, CAST(NULL AS BIGINT), '-' || o.amount_base \
+           SELECT o.network, o.from_address, o.asset, CAST(NULL AS BIGINT), '-' || o.amount_base, \
+                  CAST(NULL AS TEXT) \
            FROM outflows o WHERE o.removed = 0 AND ($3 = '' OR o.network = $4) AND o.seen_at_ms < $8{sent} \
            UNION ALL \
-           SELECT o.network, o.from_address, o.asset, CAST(NULL AS BIGINT), '-' || o.fee_base \
+           SELECT o.network, o.from_address, o.asset, CAST(NULL AS BIGINT), '-' || o.fee_base, \
+                  CAST(NULL AS TEXT) \
            FROM outflows o WHERE o.removed = 0 AND o.fee_base <> '0' AND ($5 = '' OR o.network = $6) \
              AND o.seen_at_ms < $9{fees} \
          ) h GROUP BY h.network, h.address, h.asset"
@@ -151,7 +164,9 @@ async fn holdings_of(
                 address: row.try_get(1)?,
                 asset: row.try_get(2)?,
                 derivation_index: row.try_get(3)?,
-                amount: super::decode_exact_sum(row, 4, backend)?,
+                // The sum may span several columns: it comes last.
+                amount: super::decode_exact_sum(row, 5, backend)?,
+                key_id: Some(row.try_get::<String, _>(4)?).filter(|key| !key.is_empty()),
             })
         })
         .collect()
@@ -165,6 +180,8 @@ pub(crate) struct HoldingRow {
     pub(crate) asset: String,
     pub(crate) derivation_index: Option<i64>,
     pub(crate) amount: i128,
+    /// The key that derived the address, when payrecon did.
+    pub(crate) key_id: Option<String>,
 }
 
 /// One kind of movement of one asset on one network between two times: `received`,

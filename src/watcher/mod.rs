@@ -7,6 +7,7 @@
 //! deadline, and every error text is scrubbed of the source's credentials before it is logged
 //! or stored.
 
+mod ahead;
 mod view;
 
 use std::sync::{Arc, Mutex};
@@ -133,6 +134,9 @@ pub struct Watcher<S> {
     last_round: Arc<Mutex<Instant>>,
     /// The network's view, once read; rebuilt after the lease changes hands.
     live: Option<LiveView>,
+    /// A round since the last caught-up one found money ahead of a key's counter: the window
+    /// moved, and new addresses wait for a round that looks at where it lies now.
+    found_ahead: bool,
 }
 
 /// Why a run of rounds ended without an error.
@@ -171,6 +175,7 @@ impl<S: ChainScanner> Watcher<S> {
             lease: None,
             last_round: Arc::new(Mutex::new(Instant::now())),
             live: None,
+            found_ahead: false,
         }
     }
 
@@ -224,9 +229,11 @@ impl<S: ChainScanner> Watcher<S> {
         }
         let events = batch.events.len() + batch.outflows.len();
         if events > 0 || view.cursor.as_ref() != Some(&batch.cursor) {
+            let unissued = live.unissued(&batch.events);
+            self.found_ahead |= !unissued.is_empty();
             let applied = self
                 .engine
-                .apply_scan(network, &batch, self.lease.as_ref())
+                .apply_scan(network, &batch, &unissued, self.lease.as_ref())
                 .await;
             if let Err(Error::LeaseLost(_)) = applied {
                 self.lease = None;
@@ -321,6 +328,7 @@ impl<S: ChainScanner> Watcher<S> {
     /// error), or a lost lease.
     async fn run_rounds(&mut self, shutdown: &mut watch::Receiver<bool>) -> Result<RunEnd, Error> {
         let network = self.scanner.network();
+        let mut gate = HandoutGuard::close(&self.engine, network);
         let mut wake = self.engine.subscribe();
         let mut failures: u32 = 0;
         let mut refusals: u32 = 0;
@@ -357,6 +365,9 @@ impl<S: ChainScanner> Watcher<S> {
                     while wake.try_recv().is_ok() {}
                     if round.more {
                         continue;
+                    }
+                    if !std::mem::take(&mut self.found_ahead) {
+                        gate.open();
                     }
                     self.options.poll_interval
                 }
@@ -495,6 +506,41 @@ async fn publish(engine: &Engine, status: &watch::Sender<WatcherStatus>) {
 }
 
 /// The pause after `failures` failures in a row: doubling from the minimum, capped.
+/// Keeps a network's new addresses held back while its watcher runs its first rounds, and
+/// lets them go however the rounds end.
+struct HandoutGuard {
+    engine: Engine,
+    network: Network,
+}
+
+impl HandoutGuard {
+    /// Holds back `network`'s new addresses when it has keys watched ahead of their counters.
+    fn close(engine: &Engine, network: Network) -> HandoutGuard {
+        if engine
+            .payment_settings()
+            .keys
+            .get(&network)
+            .is_some_and(|keys| keys.lookahead > 0)
+        {
+            engine.handout().close(network);
+        }
+        HandoutGuard {
+            engine: engine.clone(),
+            network,
+        }
+    }
+
+    fn open(&mut self) {
+        self.engine.handout().open(self.network);
+    }
+}
+
+impl Drop for HandoutGuard {
+    fn drop(&mut self) {
+        self.open();
+    }
+}
+
 fn backoff(options: &WatcherOptions, failures: u32) -> Duration {
     doubling(options.min_backoff, options.max_backoff, failures)
 }

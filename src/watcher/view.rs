@@ -13,9 +13,11 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use payrecon_chain_core::{KnownTransfer, Network, Transfer, TransferId, WatchView};
 
+use super::ahead::Ahead;
 use crate::engine::Engine;
 use crate::error::Error;
 use crate::store::feed::{self, FeedRead, WatchedTransfer};
+use crate::store::keys::{KeyWindow, UnissuedRow};
 use crate::store::outflows::{OutflowRow, OutputState};
 
 /// What [`LiveView::refresh`] read and how long the database took.
@@ -57,6 +59,8 @@ pub struct LiveView {
     /// Keys whose window closed and that stay followed only because they hold something or
     /// have something unsettled.
     lingering: HashSet<Arc<str>>,
+    /// Unissued addresses followed ahead of each key's counter.
+    ahead: Ahead,
 }
 
 /// What keeps a key followed until it is final.
@@ -72,6 +76,16 @@ impl LiveView {
         let now = engine.clock().now();
         let store = engine.db();
         let window = engine.payment_settings().monitoring_window;
+        let ahead = match engine.payment_settings().keys.get(&network) {
+            Some(keys) => Ahead::new(
+                keys.all()
+                    .map(|key| (key.key_id.clone(), key.deriver.clone()))
+                    .collect(),
+                keys.lookahead,
+            ),
+            None => Ahead::new(Vec::new(), 0),
+        };
+        let windows = key_windows(engine, network, &ahead).await?;
         let read = feed::read_all(
             store.pool(),
             store.backend(),
@@ -95,8 +109,10 @@ impl LiveView {
             held_per_key: HashMap::new(),
             unsettled: HashMap::new(),
             lingering: HashSet::new(),
+            ahead,
         };
         live.apply(read, now);
+        live.ahead.place(&windows, &mut live.view.watch_keys);
         Ok(live)
     }
 
@@ -105,11 +121,16 @@ impl LiveView {
         let now = engine.clock().now();
         let store = engine.db();
         let started = Instant::now();
+        // Counters before changes: an intent that moved a counter is then in the changes, and
+        // its address passes from the window to it without a round unwatched.
+        let windows = key_windows(engine, self.network, &self.ahead).await?;
         let read =
             feed::read_changes(store.pool(), store.backend(), self.network, self.next_from).await?;
         let database_time = started.elapsed();
         let transfers_read = read.transfers.len();
         let (keys_added, keys_closed) = self.apply(read, now);
+        let (ahead_added, ahead_dropped) = self.ahead.place(&windows, &mut self.view.watch_keys);
+        let (keys_added, keys_closed) = (keys_added + ahead_added, keys_closed + ahead_dropped);
         Ok(Refresh {
             keys_added,
             keys_closed,
@@ -123,12 +144,27 @@ impl LiveView {
         &self.view
     }
 
+    /// Watch keys followed only because they lie ahead of a key's counter.
+    pub fn lookahead_keys(&self) -> usize {
+        self.ahead.len()
+    }
+
+    /// The receipts of a scan's `events` paid to addresses ahead of their key's counter.
+    pub(crate) fn unissued(&self, events: &[payrecon_chain_core::ChainEvent]) -> Vec<UnissuedRow> {
+        self.ahead.unissued(self.network, events)
+    }
+
     /// Applies a read; returns how many keys began to be followed and how many windows closed.
     fn apply(&mut self, read: FeedRead, now: DateTime<Utc>) -> (usize, usize) {
         let now_ms = now.timestamp_millis();
         let mut keys_added = 0;
         for key in read.keys {
-            if key.monitor_until_ms <= now_ms || self.view.watch_keys.contains(&key.watch_key) {
+            if key.monitor_until_ms <= now_ms {
+                continue;
+            }
+            // An address the look-ahead followed passes to its intent.
+            let from_window = self.ahead.disown(&key.watch_key);
+            if !from_window && self.view.watch_keys.contains(&key.watch_key) {
                 continue;
             }
             self.view.keys_since_ms = Some(
@@ -359,7 +395,9 @@ impl LiveView {
 
     /// `key` holds or awaits something: it stays followed however old its intent.
     fn follow(&mut self, key: Arc<str>) {
-        if !self.view.watch_keys.contains(&key) {
+        if self.ahead.disown(&key) {
+            self.lingering.insert(key);
+        } else if !self.view.watch_keys.contains(&key) {
             self.view.watch_keys.insert_shared(key.clone());
             self.lingering.insert(key);
         }
@@ -381,6 +419,28 @@ impl LiveView {
 fn due<T>(timetable: &mut BTreeMap<i64, Vec<T>>, now_ms: i64) -> impl Iterator<Item = T> + use<T> {
     let later = timetable.split_off(&(now_ms + 1));
     std::mem::replace(timetable, later).into_values().flatten()
+}
+
+/// Where each of `ahead`'s keys' windows lie now; the skipped indexes of money found ahead of
+/// a counter stay watched for a monitoring window.
+async fn key_windows(
+    engine: &Engine,
+    network: Network,
+    ahead: &Ahead,
+) -> Result<HashMap<String, KeyWindow>, Error> {
+    let key_ids = ahead.key_ids();
+    if key_ids.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let since = engine.clock().now() - engine.payment_settings().monitoring_window;
+    let mut conn = engine.db().pool().acquire().await?;
+    Ok(crate::store::keys::windows(
+        &mut conn,
+        network.as_str(),
+        &key_ids,
+        since.timestamp_millis(),
+    )
+    .await?)
 }
 
 /// Confirmations beyond which the matcher needs no more depth updates on `network`.

@@ -302,6 +302,7 @@ pub fn ethereum(anvil: &Anvil, tokens: &Tokens, xpub: &str, confirmations: u32) 
         poll_interval_ms: 50,
         timeout_ms: 30_000,
         max_answer_bytes: None,
+        lookahead: 20,
         treasury_addresses: Vec::new(),
     }
 }

@@ -95,6 +95,93 @@ impl TestDb {
     }
 }
 
+/// A copy of a test database taken as an operator takes one: `payrecon backup` (SQLite's
+/// `VACUUM INTO`) while the engine runs, or `pg_dump` of the PostgreSQL schema.
+pub enum Backup {
+    Sqlite(tempfile::TempDir),
+    Postgres { dump: String, schema: String },
+}
+
+impl TestDb {
+    /// Backs this database up while `engine` uses it.
+    pub async fn backup(&self, engine: &Engine) -> Backup {
+        match &self.pg_schema {
+            None => {
+                let dir = tempfile::tempdir().expect("temp dir");
+                let report = engine
+                    .backup(&dir.path().join("backup.db"))
+                    .await
+                    .expect("backup");
+                assert_eq!(report.integrity, "ok");
+                Backup::Sqlite(dir)
+            }
+            Some((admin, schema)) => {
+                let dumped = std::process::Command::new("pg_dump")
+                    .args(["--no-owner", "--schema", schema, "--dbname", admin])
+                    .output()
+                    .expect("pg_dump runs");
+                assert!(
+                    dumped.status.success(),
+                    "pg_dump: {}",
+                    String::from_utf8_lossy(&dumped.stderr)
+                );
+                Backup::Postgres {
+                    dump: String::from_utf8(dumped.stdout).expect("a text dump"),
+                    schema: schema.clone(),
+                }
+            }
+        }
+    }
+
+    /// A new database restored from `backup` (`psql` of the dump, into a schema of its own).
+    pub async fn restore(backup: &Backup) -> TestDb {
+        match backup {
+            Backup::Sqlite(dir) => {
+                let restored = tempfile::tempdir().expect("temp dir");
+                let path = restored.path().join("payrecon.db");
+                std::fs::copy(dir.path().join("backup.db"), &path).expect("copy the backup");
+                TestDb {
+                    url: format!("sqlite://{}", path.display()),
+                    db: Db::Sqlite,
+                    _dir: Some(restored),
+                    pg_schema: None,
+                }
+            }
+            Backup::Postgres { dump, schema } => {
+                let admin = postgres_admin_url();
+                let restored = format!("payrecon_test_{}", uuid::Uuid::new_v4().simple());
+                let file = tempfile::NamedTempFile::new().expect("temp file");
+                std::fs::write(file.path(), dump.replace(schema.as_str(), &restored))
+                    .expect("write the dump");
+                let loaded = std::process::Command::new("psql")
+                    .args([
+                        "--quiet",
+                        "-v",
+                        "ON_ERROR_STOP=1",
+                        "--dbname",
+                        &admin,
+                        "--file",
+                    ])
+                    .arg(file.path())
+                    .output()
+                    .expect("psql runs");
+                assert!(
+                    loaded.status.success(),
+                    "psql: {}",
+                    String::from_utf8_lossy(&loaded.stderr)
+                );
+                let separator = if admin.contains('?') { '&' } else { '?' };
+                TestDb {
+                    url: format!("{admin}{separator}options[search_path]={restored}"),
+                    db: Db::Postgres,
+                    _dir: None,
+                    pg_schema: Some((admin, restored)),
+                }
+            }
+        }
+    }
+}
+
 async fn run_admin_sql(admin_url: &str, sql: &str) {
     use sqlx::Connection;
     let mut conn = sqlx::postgres::PgConnection::connect(admin_url)

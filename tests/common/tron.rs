@@ -50,6 +50,7 @@ pub fn tron_config(
         poll_interval_ms: 50,
         timeout_ms: 30_000,
         max_answer_bytes: None,
+        lookahead: 20,
         treasury_addresses: Vec::new(),
     }
 }

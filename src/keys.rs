@@ -1,0 +1,131 @@
+//! The account keys a network derives its addresses from, as the merchant's wallet sees them.
+//!
+//! A key that handed out an address is never forgotten: when the configured key changes, the
+//! old one is retired, and its open intents, funded addresses and look-ahead window stay
+//! watched and exported. Each key has its own counter, and each is watched `lookahead`
+//! addresses past it (BIP44's gap limit), so money paid to an address that a database since
+//! restored from a backup had handed out is found, and that address is never handed out again.
+
+use std::sync::Arc;
+
+use payrecon_chain_core::{AddressDeriver, Network};
+use serde::Serialize;
+
+use crate::wallet::UtxoWallet;
+
+/// Addresses watched past each key's counter unless configured: the gap limit of BIP44 and of
+/// Electrum's and Sparrow's wallets.
+pub const DEFAULT_LOOKAHEAD: u32 = 20;
+
+/// The widest look-ahead accepted: each address in it is derived and followed by the watcher.
+pub const MAX_LOOKAHEAD: u32 = 10_000;
+
+/// One account key of a derived-key network (Bitcoin, Litecoin, Ethereum, Tron).
+#[derive(Clone, Debug)]
+pub struct AccountKey {
+    /// Names the key and its counter: `<chain>:<fingerprint>`.
+    pub key_id: String,
+    /// The extended public key, as configured.
+    pub account_key: String,
+    /// `[fingerprint/path]` of a Bitcoin-family key, when configured.
+    pub key_origin: Option<String>,
+    /// Derives its addresses.
+    pub deriver: Arc<dyn AddressDeriver>,
+    /// Bitcoin and Litecoin: the account as a wallet imports it.
+    pub wallet: Option<UtxoWallet>,
+}
+
+/// A derived-key network's keys and how far ahead of each counter its watcher looks.
+#[derive(Clone, Debug)]
+pub struct NetworkKeys {
+    /// Addresses watched past each key's counter.
+    pub lookahead: u32,
+    /// The configured key: new intents take their addresses from it.
+    pub current: AccountKey,
+    /// Keys configured before: watched and exported, never handing out again.
+    pub retired: Vec<AccountKey>,
+}
+
+impl NetworkKeys {
+    /// The current key, then the retired ones.
+    pub fn all(&self) -> impl Iterator<Item = &AccountKey> {
+        std::iter::once(&self.current).chain(&self.retired)
+    }
+
+    /// The key named `key_id`.
+    pub fn get(&self, key_id: &str) -> Option<&AccountKey> {
+        self.all().find(|key| key.key_id == key_id)
+    }
+}
+
+/// Whether a key hands out new addresses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyState {
+    /// The configured key.
+    Current,
+    /// Replaced by another; its addresses stay watched.
+    Retired,
+}
+
+/// Refuses a look-ahead no watcher could follow.
+pub(crate) fn check_lookahead(network: Network, lookahead: u32) -> Result<(), crate::Error> {
+    if lookahead > MAX_LOOKAHEAD {
+        return Err(crate::Error::Config(format!(
+            "networks.{network}.lookahead = {lookahead}: at most {MAX_LOOKAHEAD} addresses are watched ahead of a key"
+        )));
+    }
+    Ok(())
+}
+
+/// How long a new intent waits for its network's watcher to look ahead after a start, before
+/// it is refused as [`crate::Error::CatchingUp`].
+pub(crate) const HANDOUT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Holds back new addresses of a network from its watcher's start until a round of it found
+/// nothing ahead of the counters and was caught up with the chain: an address a database since
+/// restored from a backup handed out, and that was paid, is then known before the counter could
+/// hand it out again.
+#[derive(Debug, Default)]
+pub(crate) struct HandoutGate {
+    closed: std::sync::Mutex<std::collections::BTreeSet<Network>>,
+    opened: tokio::sync::Notify,
+}
+
+impl HandoutGate {
+    /// New addresses of `network` wait from now on.
+    pub(crate) fn close(&self, network: Network) {
+        self.closed.lock().expect("never poisoned").insert(network);
+    }
+
+    /// New addresses of `network` are handed out again.
+    pub(crate) fn open(&self, network: Network) {
+        if self.closed.lock().expect("never poisoned").remove(&network) {
+            self.opened.notify_waiters();
+        }
+    }
+
+    /// Waits until `network` is open, at most `limit`.
+    pub(crate) async fn wait(
+        &self,
+        network: Network,
+        limit: std::time::Duration,
+    ) -> Result<(), crate::Error> {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            // Registered before the check, so an opening in between is not missed.
+            let opened = self.opened.notified();
+            if !self
+                .closed
+                .lock()
+                .expect("never poisoned")
+                .contains(&network)
+            {
+                return Ok(());
+            }
+            if tokio::time::timeout_at(deadline, opened).await.is_err() {
+                return Err(crate::Error::CatchingUp(network));
+            }
+        }
+    }
+}
