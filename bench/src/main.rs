@@ -367,7 +367,7 @@ async fn payments_workload(
         "counts must be positive"
     );
     let (scratch_dir, url) = scratch(scratch_database)?;
-    let engine = payments_engine(&url, scratch_dir.path()).await?;
+    let engine = payments_engine(&url, scratch_dir.path(), payrecon::DEFAULT_LOOKAHEAD).await?;
     let plan = PaymentsPlan {
         intents,
         events_per_batch,
@@ -375,7 +375,8 @@ async fn payments_workload(
         sweep_items,
         reference_events,
     };
-    let lines = payments(&engine, &plan).await?;
+    let without_lookahead = payments_engine(&url, scratch_dir.path(), 0).await?;
+    let lines = payments(&engine, &without_lookahead, &plan).await?;
     let backend = format!("{:?}", engine.store().backend()).to_lowercase();
     report(
         json,
@@ -585,7 +586,7 @@ async fn edge_workload(
         "--streams, --intents and --requests must be positive"
     );
     let (scratch_dir, url) = scratch(scratch_database)?;
-    let engine = payments_engine(&url, scratch_dir.path()).await?;
+    let engine = payments_engine(&url, scratch_dir.path(), payrecon::DEFAULT_LOOKAHEAD).await?;
     let plan = edge::EdgePlan {
         streams,
         intents,
@@ -774,16 +775,23 @@ async fn ledger(
     Ok(lines)
 }
 
-/// An engine on `url` with BIP84's public test key for bitcoin and recorded quotes, so the
-/// benchmark needs no network and no real key.
-async fn payments_engine(url: &str, scratch: &std::path::Path) -> anyhow::Result<Engine> {
+/// An engine on `url` with BIP84's public test key for bitcoin, watched `lookahead` addresses
+/// past its counter, and recorded quotes, so the benchmark needs no network and no real key.
+async fn payments_engine(
+    url: &str,
+    scratch: &std::path::Path,
+    lookahead: u32,
+) -> anyhow::Result<Engine> {
     let quotes = r#"{"quotes":{"BTC":"80000","ETH":"3000","USDT":"1","USDC":"1","TRX":"0.25","SOL":"150","LTC":"85"}}"#;
     let mut config = recorded_config(url, scratch, quotes, Method::Btc)?;
-    config.networks.bitcoin = Some(payrecon::config::UtxoConfig::new(
-        payrecon_chain_core::test_vectors::BIP84_ZPUB,
-        "mainnet",
-        2,
-    ));
+    config.networks.bitcoin = Some(payrecon::config::UtxoConfig {
+        lookahead,
+        ..payrecon::config::UtxoConfig::new(
+            payrecon_chain_core::test_vectors::BIP84_ZPUB,
+            "mainnet",
+            2,
+        )
+    });
     Ok(Engine::from_config(&config).await?)
 }
 
@@ -849,46 +857,85 @@ async fn api_write_sweep(
     Ok((lines, instructions))
 }
 
-/// The watcher's view over every open intent: read whole once, then rounds with nothing new.
-async fn watcher_view(engine: &Engine, total: usize) -> anyhow::Result<Vec<BenchLine>> {
-    let mut lines = Vec::new();
-    let network = Network::Bitcoin;
+/// The watcher's view over every open intent: read whole once, then rounds with nothing new;
+/// with the look-ahead past the key's counter, as a ratio to the same without it (`plain`).
+async fn watcher_view(
+    engine: &Engine,
+    plain: &Engine,
+    total: usize,
+) -> anyhow::Result<Vec<BenchLine>> {
+    let without = view_rounds(plain).await?;
+    let with = view_rounds(engine).await?;
+    let ratio = |with: f64, without: f64| with / without.max(f64::MIN_POSITIVE);
+    let peak = |line: &BenchLine| line.peak_rss_mib.unwrap_or(0) as f64;
+    Ok(vec![
+        BenchLine {
+            note: Some(format!(
+                "{} keys ahead of the counter; {:.2} the time and {:.2} the peak memory of the read without them",
+                with.ahead,
+                ratio(with.read.elapsed_ms as f64, without.read.elapsed_ms as f64),
+                ratio(peak(&with.read), peak(&without.read)),
+            )),
+            ..with.read
+        },
+        BenchLine {
+            note: Some(format!(
+                "{:.2} ms of database time per round, {:.2} that without the look-ahead",
+                with.round_ms,
+                ratio(with.round_ms, without.round_ms)
+            )),
+            ..line(
+                &format!("watcher round, nothing new, {total} open intents"),
+                QUIET_ROUNDS,
+                Duration::from_secs_f64(with.round_ms * QUIET_ROUNDS as f64 / 1000.0),
+            )
+        },
+    ])
+}
+
+/// Quiet watcher rounds measured per view.
+const QUIET_ROUNDS: usize = 20;
+
+/// One engine's watch view: its whole read, the keys it follows ahead of the counter, and a
+/// quiet round's database time in milliseconds.
+struct ViewFigures {
+    read: BenchLine,
+    ahead: usize,
+    round_ms: f64,
+}
+
+/// Reads `engine`'s Bitcoin watch view whole, then runs quiet rounds.
+async fn view_rounds(engine: &Engine) -> anyhow::Result<ViewFigures> {
+    reset_peak_memory();
     let started = Instant::now();
-    let mut live = payrecon::test_utils::watcher::LiveView::load(engine, network).await?;
-    lines.push(line(
-        &format!(
-            "watcher view read whole ({} keys)",
-            live.view().watch_keys.len()
-        ),
-        live.view().watch_keys.len(),
+    let mut live = payrecon::test_utils::watcher::LiveView::load(engine, Network::Bitcoin).await?;
+    let keys = live.view().watch_keys.len();
+    let read = with_peak(line(
+        &format!("watcher view read whole ({keys} keys)"),
+        keys,
         started.elapsed(),
     ));
-    const QUIET_ROUNDS: usize = 20;
     let mut database_time = Duration::ZERO;
     for _ in 0..QUIET_ROUNDS {
         database_time += live.refresh(engine).await?.database_time;
     }
-    lines.push(BenchLine {
-        note: Some(format!(
-            "{:.2} ms of database time per round",
-            database_time.as_secs_f64() * 1000.0 / QUIET_ROUNDS as f64
-        )),
-        ..line(
-            &format!("watcher round, nothing new, {total} open intents"),
-            QUIET_ROUNDS,
-            database_time,
-        )
-    });
-
-    Ok(lines)
+    Ok(ViewFigures {
+        read,
+        ahead: live.lookahead_keys(),
+        round_ms: database_time.as_secs_f64() * 1000.0 / QUIET_ROUNDS as f64,
+    })
 }
 
-async fn payments(engine: &Engine, plan: &PaymentsPlan) -> anyhow::Result<Vec<BenchLine>> {
+async fn payments(
+    engine: &Engine,
+    without_lookahead: &Engine,
+    plan: &PaymentsPlan,
+) -> anyhow::Result<Vec<BenchLine>> {
     let run_id = uuid::Uuid::new_v4().simple().to_string();
     let run = run_id[..8].to_owned();
     let (mut lines, instructions) = api_write_sweep(engine, plan, &run).await?;
     let total = instructions.len();
-    lines.extend(watcher_view(engine, total).await?);
+    lines.extend(watcher_view(engine, without_lookahead, total).await?);
 
     // Settling: the reference path on the first events, the batched path on the rest.
     let reference = engine

@@ -54,6 +54,7 @@ impl Ahead {
     }
 
     /// How many watch keys the windows own now.
+    #[cfg(feature = "test-utils")]
     pub(super) fn len(&self) -> usize {
         self.owned.len()
     }

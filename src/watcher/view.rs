@@ -144,7 +144,9 @@ impl LiveView {
         &self.view
     }
 
-    /// Watch keys followed only because they lie ahead of a key's counter.
+    /// Watch keys followed only because they lie ahead of a key's counter (what the benchmark
+    /// weighs).
+    #[cfg(feature = "test-utils")]
     pub fn lookahead_keys(&self) -> usize {
         self.ahead.len()
     }
