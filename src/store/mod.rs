@@ -346,8 +346,20 @@ impl Store {
     /// A database whose schema is newer than this binary's is refused
     /// ([`StoreError::NewerSchema`]).
     pub async fn migrate(&self) -> Result<(), StoreError> {
+        self.migrate_through(SCHEMA_VERSION).await
+    }
+
+    /// Applies the migrations up to `version` only: the schema an earlier payrecon wrote, for
+    /// the upgrade tests' fixtures.
+    #[cfg(feature = "test-utils")]
+    pub async fn migrate_to(&self, version: i64) -> Result<(), StoreError> {
+        self.migrate_through(version).await
+    }
+
+    async fn migrate_through(&self, through: i64) -> Result<(), StoreError> {
         let migrations = MIGRATIONS
             .iter()
+            .filter(|(version, ..)| *version <= through)
             .map(|(version, description, sqlite, postgres)| {
                 Migration::new(
                     *version,
