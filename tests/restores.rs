@@ -1,6 +1,7 @@
 //! Never an address twice, never a coin stranded: a database restored from a backup older than
 //! its last intents, and a changed wallet key, on the Litecoin regtest node through ElectrumX
-//! and through the full node, on SQLite and PostgreSQL.
+//! and through the full node, and the restore on anvil for ETH and USDT, on SQLite and
+//! PostgreSQL.
 
 mod common;
 
@@ -157,6 +158,56 @@ on_both_databases_and_sources! {
         let one = engine.wallet_exports(Network::Litecoin, Some(&paid_before.key_id)).await.unwrap();
         assert_eq!(one.len(), 1);
         assert!(engine.wallet_exports(Network::Litecoin, Some("ltc:00000000")).await.is_err());
+        watcher.stop().await.unwrap();
+    }
+}
+
+on_both_databases! {
+    async fn on_anvil_eth_and_usdt_paid_after_the_backup_are_found_after_the_restore(db) {
+        let anvil = common::anvil::Anvil::lock().await;
+        let tokens = anvil.tokens().await;
+        let xpub = common::anvil::fresh_ethereum_xpub();
+        let (engine, _clock) = common::anvil::eth_engine(&db, &anvil, &tokens, &xpub, 1).await;
+        let watcher = common::anvil::watch_ethereum(&engine, &anvil, &tokens, anvil.head().await);
+        let pay = |reference: &'static str, method: Method| {
+            let engine = engine.clone();
+            async move {
+                engine.create_topup(&topup(reference, "8", "100")).await.unwrap();
+                engine.create_payment(&order(reference), method).await.unwrap().intent
+            }
+        };
+        let first = pay("E-1", Method::Eth).await;
+        anvil.send_eth(&first.pay_to, 50_000_000_000_000_000).await;
+        anvil.mine(1).await;
+        wait_status(&engine, &first.id, IntentStatus::Settled).await;
+        let backup = db.backup(&engine).await;
+        let eth = pay("E-2", Method::Eth).await;
+        let usdt = pay("E-3", Method::UsdtErc20).await;
+        anvil.send_eth(&eth.pay_to, 50_000_000_000_000_000).await;
+        anvil.send_token(&tokens.usdt, &usdt.pay_to, 100_000_000).await;
+        anvil.mine(1).await;
+        wait_status(&engine, &eth.id, IntentStatus::Settled).await;
+        wait_status(&engine, &usdt.id, IntentStatus::Settled).await;
+        watcher.stop().await.unwrap();
+        drop(engine);
+
+        let restored = TestDb::restore(&backup).await;
+        let (engine, _clock) = common::anvil::eth_engine(&restored, &anvil, &tokens, &xpub, 1).await;
+        let watcher = common::anvil::watch_ethereum(&engine, &anvil, &tokens, anvil.head().await);
+        engine.create_topup(&topup("E-4", "8", "100")).await.unwrap();
+        let next = engine.create_payment(&order("E-4"), Method::UsdtErc20).await.unwrap().intent;
+        assert_eq!(next.derivation_index, 3);
+        let found = unissued_exceptions(&engine).await;
+        assert_eq!(found.len(), 2, "{found:?}");
+        for (lost, index) in [(&eth, 1), (&usdt, 2)] {
+            assert!(found.iter().any(|detail| detail.contains(&lost.pay_to) && detail.contains(&format!("index {index}"))), "{found:?}");
+        }
+        let holdings = engine.holdings(Some(Network::Ethereum), HoldingsSort::Index, false, 0, 100).await.unwrap();
+        let total = |asset: &str| holdings.totals.iter().find(|t| t.asset == asset).map(|t| t.amount.clone());
+        let on_chain = anvil.balance(&first.pay_to).await + anvil.balance(&eth.pay_to).await;
+        assert_eq!(total("eth"), Some(on_chain.to_string()));
+        assert_eq!(total("usdt-erc20"), Some("100000000".to_owned()));
+        assert!(engine.trial_balance().await.unwrap().is_sound());
         watcher.stop().await.unwrap();
     }
 }
