@@ -68,6 +68,16 @@ pub enum KeyState {
     Retired,
 }
 
+impl KeyState {
+    /// `current` or `retired`, as the JSON says it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeyState::Current => "current",
+            KeyState::Retired => "retired",
+        }
+    }
+}
+
 /// Refuses a look-ahead no watcher could follow.
 pub(crate) fn check_lookahead(network: Network, lookahead: u32) -> Result<(), crate::Error> {
     if lookahead > MAX_LOOKAHEAD {

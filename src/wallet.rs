@@ -488,6 +488,9 @@ pub struct HoldingsRollForward {
     pub to: chrono::DateTime<chrono::Utc>,
     /// Per network and asset.
     pub assets: Vec<AssetRollForward>,
+    /// What the addresses of each account key held at the period's end, per asset: what each
+    /// key's wallet holds.
+    pub closing_per_key: Vec<HoldingKeyTotal>,
     /// Whether every asset closes.
     pub closes: bool,
 }
@@ -508,6 +511,7 @@ impl HoldingsRollForward {
             to,
             closes: assets.iter().all(|a| a.closes),
             assets,
+            closing_per_key: Vec::new(),
         }
     }
 }

@@ -151,6 +151,9 @@ on_both_databases_and_sources! {
             assert_eq!(chain.watch_only_holds(export).await.to_string(), per_key.amount, "{}", export.key_id);
         }
         assert!(holdings.addresses.iter().all(|h| h.key_id.is_some()));
+        let month = engine.period_of(chrono::Utc::now());
+        let rollforward = engine.holdings_rollforward(month).await.unwrap();
+        assert_eq!(rollforward.closing_per_key, holdings.key_totals);
         let stuck = engine.stuck(&Default::default()).await.unwrap();
         let retired = stuck.iter().find(|item| item.kind == "retired_key_holds").expect("a stuck notice for the retired key");
         assert_eq!(retired.subject, paid_before.key_id);

@@ -73,15 +73,30 @@ pub(super) async fn holdings(
                 total.addresses
             ));
         }
+        if !view.key_totals.is_empty() {
+            out.push_str("\nper key\n");
+        }
+        for total in &view.key_totals {
+            out.push_str(&format!(
+                "{:<9} {:<12} {:<26} {} {} ({})\n",
+                total.network,
+                total.asset,
+                total.amount_decimal.as_deref().unwrap_or(&total.amount),
+                total.addresses,
+                total.key_id,
+                total.state.as_str(),
+            ));
+        }
         out.push_str(&format!("\n{} funded addresses\n", view.address_count));
         for holding in &view.addresses {
             out.push_str(&format!(
-                "{:<9} {:<12} {:<26} {} {}\n",
+                "{:<9} {:<12} {:<26} {} {} {}\n",
                 holding.network,
                 holding.asset,
                 holding.amount_decimal.as_deref().unwrap_or(&holding.amount),
                 holding.address,
                 holding.derivation_path.as_deref().unwrap_or("-"),
+                holding.key_id.as_deref().unwrap_or("-"),
             ));
         }
         if let Some(next) = view.next_offset {

@@ -142,8 +142,18 @@ impl Engine {
         let (from, to) = self.period_bounds(period);
         let mut conn = self.db().pool().acquire().await?;
         let assets = asset_rollforwards_of(&mut conn, (from, to)).await?;
+        let held = store::wallet::holdings(&mut conn, None, to.timestamp_millis()).await?;
         drop(conn);
         let mut report = HoldingsRollForward::new(period, (from, to), assets);
+        report.closing_per_key = holdings_view(
+            held,
+            &self.payment_settings().keys,
+            HoldingsSort::Address,
+            false,
+            0,
+            1,
+        )?
+        .key_totals;
         let Some(rates) = self.payment_settings().rates.as_deref() else {
             return Ok(report);
         };
