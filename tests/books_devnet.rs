@@ -121,6 +121,11 @@ on_both_databases! {
         let generic = String::from_utf8(export(&engine, next, JournalFormat::Generic).await.remove(0)).unwrap();
         let original = payrecon::entry_id(&format!("settle:{}:1", ltc.intent.id));
         assert!(generic.contains(&format!("(reverses {original})")), "{generic}");
+        // DATEV shows the same trail: Buchungstext and Belegfeld 2 name the reversed booking.
+        let datev = export(&engine, next, JournalFormat::Datev).await.remove(0);
+        common::books::datev_fields_follow_the_format(&datev, true);
+        assert!(String::from_utf8_lossy(&datev).contains(&format!("\"storno {original}")), "{}", String::from_utf8_lossy(&datev));
+        common::books::datev_fields_follow_the_format(&closed_datev[0], false);
         let rollforward = engine.rollforward(next).await.unwrap();
         assert_eq!((rollforward.opening.cents, rollforward.reversed.cents, rollforward.closing.cents), (20_000, 10_000, 10_000));
         assert!(rollforward.closes);

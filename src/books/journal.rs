@@ -18,7 +18,7 @@ use crate::books::period::Period;
 use crate::books::valuation::{LegValue, value_legs};
 use crate::config::{BooksConfig, GlAccount};
 use crate::error::Error;
-use crate::ledger::{Account, Currency, NewEntry};
+use crate::ledger::{Account, Currency, EntryKind, NewEntry};
 use crate::records::Valuation;
 
 /// Lines of one Xero import file: Xero refuses larger files.
@@ -548,6 +548,7 @@ impl<'a> JournalWriter<'a> {
 
     /// One DATEV record per GL line but the largest, booked against the largest: DATEV
     /// records have one account and one contra account, and this split needs no rounding.
+    /// Text fields are quoted, numbers bare, each as DATEV's field expressions say.
     fn datev_rows(&self, said: &Said<'_>, lines: &[GlLine]) -> Vec<Vec<u8>> {
         let Some(hub) = (0..lines.len()).max_by_key(|&i| lines[i].amount.unsigned_abs()) else {
             return Vec::new();
@@ -559,8 +560,12 @@ impl<'a> JournalWriter<'a> {
             .as_ref()
             .map(|r| format!("{:.6}", r.usd_per_unit).replace('.', ","))
             .unwrap_or_default();
-        let text: String = said.memo.chars().take(60).collect();
-        let reference = said.booked.entry.reference.as_deref().unwrap_or("");
+        let text = datev_text(&said.booked.entry);
+        // A Storno names the booking it undoes: Belegfeld 2 holds at most 12 characters, the
+        // reversed id without its `PR-`.
+        let reversed = reversed_id(&said.booked.entry)
+            .map(|id| id.trim_start_matches("PR-").to_owned())
+            .unwrap_or_default();
         let day = said.date.format("%d%m").to_string();
         lines
             .iter()
@@ -569,28 +574,92 @@ impl<'a> JournalWriter<'a> {
             .map(|(_, line)| {
                 // The hub account is debited when this line is a credit.
                 let side = if line.amount < 0 { "S" } else { "H" };
-                csv_record(
-                    b';',
-                    &[
-                        &comma(line.usd_cents.abs()),
-                        side,
-                        "USD",
-                        &rate,
-                        &comma(line.amount.abs()),
-                        "EUR",
-                        &lines[hub].account.code,
-                        &line.account.code,
-                        "",
-                        &day,
-                        &said.id,
-                        reference,
-                        "",
-                        &text,
-                    ],
-                )
+                let fields = [
+                    comma(line.usd_cents.abs()),
+                    datev_quoted(side),
+                    datev_quoted("USD"),
+                    rate.clone(),
+                    comma(line.amount.abs()),
+                    datev_quoted("EUR"),
+                    lines[hub].account.code.clone(),
+                    line.account.code.clone(),
+                    String::new(),
+                    day.clone(),
+                    datev_quoted(&said.id),
+                    datev_quoted(&reversed),
+                    String::new(),
+                    datev_quoted(&text),
+                ];
+                let mut record = windows_1252(&fields.join(";"));
+                record.extend_from_slice(b"\r\n");
+                record
             })
             .collect()
     }
+}
+
+/// A DATEV text field: in quotes, a quote inside doubled.
+fn datev_quoted(text: &str) -> String {
+    format!("\"{}\"", text.replace('"', "\"\""))
+}
+
+/// DATEV's Buchungstext, at most 60 characters, the essentials first: a Storno and the booking
+/// it undoes, what happened, the order or top-up, and the largest crypto amount at the asset's
+/// display precision. A part that does not fit whole is left out, never cut.
+fn datev_text(entry: &NewEntry) -> String {
+    let what = match entry.kind {
+        EntryKind::Payment => "payment",
+        EntryKind::BalancePayment => "paid from balance",
+        EntryKind::Reversal => "storno",
+        EntryKind::Adjustment => "adjustment",
+        EntryKind::Outflow => "sent out",
+        EntryKind::InternalTransfer => "own transfer",
+    };
+    let mut parts = vec![match reversed_id(entry) {
+        Some(original) => format!("{what} {original}"),
+        None => what.to_owned(),
+    }];
+    parts.extend(entry.reference.clone());
+    parts.extend(largest_crypto(entry));
+    let mut text = String::new();
+    for part in parts {
+        let separator = usize::from(!text.is_empty());
+        if text.chars().count() + separator + part.chars().count() > DATEV_TEXT_LEN {
+            continue;
+        }
+        if separator == 1 {
+            text.push(' ');
+        }
+        text.push_str(&part);
+    }
+    text
+}
+
+/// Buchungstext's length in DATEV's format description.
+const DATEV_TEXT_LEN: usize = 60;
+
+/// The id of the entry a reversal undoes.
+fn reversed_id(entry: &NewEntry) -> Option<String> {
+    entry.idempotency_key.strip_prefix("reverse:").map(entry_id)
+}
+
+/// The entry's largest crypto leg as people read it: `0.00625 BTC`, at most 8 decimals.
+fn largest_crypto(entry: &NewEntry) -> Option<String> {
+    let (method, amount) = entry
+        .postings
+        .iter()
+        .filter_map(|posting| match posting.currency {
+            Currency::Crypto(method) => Some((method, posting.amount_minor.unsigned_abs())),
+            Currency::Usd => None,
+        })
+        .max_by_key(|(_, amount)| *amount)?;
+    let decimals = u32::from(method.decimals());
+    let value =
+        rust_decimal::Decimal::try_from_i128_with_scale(i128::try_from(amount).ok()?, decimals)
+            .ok()?
+            .round_dp(decimals.min(8))
+            .normalize();
+    Some(format!("{value} {}", method.asset()))
 }
 
 /// What every format says about one entry besides its amounts.
@@ -692,6 +761,43 @@ mod tests {
         assert_eq!(entry_id("settle:x:1"), entry_id("settle:x:1"));
         assert_ne!(entry_id("settle:x:1"), entry_id("settle:x:2"));
         assert!(entry_id("settle:x:1").len() <= 21);
+    }
+
+    #[test]
+    fn datev_text_puts_what_the_order_and_the_amount_first_and_cuts_no_word() {
+        use payrecon_chain_core::Method;
+        let entry = |key: &str, kind, reference: &str| NewEntry {
+            idempotency_key: key.into(),
+            kind,
+            reference: Some(reference.into()),
+            memo: "pi_0123456789abcdef0123456789abcdef 1 BTC at 80000 USD".into(),
+            postings: vec![
+                crate::ledger::Posting::debit(
+                    Account::Custody(Method::Btc),
+                    Currency::Crypto(Method::Btc),
+                    625_000,
+                ),
+                crate::ledger::Posting::credit(
+                    Account::Fx(Method::Btc),
+                    Currency::Crypto(Method::Btc),
+                    625_000,
+                ),
+            ],
+        };
+        assert_eq!(
+            datev_text(&entry("settle:a:1", EntryKind::Payment, "S16")),
+            "payment S16 0.00625 BTC"
+        );
+        let storno = datev_text(&entry("reverse:settle:a:1", EntryKind::Reversal, "S16"));
+        assert_eq!(
+            storno,
+            format!("storno {} S16 0.00625 BTC", entry_id("settle:a:1"))
+        );
+        let long = "T".repeat(50);
+        assert_eq!(
+            datev_text(&entry("settle:b:1", EntryKind::Payment, &long)),
+            format!("payment {long}")
+        );
     }
 
     #[test]

@@ -72,3 +72,67 @@ pub async fn engine_with_recorded_quotes(
         .unwrap()
         .with_clock(clock)
 }
+
+/// The fields payrecon writes in each Buchungsstapel record, by DATEV's published field
+/// expressions (format description "Buchungsstapel", EXTF version 700; the expressions include
+/// the quotes of text fields). An optional field may be empty. Amounts and accounts must not be
+/// zero, which DATEV writes as a negative look-ahead and is checked apart here.
+const DATEV_FIELDS: [(&str, &str, bool); 14] = [
+    ("Umsatz", r"^\d{1,10},\d{2}$", false),
+    ("Soll/Haben-Kennzeichen", r#"^"(S|H)"$"#, false),
+    ("WKZ Umsatz", r#"^"[A-Z]{3}"$"#, false),
+    ("Kurs", r"^[1-9]\d{0,3},\d{2,6}$", false),
+    ("Basis-Umsatz", r"^\d{1,10},\d{2}$", false),
+    ("WKZ Basis-Umsatz", r#"^"[A-Z]{3}"$"#, false),
+    ("Konto", r"^\d{1,9}$", false),
+    ("Gegenkonto", r"^\d{1,9}$", false),
+    ("BU-Schlüssel", r#"^"\d{4}"$"#, true),
+    ("Belegdatum", r"^\d{4}$", false),
+    ("Belegfeld 1", r#"^"[\w$%\-/]{0,36}"$"#, false),
+    ("Belegfeld 2", r#"^"[\w$%\-/]{0,12}"$"#, true),
+    ("Skonto", r"^[1-9]\d{0,7},\d{2}$", true),
+    ("Buchungstext", r#"^".{0,60}"$"#, false),
+];
+
+/// Every record of a DATEV export matches DATEV's expression for each field, and a Storno
+/// names the booking it undoes in Belegfeld 2 and its Buchungstext.
+pub fn datev_fields_follow_the_format(file: &[u8], has_storno: bool) {
+    let (text, _, _) = encoding_rs::WINDOWS_1252.decode(file);
+    let expressions: Vec<regex::Regex> = DATEV_FIELDS
+        .iter()
+        .map(|(_, e, _)| regex::Regex::new(e).unwrap())
+        .collect();
+    let mut stornos = 0;
+    for record in text.split("\r\n").skip(2).filter(|r| !r.is_empty()) {
+        let fields: Vec<&str> = record.split(';').collect();
+        assert_eq!(fields.len(), DATEV_FIELDS.len(), "{record}");
+        for (((name, _, optional), expression), field) in
+            DATEV_FIELDS.iter().zip(&expressions).zip(&fields)
+        {
+            let empty_allowed = *optional && (field.is_empty() || *field == "\"\"");
+            assert!(
+                empty_allowed || expression.is_match(field),
+                "{name} {field:?} does not match DATEV's {expression} in {record}"
+            );
+        }
+        for amount_or_account in [0, 4, 6, 7] {
+            assert!(
+                fields[amount_or_account]
+                    .chars()
+                    .any(|c| c.is_ascii_digit() && c != '0'),
+                "{} is zero in {record}",
+                DATEV_FIELDS[amount_or_account].0
+            );
+        }
+        if fields[13].starts_with("\"storno PR-") {
+            stornos += 1;
+            let reversed = fields[13].trim_matches('"').split(' ').nth(1).unwrap();
+            assert_eq!(
+                fields[11].trim_matches('"'),
+                reversed.trim_start_matches("PR-"),
+                "{record}"
+            );
+        }
+    }
+    assert_eq!(stornos > 0, has_storno, "reversals in the month");
+}
