@@ -860,8 +860,28 @@ pub async fn metrics_text(engine: &Engine) -> Result<String, Error> {
             .map(|(kind, n)| (format!("kind=\"{kind}\""), n as u64))
             .collect(),
     );
+    let (unvalued, oldest) = engine.unvalued_overdue().await?;
+    family(
+        &mut text,
+        "payrecon_unvalued_entries",
+        "Ledger entries without a fiat value past a valuation pass: their month cannot close.",
+        "gauge",
+        vec![(String::new(), unvalued)],
+    );
     let failing = engine.failing_webhooks().await?;
     let now_ms = engine.clock().now().timestamp_millis();
+    family(
+        &mut text,
+        "payrecon_unvalued_oldest_age_seconds",
+        "Age of the oldest entry without a fiat value past a valuation pass (0: none).",
+        "gauge",
+        vec![(
+            String::new(),
+            oldest.map_or(0, |at| {
+                u64::try_from((now_ms - at.timestamp_millis()) / 1000).unwrap_or(0)
+            }),
+        )],
+    );
     family(
         &mut text,
         "payrecon_webhook_deliveries_failing",

@@ -56,13 +56,14 @@ pub struct StuckItem {
 }
 
 /// The categories of the stuck view, in the order it lists them.
-const CATEGORIES: [&str; 7] = [
+const CATEGORIES: [&str; 8] = [
     "marked_paid_unseen",
     "seen_unconfirmed",
     "exception",
     "watcher",
     "webhook",
     "rates",
+    "books",
     "wallet",
 ];
 
@@ -218,6 +219,26 @@ pub(crate) fn retired_key_items(
             ],
         })
         .collect()
+}
+
+/// A row when entries wait for their fiat value past a valuation pass: their month cannot
+/// close until they have one.
+pub(crate) fn unvalued_item(count: u64, oldest: DateTime<Utc>) -> StuckItem {
+    StuckItem {
+        category: "books",
+        kind: "unvalued".into(),
+        subject: format!("{count} entries"),
+        order_ref: None,
+        what: format!(
+            "{count} ledger entries have no fiat value, the oldest booked at {}: their month cannot close",
+            oldest.to_rfc3339()
+        ),
+        since: oldest,
+        actions: vec![
+            "see why with `payrecon books value` once the rate sources answer again",
+            "value one by hand: `payrecon books value-by-hand --entry PR-… --usd-per-coin … --reason …`",
+        ],
+    }
 }
 
 /// A row per enabled asset whose rate cannot be locked now.

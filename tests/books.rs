@@ -84,6 +84,30 @@ fn cents(text: &str) -> i64 {
 }
 
 on_both_databases! {
+    async fn an_entry_the_market_cannot_value_is_valued_by_hand_and_operators_see_it_wait(db) {
+        let seeded = common::seed::seed(&db).await;
+        // The same database, with no rate source: nothing can be valued.
+        let bare = db.engine().await.with_clock(seeded.clock.clone());
+        assert!(bare.value_entries().await.unwrap().failed > 0);
+        seeded.clock.advance(chrono::Duration::minutes(10));
+        let stuck = bare.stuck(&Default::default()).await.unwrap();
+        let waiting = stuck.iter().find(|item| item.kind == "unvalued").expect("operators see the entries waiting");
+        let (count, entries) = bare.unvalued_entries(100).await.unwrap();
+        assert_eq!(waiting.subject, format!("{count} entries"));
+        let metrics = payrecon::test_utils::api::metrics_text(&bare).await.unwrap();
+        assert!(metrics.contains(&format!("payrecon_unvalued_entries {count}\n")), "{metrics}");
+
+        let payment = entries.iter().find(|e| e.key.starts_with("settle:")).expect("a settled payment waits");
+        for (rate, reason, why) in [(None, "the close", "no rate"), (Some(Decimal::ZERO), "the close", "zero"), (Some(Decimal::new(80_000, 0)), " ", "no reason")] {
+            assert!(bare.value_by_hand(&payment.entry_id, rate, None, "anna", reason).await.is_err(), "{why}");
+        }
+        let valued = bare.value_by_hand(&payment.entry_id, Some(Decimal::new(80_000, 0)), None, "anna", "Kraken's daily close").await.unwrap();
+        assert_eq!(valued.basis, "by hand: anna: Kraken's daily close");
+        assert_eq!(valued.crypto.as_ref().map(|c| c.usd_per_unit), Some(Decimal::new(80_000, 0)));
+        assert_eq!(bare.unvalued_entries(100).await.unwrap().0, count - 1);
+        assert!(bare.value_by_hand(&payment.entry_id, Some(Decimal::ONE), None, "anna", "again").await.unwrap_err().to_string().contains("not an entry waiting"));
+    }
+
     async fn value_at_receipt_close_and_a_reorg_after_the_close(db) {
         let dir = tempfile::tempdir().unwrap();
         let (engine, clock) = books_engine(&db, dir.path(), at("2026-11-10T12:00:00Z")).await;

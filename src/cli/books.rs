@@ -79,6 +79,24 @@ pub(super) enum BooksCommand {
         #[arg(long, default_value_t = 100)]
         limit: usize,
     },
+    /// Give one entry the market could not value its fiat value by hand (see `unvalued`).
+    ValueByHand {
+        /// The entry, `PR-…` as `unvalued` prints it.
+        #[arg(long)]
+        entry: String,
+        /// USD per coin of the entry's crypto, at the moment it was booked.
+        #[arg(long)]
+        usd_per_coin: Option<rust_decimal::Decimal>,
+        /// USD per unit of the books' reporting currency (EUR) at that moment.
+        #[arg(long)]
+        usd_per_reporting_unit: Option<rust_decimal::Decimal>,
+        /// Why, and where the rates come from.
+        #[arg(long)]
+        reason: String,
+        /// Who (default: cli:$USER).
+        #[arg(long)]
+        actor: Option<String>,
+    },
     /// The customer-balance roll-forward of a month.
     Rollforward {
         /// The month, YYYY-MM.
@@ -232,6 +250,26 @@ pub(super) async fn books(
                     text
                 },
             )
+        }
+        BooksCommand::ValueByHand {
+            entry,
+            usd_per_coin,
+            usd_per_reporting_unit,
+            reason,
+            actor: who,
+        } => {
+            let valuation = engine
+                .value_by_hand(
+                    &entry,
+                    usd_per_coin,
+                    usd_per_reporting_unit,
+                    &actor(who),
+                    &reason,
+                )
+                .await?;
+            emit(json, &valuation, || {
+                format!("{entry} valued: {}", valuation.basis)
+            })
         }
         BooksCommand::Rollforward { period } => {
             let r = engine.rollforward(period).await?;

@@ -306,6 +306,122 @@ impl Engine {
         Ok(book_store::valuation_by_key(&mut conn, key).await?)
     }
 
+    /// Values an entry the market could not (a provider that was down when it was booked, an
+    /// asset no source prices) at rates an operator gives: USD per coin of its crypto, and USD
+    /// per unit of the reporting currency when the books have one. The valuation names who gave
+    /// them and why; a Storno is never valued by hand (it takes its original's rates).
+    pub async fn value_by_hand(
+        &self,
+        entry: &str,
+        usd_per_coin: Option<rust_decimal::Decimal>,
+        usd_per_reporting_unit: Option<rust_decimal::Decimal>,
+        actor: &str,
+        reason: &str,
+    ) -> Result<Valuation, Error> {
+        check_actor(actor)?;
+        if reason.trim().is_empty() || reason.len() > MAX_REASON_LEN {
+            return Err(Error::InvalidInput(format!(
+                "a valuation by hand needs a reason of 1 to {MAX_REASON_LEN} characters"
+            )));
+        }
+        let positive = |rate: Option<rust_decimal::Decimal>| {
+            rate.filter(|r| r.is_sign_positive() && !r.is_zero())
+        };
+        let mut conn = self.store.pool().acquire().await?;
+        let mut after = 0;
+        let pending = loop {
+            let page = book_store::unvalued_after(&mut conn, after, PAGE_ENTRIES).await?;
+            let Some(last) = page.last() else {
+                return Err(Error::InvalidInput(format!(
+                    "{} is not an entry waiting for its value (valued already, or unknown): see `payrecon books unvalued`",
+                    entry.chars().take(40).collect::<String>()
+                )));
+            };
+            after = last.seq;
+            if let Some(found) = page.into_iter().find(|e| {
+                entry_id(&e.entry.idempotency_key) == entry || e.entry.idempotency_key == entry
+            }) {
+                break found;
+            }
+        };
+        let id = entry_id(&pending.entry.idempotency_key);
+        if pending.entry.idempotency_key.starts_with("reverse:") {
+            return Err(Error::InvalidInput(format!(
+                "{id} is a Storno: it takes the rates of the entry it reverses; value that one"
+            )));
+        }
+        let source = format!("by hand: {actor}: {reason}");
+        let crypto = match (crypto_of(&pending.entry)?, positive(usd_per_coin)) {
+            (Some(method), Some(usd_per_unit)) => Some(CryptoRate {
+                method,
+                usd_per_unit,
+                source: source.clone(),
+                at: pending.posted_at,
+            }),
+            (Some(method), None) => {
+                return Err(Error::InvalidInput(format!(
+                    "{id} moves {method}: give its USD per coin, a positive decimal"
+                )));
+            }
+            (None, None) => None,
+            (None, Some(_)) => {
+                return Err(Error::InvalidInput(format!(
+                    "{id} moves no crypto: give no USD per coin"
+                )));
+            }
+        };
+        let reporting = match (
+            &self.books.config.reporting_currency,
+            positive(usd_per_reporting_unit),
+        ) {
+            (Some(currency), Some(usd_per_unit)) => Some(ReportingRate {
+                currency: currency.clone(),
+                usd_per_unit,
+                source: source.clone(),
+                at: pending.posted_at,
+            }),
+            (Some(currency), None) => {
+                return Err(Error::InvalidInput(format!(
+                    "the books report in {currency}: give USD per {currency}, a positive decimal"
+                )));
+            }
+            (None, None) => None,
+            (None, Some(_)) => {
+                return Err(Error::InvalidInput(
+                    "the books have no reporting currency: give no reporting rate".into(),
+                ));
+            }
+        };
+        let keys = [pending.entry.idempotency_key.as_str()];
+        let txids = book_store::txids_of_entries(&mut conn, &keys).await?;
+        drop(conn);
+        let valuation = Valuation {
+            entry_seq: pending.seq,
+            crypto,
+            basis: source,
+            txids: txids
+                .get(&pending.entry.idempotency_key)
+                .map(|t| t.join("+"))
+                .unwrap_or_default(),
+            reporting,
+            valued_at: self.now(),
+        };
+        let mut tx = self.store.begin_write().await?;
+        book_store::insert_valuations(&mut tx, std::slice::from_ref(&valuation)).await?;
+        tx.commit().await?;
+        tracing::info!(entry = %id, %actor, "entry valued by hand");
+        Ok(valuation)
+    }
+
+    /// How many entries have no fiat value, and when the oldest of them was booked, once it is
+    /// older than a valuation pass needs: what operators are shown.
+    pub(crate) async fn unvalued_overdue(&self) -> Result<(u64, Option<DateTime<Utc>>), Error> {
+        let mut conn = self.store.pool().acquire().await?;
+        let (count, oldest) = book_store::unvalued_count(&mut conn).await?;
+        let overdue = oldest.filter(|at| *at < self.now() - VALUED_SETTLE_MARGIN);
+        Ok((if overdue.is_some() { count as u64 } else { 0 }, overdue))
+    }
+
     /// Entries without a fiat value (oldest first, at most `limit`), and how many there are.
     pub async fn unvalued_entries(&self, limit: usize) -> Result<(u64, Vec<UnvaluedEntry>), Error> {
         let mut conn = self.store.pool().acquire().await?;

@@ -305,6 +305,9 @@ impl Engine {
                 let export = self.wallet_export(*network).await?;
                 few.extend(wallet_gap_item(&export, wallet.gap_limit_warning, now));
             }
+            if let (count, Some(oldest)) = self.unvalued_overdue().await? {
+                few.push(crate::stuck::unvalued_item(count, oldest));
+            }
             if self
                 .payment_settings()
                 .keys
