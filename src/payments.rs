@@ -149,7 +149,9 @@ impl PaymentSettings {
     }
 }
 
-/// The deriver of `account` on `network`; Bitcoin and Litecoin need their wallet's chain.
+/// The deriver of `account` on `network`, for the configured key and a retired one alike;
+/// Bitcoin and Litecoin need their wallet's chain. Solana derives from no account key and
+/// never comes here.
 fn deriver_of(
     network: Network,
     account: AccountXpub,
@@ -261,9 +263,9 @@ fn add_networks(settings: &mut PaymentSettings, networks: &NetworksConfig) -> Re
             },
         );
     };
-    for (network, chain, config) in [
-        (Network::Bitcoin, UtxoChain::Bitcoin, &networks.bitcoin),
-        (Network::Litecoin, UtxoChain::Litecoin, &networks.litecoin),
+    for (network, config) in [
+        (Network::Bitcoin, &networks.bitcoin),
+        (Network::Litecoin, &networks.litecoin),
     ] {
         if let Some(config) = config {
             let utxo_network = config.network.parse().map_err(|e: DeriveError| {
@@ -287,8 +289,7 @@ fn add_networks(settings: &mut PaymentSettings, networks: &NetworksConfig) -> Re
                 .descriptors()
                 .map_err(|e| Error::Config(format!("networks.{network}.key_origin: {e}")))?;
             treasury.insert(network, config.treasury_addresses.iter().cloned().collect());
-            let deriver: Arc<dyn AddressDeriver> =
-                Arc::new(SegwitDeriver::new(account, chain, utxo_network));
+            let deriver = deriver_of(network, account, Some(utxo_network));
             keys.push((
                 network,
                 config.lookahead,
@@ -312,8 +313,11 @@ fn add_networks(settings: &mut PaymentSettings, networks: &NetworksConfig) -> Re
         if config.finality == EthereumFinality::Finalized {
             explicit_finality_depth(Network::Ethereum, config.confirmations)?;
         }
-        let deriver: Arc<dyn AddressDeriver> =
-            Arc::new(EthereumDeriver::new(xpub(Network::Ethereum, &config.xpub)?));
+        let deriver = deriver_of(
+            Network::Ethereum,
+            xpub(Network::Ethereum, &config.xpub)?,
+            None,
+        );
         keys.push((
             Network::Ethereum,
             config.lookahead,
@@ -346,8 +350,7 @@ fn add_networks(settings: &mut PaymentSettings, networks: &NetworksConfig) -> Re
                 .map_err(|e| e.to_string())
         })?;
         treasury.insert(Network::Tron, own);
-        let deriver: Arc<dyn AddressDeriver> =
-            Arc::new(TronDeriver::new(xpub(Network::Tron, &config.xpub)?));
+        let deriver = deriver_of(Network::Tron, xpub(Network::Tron, &config.xpub)?, None);
         keys.push((
             Network::Tron,
             config.lookahead,

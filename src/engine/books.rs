@@ -848,7 +848,9 @@ async fn fold_report(
         daily: folded.daily,
         xero_files: folded.xero_files,
         rollforward: rollforward_of(conn, period, zone).await?,
-        holdings: super::wallet::asset_rollforwards_of(conn, (from, to)).await?,
+        holdings: super::wallet::asset_rollforwards_of(conn, (from, to))
+            .await?
+            .0,
         books: books.clone(),
     })
 }

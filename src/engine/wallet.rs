@@ -98,7 +98,11 @@ impl Engine {
                 .descriptors()
                 .map_err(|e| Error::Config(format!("networks.{network}: {e}")))?;
             let funded = self.funded_indexes(network, &key.key_id).await?;
-            let state = crate::wallet::key_state(&settings.keys, network.as_str(), &key.key_id);
+            let state = if key.key_id == keys.current.key_id {
+                crate::keys::KeyState::Current
+            } else {
+                crate::keys::KeyState::Retired
+            };
             exports.push(WalletExport::new(
                 network,
                 (&key.key_id, state),
@@ -141,8 +145,7 @@ impl Engine {
     pub async fn holdings_rollforward(&self, period: Period) -> Result<HoldingsRollForward, Error> {
         let (from, to) = self.period_bounds(period);
         let mut conn = self.db().pool().acquire().await?;
-        let assets = asset_rollforwards_of(&mut conn, (from, to)).await?;
-        let held = store::wallet::holdings(&mut conn, None, to.timestamp_millis()).await?;
+        let (assets, held) = asset_rollforwards_of(&mut conn, (from, to)).await?;
         drop(conn);
         let mut report = HoldingsRollForward::new(period, (from, to), assets);
         report.closing_per_key = holdings_view(
@@ -278,14 +281,15 @@ impl Engine {
 }
 
 /// Each asset's holdings roll-forward over `[from, to)`, in base units: what the period
-/// report stores and `Engine::holdings_rollforward` values.
+/// report stores and `Engine::holdings_rollforward` values; with the addresses' holdings at
+/// `to` it was checked against, which the latter also totals per key.
 pub(super) async fn asset_rollforwards_of(
     conn: &mut sqlx::AnyConnection,
     (from, to): (DateTime<Utc>, DateTime<Utc>),
-) -> Result<Vec<AssetRollForward>, Error> {
+) -> Result<(Vec<AssetRollForward>, Vec<store::wallet::HoldingRow>), Error> {
     let (from_ms, to_ms) = (from.timestamp_millis(), to.timestamp_millis());
     let before = store::wallet::holding_movements(conn, i64::MIN, from_ms).await?;
     let during = store::wallet::holding_movements(conn, from_ms, to_ms).await?;
     let held = store::wallet::holdings(conn, None, to_ms).await?;
-    Ok(asset_rollforwards(&before, &during, &held))
+    Ok((asset_rollforwards(&before, &during, &held), held))
 }

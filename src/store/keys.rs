@@ -93,40 +93,44 @@ pub(crate) struct KeyWindow {
     pub skipped_from: Option<u32>,
 }
 
-/// Each of `key_ids`' [`KeyWindow`] on `network`; a key that never handed out starts at 0.
+/// Each of `key_ids`' [`KeyWindow`] on `network`, in one statement (a watcher reads it every
+/// round); a key that never handed out starts at 0.
 pub(crate) async fn windows(
     conn: &mut AnyConnection,
     network: &str,
     key_ids: &[String],
     since_ms: i64,
 ) -> Result<std::collections::HashMap<String, KeyWindow>, StoreError> {
-    let mut windows = std::collections::HashMap::new();
-    for key_id in key_ids {
-        let next: Option<i64> =
-            sqlx::query_scalar("SELECT next_index FROM derivation_counters WHERE key_id = $1")
-                .bind(key_id.as_str())
-                .fetch_optional(&mut *conn)
-                .await?;
-        let skipped: Option<i64> = sqlx::query_scalar(
-            "SELECT MIN(counter_before) FROM unissued_payments \
-             WHERE network = $1 AND key_id = $2 AND found_at_ms > $3",
-        )
+    let mut windows: std::collections::HashMap<String, KeyWindow> = key_ids
+        .iter()
+        .map(|key_id| (key_id.clone(), KeyWindow::default()))
+        .collect();
+    if key_ids.is_empty() {
+        return Ok(windows);
+    }
+    let placeholders: Vec<String> = (3..3 + key_ids.len()).map(|n| format!("${n}")).collect();
+    let sql = format!(
+        "SELECT c.key_id, c.next_index, (SELECT MIN(u.counter_before) FROM unissued_payments u \
+           WHERE u.network = $1 AND u.key_id = c.key_id AND u.found_at_ms > $2) \
+         FROM derivation_counters c WHERE c.key_id IN ({})",
+        placeholders.join(", ")
+    );
+    let mut query = sqlx::query_as::<_, (String, i64, Option<i64>)>(sqlx::AssertSqlSafe(sql))
         .bind(network)
-        .bind(key_id.as_str())
-        .bind(since_ms)
-        .fetch_one(&mut *conn)
-        .await?;
+        .bind(since_ms);
+    for key_id in key_ids {
+        query = query.bind(key_id.as_str());
+    }
+    for (key_id, next, skipped) in query.fetch_all(&mut *conn).await? {
         let index = |value: i64| {
             u32::try_from(value)
                 .map_err(|_| StoreError::Corrupt(format!("derivation index {value} of {key_id}")))
         };
-        windows.insert(
-            key_id.clone(),
-            KeyWindow {
-                next_index: next.map(index).transpose()?.unwrap_or(0),
-                skipped_from: skipped.map(index).transpose()?,
-            },
-        );
+        let window = KeyWindow {
+            next_index: index(next)?,
+            skipped_from: skipped.map(index).transpose()?,
+        };
+        windows.insert(key_id, window);
     }
     Ok(windows)
 }
