@@ -362,6 +362,9 @@ pub struct RatesConfig {
     pub peg_band_percent: Decimal,
     /// A source is asked again only after this long.
     pub cache_seconds: u32,
+    /// The books value a moment older than `max_age_seconds` from each provider's history:
+    /// a historic price further than this from the moment is not used.
+    pub history_tolerance_seconds: u32,
     /// CoinGecko's API base URL.
     pub coingecko_url: SecretUrl,
     /// CoinGecko demo API key, if any.
@@ -379,6 +382,7 @@ impl Default for RatesConfig {
             max_age_seconds: 300,
             peg_band_percent: Decimal::TWO,
             cache_seconds: 30,
+            history_tolerance_seconds: 3600,
             coingecko_url: crate::rates::CoinGecko::DEFAULT_URL.into(),
             coingecko_api_key: None,
             kraken_url: crate::rates::Kraken::DEFAULT_URL.into(),

@@ -198,7 +198,10 @@ fn rate_book(config: &RatesConfig) -> Result<RateBook, Error> {
         chrono::Duration::seconds(i64::from(config.max_age_seconds)),
         config.peg_band_percent / rust_decimal::Decimal::ONE_HUNDRED,
         chrono::Duration::seconds(i64::from(config.cache_seconds)),
-    ))
+    )
+    .with_history_tolerance(chrono::Duration::seconds(i64::from(
+        config.history_tolerance_seconds,
+    ))))
 }
 
 /// A network's configured treasury addresses in the form its outflows name destinations in;

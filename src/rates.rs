@@ -75,27 +75,52 @@ pub struct FiatQuote {
     pub fetched_at: DateTime<Utc>,
 }
 
+/// How a source knows the price at a past moment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum History {
+    /// Only the present: its quote values a moment only while the moment is within the
+    /// staleness limit.
+    None,
+    /// Prices declared in effect over ranges of time (the recorded file): asked for every
+    /// moment and used as they are.
+    InEffect,
+    /// Prices sampled at points or over candles (a provider's history): asked once the moment
+    /// is past the staleness limit; a sample further from the moment than the book's
+    /// tolerance is not used.
+    Sampled,
+}
+
 /// A price provider.
 pub trait RateSource: Send + Sync + std::fmt::Debug {
     /// The name quotes carry.
     fn name(&self) -> &str;
     /// Current quotes for as many of [`QUOTED_ASSETS`] as the source prices.
     fn fetch(&self) -> BoxFuture<'_, Result<Vec<Quote>, RateError>>;
-    /// Whether the source keeps a history: it answers [`RateSource::fetch_at`] with the quotes
-    /// in effect then, however old. A live source knows only the present.
-    fn keeps_history(&self) -> bool {
-        false
+    /// How the source knows the past.
+    fn history(&self) -> History {
+        History::None
     }
-    /// The quotes in effect at `at`; a source without a history answers with its current ones.
-    fn fetch_at(&self, _at: DateTime<Utc>) -> BoxFuture<'_, Result<Vec<Quote>, RateError>> {
-        self.fetch()
+    /// The price of `asset` at `at` (asked at `now`) from the source's history, stamped with
+    /// the time of the sample it comes from; `None` when the history has none.
+    fn fetch_at(
+        &self,
+        _asset: Asset,
+        _at: DateTime<Utc>,
+        _now: DateTime<Utc>,
+    ) -> BoxFuture<'_, Result<Option<Quote>, RateError>> {
+        Box::pin(async { Ok(None) })
     }
-    /// USD for one unit of `currency` (in effect at `at`, for a source with a history), or
-    /// `None` when the source does not price it.
-    fn fetch_fiat(
+    /// USD for one unit of `currency` now, or `None` when the source does not price it.
+    fn fetch_fiat(&self, _currency: &str) -> BoxFuture<'_, Result<Option<FiatQuote>, RateError>> {
+        Box::pin(async { Ok(None) })
+    }
+    /// USD for one unit of `currency` at `at` from the source's history, as
+    /// [`RateSource::fetch_at`].
+    fn fetch_fiat_at(
         &self,
         _currency: &str,
         _at: DateTime<Utc>,
+        _now: DateTime<Utc>,
     ) -> BoxFuture<'_, Result<Option<FiatQuote>, RateError>> {
         Box::pin(async { Ok(None) })
     }
@@ -140,17 +165,20 @@ pub enum RateError {
         /// The allowed deviation.
         band_percent: Decimal,
     },
+    /// No source could price the moment: none has a fresh live quote, or a sample of its
+    /// history close enough to it.
+    #[error("no {priced} price for {at}: {reasons}")]
+    NoRateAt {
+        /// The asset or currency.
+        priced: String,
+        /// The moment.
+        at: DateTime<Utc>,
+        /// Why each source's price was not used.
+        reasons: String,
+    },
     /// No rate source is configured.
     #[error("no rate source is configured")]
     NoSources,
-    /// No source prices the fiat currency.
-    #[error("no rate source prices {currency}: {reasons}")]
-    NoFiatRate {
-        /// The currency.
-        currency: String,
-        /// Why each source gave none.
-        reasons: String,
-    },
 }
 
 impl RateError {
@@ -162,6 +190,22 @@ impl RateError {
 /// A source's last answer and when it was asked.
 type CachedAnswer = (DateTime<Utc>, Result<Vec<Quote>, RateError>);
 
+/// The furthest a provider's sampled price may lie from the moment it values, unless the
+/// configuration says otherwise: CoinGecko's history has a point per hour, Kraken's candles
+/// are a minute to an hour long for the month a valuation can be late by.
+pub const DEFAULT_HISTORY_TOLERANCE: chrono::Duration = chrono::Duration::hours(1);
+
+/// Which answer of a source prices a moment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Way {
+    /// The current quote: the moment is now, or within the staleness limit of it.
+    Live,
+    /// The price declared in effect at the moment.
+    InEffect,
+    /// The history's sample nearest the moment.
+    Sampled,
+}
+
 /// Quotes from several sources combined under the shop's rules.
 #[derive(Debug)]
 pub struct RateBook {
@@ -169,6 +213,7 @@ pub struct RateBook {
     max_age: chrono::Duration,
     peg_band: Decimal,
     cache_for: chrono::Duration,
+    history_tolerance: chrono::Duration,
     cache: Mutex<BTreeMap<String, CachedAnswer>>,
 }
 
@@ -176,7 +221,9 @@ impl RateBook {
     /// A book over `sources`; quotes older than `max_age` are stale; a stablecoin more than
     /// `peg_band` (a fraction, 0.02 = 2 %) from 1 USD is refused; a source is asked again only
     /// after `cache_for`, which is capped at half of `max_age` so that a cached answer is
-    /// always refreshed before its quotes could turn stale.
+    /// always refreshed before its quotes could turn stale. A provider's history may be
+    /// [`DEFAULT_HISTORY_TOLERANCE`] from a moment; [`RateBook::with_history_tolerance`] sets
+    /// another bound.
     pub fn new(
         sources: Vec<Arc<dyn RateSource>>,
         max_age: chrono::Duration,
@@ -188,8 +235,16 @@ impl RateBook {
             max_age,
             peg_band,
             cache_for: cache_for.min(max_age / 2),
+            history_tolerance: DEFAULT_HISTORY_TOLERANCE,
             cache: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// The book, using a provider's historic price only when it lies within `tolerance` of the
+    /// moment it values.
+    pub fn with_history_tolerance(mut self, tolerance: chrono::Duration) -> RateBook {
+        self.history_tolerance = tolerance;
+        self
     }
 
     /// The rate to lock for `asset` now: the median of every source's fresh quote.
@@ -200,11 +255,23 @@ impl RateBook {
         let answers = join_all(
             self.sources
                 .iter()
-                .map(|source| self.quotes_of(source, now)),
+                .map(|source| self.live_quote(source, asset, now)),
         )
         .await;
-        let answers = self.sources.iter().zip(answers).map(|(s, a)| (s, a, false));
-        let (usd_per_unit, source, fetched_at) = self.median_quote(asset, answers, now)?;
+        let (fresh, reasons) = self.usable(
+            self.sources
+                .iter()
+                .zip(answers)
+                .map(|(s, a)| (s, a, Way::Live)),
+            now,
+            now,
+        );
+        let (usd_per_unit, source, fetched_at) =
+            median(fresh).ok_or_else(|| RateError::NoFreshRate {
+                asset,
+                max_age_seconds: self.max_age.num_seconds(),
+                reasons,
+            })?;
         if asset.is_usd_stablecoin() && (usd_per_unit - Decimal::ONE).abs() > self.peg_band {
             return Err(RateError::Depegged {
                 asset,
@@ -220,9 +287,10 @@ impl RateBook {
         })
     }
 
-    /// The market price of `asset` at `at`, for the books: the median over the sources, each
-    /// answering with the quote in effect at `at` if it keeps a history, else with a fresh
-    /// current quote. No peg band: a depegged stablecoin is worth what the market says.
+    /// The market price of `asset` at the moment `at`, for the books: the median over the
+    /// sources of their price at that moment. A moment within the staleness limit of `now`
+    /// takes the live quotes; an older one each source's history, never a later price. No peg
+    /// band: a depegged stablecoin is worth what the market says.
     pub async fn market_rate(
         &self,
         asset: Asset,
@@ -232,17 +300,27 @@ impl RateBook {
         if self.sources.is_empty() {
             return Err(RateError::NoSources);
         }
-        let mut answers = Vec::with_capacity(self.sources.len());
-        for source in &self.sources {
-            let historic = source.keeps_history();
-            let answer = if historic {
-                source.fetch_at(at).await
-            } else {
-                self.quotes_of(source, now).await
+        let answers = join_all(self.sources.iter().map(|source| async move {
+            let way = self.way_for(source.as_ref(), at, now);
+            let answer = match way {
+                Way::Live => self.live_quote(source, asset, now).await,
+                Way::InEffect | Way::Sampled => source.fetch_at(asset, at, now).await.map(|q| {
+                    q.map(|q| (q.usd_per_unit, q.source, q.fetched_at))
+                        .ok_or_else(|| {
+                            format!("{} has no {asset} price at that moment", source.name())
+                        })
+                }),
             };
-            answers.push((source, answer, historic));
-        }
-        let (usd_per_unit, source, fetched_at) = self.median_quote(asset, answers, now)?;
+            (source, answer, way)
+        }))
+        .await;
+        let (fresh, reasons) = self.usable(answers, at, now);
+        let (usd_per_unit, source, fetched_at) =
+            median(fresh).ok_or_else(|| RateError::NoRateAt {
+                priced: asset.to_string(),
+                at,
+                reasons,
+            })?;
         Ok(LockedRate {
             asset,
             usd_per_unit,
@@ -251,34 +329,33 @@ impl RateBook {
         })
     }
 
-    /// USD per unit of the fiat `currency` at `at`: the median of what the sources say.
+    /// USD per unit of the fiat `currency` at the moment `at`: the median of what the sources
+    /// say, asked as [`RateBook::market_rate`] asks.
     pub async fn fiat_rate(
         &self,
         currency: &str,
         at: DateTime<Utc>,
         now: DateTime<Utc>,
     ) -> Result<FiatQuote, RateError> {
-        let mut fresh = Vec::new();
-        let mut reasons = Vec::new();
-        for source in &self.sources {
-            // A source with a history answers with the price in effect at `at`, however old.
-            let historic = source.keeps_history();
-            match source.fetch_fiat(currency, at).await {
-                Err(error) => reasons.push(error.to_string()),
-                Ok(None) => reasons.push(format!("{} has no {currency} quote", source.name())),
-                Ok(Some(q)) if q.usd_per_unit <= Decimal::ZERO => {
-                    reasons.push(format!("{} quote is not positive", source.name()))
-                }
-                Ok(Some(q)) if !historic && now - q.fetched_at > self.max_age => {
-                    reasons.push(format!("{} quote is stale", source.name()))
-                }
-                Ok(Some(q)) => fresh.push((q.usd_per_unit, q.source, q.fetched_at)),
-            }
-        }
+        let answers = join_all(self.sources.iter().map(|source| async move {
+            let way = self.way_for(source.as_ref(), at, now);
+            let answer = match way {
+                Way::Live => source.fetch_fiat(currency).await,
+                Way::InEffect | Way::Sampled => source.fetch_fiat_at(currency, at, now).await,
+            };
+            let answer = answer.map(|q| {
+                q.map(|q| (q.usd_per_unit, q.source, q.fetched_at))
+                    .ok_or_else(|| format!("{} has no {currency} quote", source.name()))
+            });
+            (source, answer, way)
+        }))
+        .await;
+        let (fresh, reasons) = self.usable(answers, at, now);
         let (usd_per_unit, source, fetched_at) =
-            median(fresh).ok_or_else(|| RateError::NoFiatRate {
-                currency: currency.to_owned(),
-                reasons: reasons.join("; "),
+            median(fresh).ok_or_else(|| RateError::NoRateAt {
+                priced: currency.to_owned(),
+                at,
+                reasons,
             })?;
         Ok(FiatQuote {
             currency: currency.to_owned(),
@@ -288,41 +365,85 @@ impl RateBook {
         })
     }
 
-    /// The median of the sources' quotes for `asset`: each answer's quote is used unless it
-    /// is missing, not positive, or (from a source without a history) older than `max_age`;
-    /// why each was not used is the error when none is.
-    fn median_quote<'a>(
+    /// The answer of `source` that prices the moment `at`, seen at `now`.
+    fn way_for(&self, source: &dyn RateSource, at: DateTime<Utc>, now: DateTime<Utc>) -> Way {
+        match source.history() {
+            History::InEffect => Way::InEffect,
+            History::Sampled if now - at > self.max_age => Way::Sampled,
+            History::Sampled | History::None => Way::Live,
+        }
+    }
+
+    /// The prices (price, source, time) among the sources' answers that may value the moment
+    /// `at` seen at `now`, and why each other was not used. A live quote must be fresh and the
+    /// moment recent; a sample must lie within the tolerance of the moment; a price must be
+    /// positive.
+    fn usable<'a>(
         &self,
-        asset: Asset,
         answers: impl IntoIterator<
-            Item = (&'a Arc<dyn RateSource>, Result<Vec<Quote>, RateError>, bool),
+            Item = (
+                &'a Arc<dyn RateSource>,
+                Result<Result<Priced, String>, RateError>,
+                Way,
+            ),
         >,
+        at: DateTime<Utc>,
         now: DateTime<Utc>,
-    ) -> Result<(Decimal, String, DateTime<Utc>), RateError> {
+    ) -> (Vec<Priced>, String) {
         let mut fresh = Vec::new();
         let mut reasons = Vec::new();
-        for (source, answer, historic) in answers {
-            match answer.map(|quotes| quotes.into_iter().find(|q| q.asset == asset)) {
-                Err(error) => reasons.push(error.to_string()),
-                Ok(None) => reasons.push(format!("{} has no {asset} quote", source.name())),
-                Ok(Some(q)) if !historic && now - q.fetched_at > self.max_age => {
-                    reasons.push(format!(
-                        "{} quote is from {}",
-                        source.name(),
-                        q.fetched_at.to_rfc3339()
-                    ))
+        for (source, answer, way) in answers {
+            let name = source.name();
+            let price = match answer {
+                Err(error) => {
+                    reasons.push(error.to_string());
+                    continue;
                 }
-                Ok(Some(q)) if q.usd_per_unit <= Decimal::ZERO => {
-                    reasons.push(format!("{} quote is not positive", source.name()))
+                Ok(Err(missing)) => {
+                    reasons.push(missing);
+                    continue;
                 }
-                Ok(Some(q)) => fresh.push((q.usd_per_unit, q.source, q.fetched_at)),
+                Ok(Ok(price)) => price,
+            };
+            let quoted = price.2;
+            let refused = match way {
+                Way::Live if now - at > self.max_age => Some(format!(
+                    "{name} keeps no history, and the moment is {} s past",
+                    (now - at).num_seconds()
+                )),
+                Way::Live if now - quoted > self.max_age => {
+                    Some(format!("{name} quote is from {}", quoted.to_rfc3339()))
+                }
+                Way::Sampled if (quoted - at).abs() > self.history_tolerance => Some(format!(
+                    "{name}'s nearest price is from {}, more than {} s from the moment",
+                    quoted.to_rfc3339(),
+                    self.history_tolerance.num_seconds()
+                )),
+                _ if price.0 <= Decimal::ZERO => Some(format!("{name} quote is not positive")),
+                _ => None,
+            };
+            match refused {
+                Some(reason) => reasons.push(reason),
+                None => fresh.push(price),
             }
         }
-        median(fresh).ok_or_else(|| RateError::NoFreshRate {
-            asset,
-            max_age_seconds: self.max_age.num_seconds(),
-            reasons: reasons.join("; "),
-        })
+        (fresh, reasons.join("; "))
+    }
+
+    /// The current quote of `asset` from `source`, through the cache.
+    async fn live_quote(
+        &self,
+        source: &Arc<dyn RateSource>,
+        asset: Asset,
+        now: DateTime<Utc>,
+    ) -> Result<Result<Priced, String>, RateError> {
+        Ok(self
+            .quotes_of(source, now)
+            .await?
+            .into_iter()
+            .find(|q| q.asset == asset)
+            .map(|q| (q.usd_per_unit, q.source, q.fetched_at))
+            .ok_or_else(|| format!("{} has no {asset} quote", source.name())))
     }
 
     async fn quotes_of(
@@ -344,11 +465,12 @@ impl RateBook {
     }
 }
 
-/// The median price of `quotes` (price, source, time), naming every source and the oldest
-/// time among them; `None` when there is none.
-fn median(
-    mut quotes: Vec<(Decimal, String, DateTime<Utc>)>,
-) -> Option<(Decimal, String, DateTime<Utc>)> {
+/// A price, the source that gave it and the time it was current.
+type Priced = (Decimal, String, DateTime<Utc>);
+
+/// The median price of `quotes`, naming every source and the oldest time among them; `None`
+/// when there is none.
+fn median(mut quotes: Vec<Priced>) -> Option<Priced> {
     if quotes.is_empty() {
         return None;
     }
@@ -383,7 +505,8 @@ where
         .await
 }
 
-/// The largest answer of a price source read: a quote is a few hundred bytes.
+/// The largest answer of a price source read: a quote is a few hundred bytes, a day of
+/// history or Kraken's 720 candles some tens of kilobytes.
 const MAX_QUOTE_BYTES: usize = 1 << 20;
 
 /// GETs `url` and returns the body of a 2xx answer; other statuses and transport errors are
@@ -425,12 +548,40 @@ fn decimal_of(raw: &str) -> Option<Decimal> {
         .ok()
 }
 
-/// CoinGecko's `/api/v3/simple/price` (documented public API).
+/// A sample of a provider's history: when the price was current, and the price.
+type Sample = (DateTime<Utc>, Decimal);
+
+/// How many answers about the past a provider keeps before it forgets the oldest.
+const PAST_ANSWERS_KEPT: usize = 256;
+
+/// A provider's answers about the past that can no longer change (a whole day's points, the
+/// closed candles), kept: a valuation pass after an outage asks about many moments of the same
+/// days, and each answer costs a request against the provider's rate limit.
+#[derive(Debug, Default)]
+struct PastAnswers(Mutex<BTreeMap<String, Arc<Vec<Sample>>>>);
+
+impl PastAnswers {
+    fn get(&self, key: &str) -> Option<Arc<Vec<Sample>>> {
+        self.0.lock().expect("past answers lock").get(key).cloned()
+    }
+
+    fn keep(&self, key: String, samples: Arc<Vec<Sample>>) {
+        let mut kept = self.0.lock().expect("past answers lock");
+        if kept.len() >= PAST_ANSWERS_KEPT && !kept.contains_key(&key) {
+            kept.pop_first();
+        }
+        kept.insert(key, samples);
+    }
+}
+
+/// CoinGecko's documented public API: `/api/v3/simple/price` for the present,
+/// `/api/v3/coins/{id}/market_chart/range` for the past.
 #[derive(Debug)]
 pub struct CoinGecko {
     client: reqwest::Client,
     base_url: String,
     api_key: Option<Secret>,
+    days: PastAnswers,
 }
 
 impl CoinGecko {
@@ -443,6 +594,7 @@ impl CoinGecko {
             client,
             base_url: base_url.trim_end_matches('/').to_owned(),
             api_key,
+            days: PastAnswers::default(),
         }
     }
 
@@ -494,13 +646,10 @@ impl CoinGecko {
         Ok(quotes)
     }
 
-    /// `GET /api/v3/simple/price` for coins `ids` in `vs_currencies`, with the API key when
-    /// one is configured, retried on transient failures.
-    async fn simple_price(&self, ids: &str, vs_currencies: &str) -> Result<String, RateError> {
-        let url = format!(
-            "{}/api/v3/simple/price?ids={ids}&vs_currencies={vs_currencies}&include_last_updated_at=true",
-            self.base_url
-        );
+    /// GETs `path_and_query`, with the API key when one is configured, retried on transient
+    /// failures.
+    async fn get(&self, path_and_query: &str) -> Result<String, RateError> {
+        let url = format!("{}{path_and_query}", self.base_url);
         let headers: Vec<(&str, &str)> = self
             .api_key
             .as_ref()
@@ -508,6 +657,14 @@ impl CoinGecko {
             .into_iter()
             .collect();
         with_retries(|| get_text(&self.client, "coingecko", &url, &headers)).await
+    }
+
+    /// `simple/price` for coins `ids` in `vs_currencies`.
+    async fn simple_price(&self, ids: &str, vs_currencies: &str) -> Result<String, RateError> {
+        self.get(&format!(
+            "/api/v3/simple/price?ids={ids}&vs_currencies={vs_currencies}&include_last_updated_at=true"
+        ))
+        .await
     }
 
     fn parse_eur(body: &str) -> Result<FiatQuote, RateError> {
@@ -527,17 +684,79 @@ impl CoinGecko {
             .ok_or_else(|| malformed("no bitcoin prices".into()))?;
         let usd = decimal_of(prices.usd.get()).ok_or_else(|| malformed("usd price".into()))?;
         let eur = decimal_of(prices.eur.get()).ok_or_else(|| malformed("eur price".into()))?;
-        let usd_per_unit = usd
-            .checked_div(eur)
-            .ok_or_else(|| malformed("eur price is zero".into()))?
-            .round_dp(8);
         Ok(FiatQuote {
             currency: "EUR".into(),
-            usd_per_unit,
+            usd_per_unit: Self::usd_per_eur(usd, eur)?,
             source: "coingecko".into(),
             fetched_at: DateTime::from_timestamp(prices.last_updated_at, 0)
                 .ok_or_else(|| malformed("timestamp".into()))?,
         })
+    }
+
+    /// USD per euro from bitcoin's price in both: CoinGecko's cross rate of its most liquid
+    /// coin.
+    fn usd_per_eur(bitcoin_usd: Decimal, bitcoin_eur: Decimal) -> Result<Decimal, RateError> {
+        Ok(bitcoin_usd
+            .checked_div(bitcoin_eur)
+            .ok_or_else(|| Self::malformed("eur price is zero".into()))?
+            .round_dp(8))
+    }
+
+    /// The `prices` of a `market_chart/range` answer: `[[unix milliseconds, price], …]`.
+    fn parse_chart(body: &str) -> Result<Vec<Sample>, RateError> {
+        #[derive(Deserialize)]
+        struct Chart<'a> {
+            #[serde(borrow)]
+            prices: Vec<(&'a RawValue, &'a RawValue)>,
+        }
+        let chart: Chart =
+            serde_json::from_str(body).map_err(|e| Self::malformed(e.to_string()))?;
+        chart
+            .prices
+            .into_iter()
+            .map(|(millis, price)| {
+                let at = decimal_of(millis.get())
+                    .and_then(|m| i64::try_from(m.trunc().mantissa()).ok())
+                    .and_then(DateTime::from_timestamp_millis)
+                    .ok_or_else(|| Self::malformed(format!("time {}", millis.get())))?;
+                let price = decimal_of(price.get())
+                    .ok_or_else(|| Self::malformed(format!("price {}", price.get())))?;
+                Ok((at, price))
+            })
+            .collect()
+    }
+
+    /// The price of coin `id` in `vs` nearest `at`: from the points of `at`'s UTC day and an
+    /// hour either side, which CoinGecko gives hourly (5-minutely for the last day). A day
+    /// answered in full is kept.
+    async fn price_near(
+        &self,
+        id: &str,
+        vs: &str,
+        at: DateTime<Utc>,
+    ) -> Result<Option<Sample>, RateError> {
+        let day_start = at.timestamp() - at.timestamp().rem_euclid(86_400);
+        let key = format!("{id}/{vs}/{day_start}");
+        let points = match self.days.get(&key) {
+            Some(points) => points,
+            None => {
+                let (from, to) = (day_start - 3600, day_start + 86_400 + 3600);
+                let body = self
+                    .get(&format!(
+                        "/api/v3/coins/{id}/market_chart/range?vs_currency={vs}&from={from}&to={to}"
+                    ))
+                    .await?;
+                let points = Arc::new(Self::parse_chart(&body)?);
+                if points
+                    .iter()
+                    .any(|(t, _)| t.timestamp() >= day_start + 86_400)
+                {
+                    self.days.keep(key, points.clone());
+                }
+                points
+            }
+        };
+        Ok(points.iter().min_by_key(|(t, _)| (*t - at).abs()).copied())
     }
 }
 
@@ -554,30 +773,87 @@ impl RateSource for CoinGecko {
         })
     }
 
-    /// EUR from bitcoin's price in USD and in EUR (`vs_currencies=usd,eur`): CoinGecko's
-    /// cross rate of its most liquid coin.
-    fn fetch_fiat(
+    fn history(&self) -> History {
+        History::Sampled
+    }
+
+    /// The point of `market_chart/range` nearest the moment.
+    fn fetch_at(
         &self,
-        currency: &str,
-        _at: DateTime<Utc>,
-    ) -> BoxFuture<'_, Result<Option<FiatQuote>, RateError>> {
-        let currency = currency.to_owned();
+        asset: Asset,
+        at: DateTime<Utc>,
+        _now: DateTime<Utc>,
+    ) -> BoxFuture<'_, Result<Option<Quote>, RateError>> {
         Box::pin(async move {
-            if currency != "EUR" {
+            let point = self.price_near(Self::coin_id(asset), "usd", at).await?;
+            Ok(point.map(|(fetched_at, usd_per_unit)| Quote {
+                asset,
+                usd_per_unit,
+                source: "coingecko".into(),
+                fetched_at,
+            }))
+        })
+    }
+
+    /// EUR from bitcoin's price in USD and in EUR (`vs_currencies=usd,eur`).
+    fn fetch_fiat(&self, currency: &str) -> BoxFuture<'_, Result<Option<FiatQuote>, RateError>> {
+        let wanted = currency == "EUR";
+        Box::pin(async move {
+            if !wanted {
                 return Ok(None);
             }
             let body = self.simple_price("bitcoin", "usd,eur").await?;
             Self::parse_eur(&body).map(Some)
         })
     }
+
+    /// EUR from bitcoin's points in USD and in EUR nearest the moment, stamped with the one
+    /// further from it.
+    fn fetch_fiat_at(
+        &self,
+        currency: &str,
+        at: DateTime<Utc>,
+        _now: DateTime<Utc>,
+    ) -> BoxFuture<'_, Result<Option<FiatQuote>, RateError>> {
+        let currency = currency.to_owned();
+        Box::pin(async move {
+            if currency != "EUR" {
+                return Ok(None);
+            }
+            let usd = self.price_near("bitcoin", "usd", at).await?;
+            let eur = self.price_near("bitcoin", "eur", at).await?;
+            let (Some((usd_at, usd)), Some((eur_at, eur))) = (usd, eur) else {
+                return Ok(None);
+            };
+            let fetched_at = [usd_at, eur_at]
+                .into_iter()
+                .max_by_key(|t| (*t - at).abs())
+                .unwrap_or(usd_at);
+            Ok(Some(FiatQuote {
+                currency,
+                usd_per_unit: Self::usd_per_eur(usd, eur)?,
+                source: "coingecko".into(),
+                fetched_at,
+            }))
+        })
+    }
 }
 
-/// Kraken's public `/0/public/Ticker` (documented REST API); prices come as strings.
+/// Kraken's public REST API: `/0/public/Ticker` for the present, `/0/public/OHLC` for the
+/// past; prices come as strings.
 #[derive(Debug)]
 pub struct Kraken {
     client: reqwest::Client,
     base_url: String,
+    closed_candles: PastAnswers,
 }
+
+/// Kraken's candle lengths in minutes up to a day; longer ones say little about a moment.
+const OHLC_INTERVALS: [i64; 7] = [1, 5, 15, 30, 60, 240, 1440];
+
+/// Kraken answers only the 720 most recent candles of an interval: a moment is looked for in
+/// candles of the shortest interval whose last 700 reach back to it.
+const OHLC_CANDLES_REACHED: i64 = 700;
 
 impl Kraken {
     /// The provider's public base URL.
@@ -599,21 +875,17 @@ impl Kraken {
         Kraken {
             client,
             base_url: base_url.trim_end_matches('/').to_owned(),
+            closed_candles: PastAnswers::default(),
         }
     }
 
-    /// Each pair's last trade price, keyed as Kraken answers.
-    fn last_trades(body: &str) -> Result<BTreeMap<String, Decimal>, RateError> {
-        #[derive(Deserialize)]
-        struct Ticker {
-            /// Last trade: [price, lot volume].
-            c: Vec<String>,
-        }
+    /// The `result` of an answer, or Kraken's own error.
+    fn result(body: &str) -> Result<BTreeMap<String, Box<RawValue>>, RateError> {
         #[derive(Deserialize)]
         struct Answer {
             error: Vec<String>,
             #[serde(default)]
-            result: BTreeMap<String, Ticker>,
+            result: BTreeMap<String, Box<RawValue>>,
         }
         let answer: Answer =
             serde_json::from_str(body).map_err(|e| Self::malformed(e.to_string()))?;
@@ -623,10 +895,21 @@ impl Kraken {
                 message: payrecon_chain_core::excerpt(&answer.error.join(", ")).into_owned(),
             });
         }
-        answer
-            .result
+        Ok(answer.result)
+    }
+
+    /// Each pair's last trade price, keyed as Kraken answers.
+    fn last_trades(body: &str) -> Result<BTreeMap<String, Decimal>, RateError> {
+        #[derive(Deserialize)]
+        struct Ticker {
+            /// Last trade: [price, lot volume].
+            c: Vec<String>,
+        }
+        Self::result(body)?
             .into_iter()
             .map(|(key, ticker)| {
+                let ticker: Ticker = serde_json::from_str(ticker.get())
+                    .map_err(|e| Self::malformed(format!("{key}: {e}")))?;
                 let price = ticker
                     .c
                     .first()
@@ -666,6 +949,76 @@ impl Kraken {
         }
         Ok(quotes)
     }
+
+    /// The candles of `key` in an OHLC answer, oldest first, each as its start and its price:
+    /// the volume-weighted average of its trades, or its close when it had none.
+    fn parse_ohlc(body: &str, key: &str) -> Result<Vec<Sample>, RateError> {
+        /// time, open, high, low, close, vwap, volume, count.
+        type Candle = (i64, String, String, String, String, String, String, u64);
+        let mut result = Self::result(body)?;
+        let candles = result
+            .remove(key)
+            .ok_or_else(|| Self::malformed(format!("no {key} in the answer")))?;
+        let candles: Vec<Candle> = serde_json::from_str(candles.get())
+            .map_err(|e| Self::malformed(format!("{key}: {e}")))?;
+        candles
+            .into_iter()
+            .map(|(time, _, _, _, close, vwap, volume, _)| {
+                let start = DateTime::from_timestamp(time, 0)
+                    .ok_or_else(|| Self::malformed(format!("candle time {time}")))?;
+                let traded = decimal_of(&volume).is_some_and(|v| v > Decimal::ZERO);
+                let price = decimal_of(if traded { &vwap } else { &close })
+                    .ok_or_else(|| Self::malformed(format!("candle at {time} of {key}")))?;
+                Ok((start, price))
+            })
+            .collect()
+    }
+
+    /// The price of `pair` (answered under `key`) over the candle containing `at`, asked at
+    /// `now`, stamped with the candle's start. The closed candles of an answer are kept.
+    async fn candle_at(
+        &self,
+        pair: &str,
+        key: &str,
+        at: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Sample>, RateError> {
+        let age_minutes = (now - at).num_minutes().max(0);
+        let Some(interval) = OHLC_INTERVALS
+            .into_iter()
+            .find(|minutes| age_minutes < OHLC_CANDLES_REACHED * minutes)
+        else {
+            return Ok(None);
+        };
+        let containing = |candles: &[Sample]| {
+            candles
+                .iter()
+                .rev()
+                .find(|(start, _)| {
+                    *start <= at && at < *start + chrono::Duration::minutes(interval)
+                })
+                .copied()
+        };
+        let kept_key = format!("{pair}/{interval}");
+        if let Some(closed) = self.closed_candles.get(&kept_key)
+            && let Some(candle) = containing(&closed)
+        {
+            return Ok(Some(candle));
+        }
+        let start = at.timestamp() - at.timestamp().rem_euclid(interval * 60);
+        let url = format!(
+            "{}/0/public/OHLC?pair={pair}&interval={interval}&since={}",
+            self.base_url,
+            start - 1
+        );
+        let body = with_retries(|| get_text(&self.client, "kraken", &url, &[])).await?;
+        let candles = Self::parse_ohlc(&body, key)?;
+        // The last candle is the one still open: it can change, the others cannot.
+        let closed = &candles[..candles.len().saturating_sub(1)];
+        self.closed_candles
+            .keep(kept_key, Arc::new(closed.to_vec()));
+        Ok(containing(&candles))
+    }
 }
 
 impl RateSource for Kraken {
@@ -683,12 +1036,33 @@ impl RateSource for Kraken {
         })
     }
 
-    /// EUR from Kraken's `EURUSD` pair (answered as `ZEURZUSD`): USD per euro, last trade.
-    fn fetch_fiat(
+    fn history(&self) -> History {
+        History::Sampled
+    }
+
+    /// The OHLC candle containing the moment.
+    fn fetch_at(
         &self,
-        currency: &str,
-        _at: DateTime<Utc>,
-    ) -> BoxFuture<'_, Result<Option<FiatQuote>, RateError>> {
+        asset: Asset,
+        at: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'_, Result<Option<Quote>, RateError>> {
+        Box::pin(async move {
+            let Some((_, pair, key)) = Self::PAIRS.into_iter().find(|(a, _, _)| *a == asset) else {
+                return Ok(None);
+            };
+            let candle = self.candle_at(pair, key, at, now).await?;
+            Ok(candle.map(|(fetched_at, usd_per_unit)| Quote {
+                asset,
+                usd_per_unit,
+                source: "kraken".into(),
+                fetched_at,
+            }))
+        })
+    }
+
+    /// EUR from Kraken's `EURUSD` pair (answered as `ZEURZUSD`): USD per euro, last trade.
+    fn fetch_fiat(&self, currency: &str) -> BoxFuture<'_, Result<Option<FiatQuote>, RateError>> {
         let currency = currency.to_owned();
         Box::pin(async move {
             if currency != "EUR" {
@@ -702,6 +1076,28 @@ impl RateSource for Kraken {
                 usd_per_unit: price,
                 source: "kraken".into(),
                 fetched_at: Utc::now(),
+            }))
+        })
+    }
+
+    /// EUR from the `EURUSD` candle containing the moment.
+    fn fetch_fiat_at(
+        &self,
+        currency: &str,
+        at: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'_, Result<Option<FiatQuote>, RateError>> {
+        let currency = currency.to_owned();
+        Box::pin(async move {
+            if currency != "EUR" {
+                return Ok(None);
+            }
+            let candle = self.candle_at("EURUSD", "ZEURZUSD", at, now).await?;
+            Ok(candle.map(|(fetched_at, usd_per_unit)| FiatQuote {
+                currency,
+                usd_per_unit,
+                source: "kraken".into(),
+                fetched_at,
             }))
         })
     }
@@ -811,25 +1207,49 @@ impl RateSource for RecordedQuotes {
         })
     }
 
-    /// The timed quotes in effect at `at`; before the first, the file's plain quotes.
-    fn keeps_history(&self) -> bool {
-        true
+    /// The timed quotes are each in effect until the next; before the first, the file's
+    /// plain quotes are.
+    fn history(&self) -> History {
+        History::InEffect
     }
 
-    fn fetch_at(&self, at: DateTime<Utc>) -> BoxFuture<'_, Result<Vec<Quote>, RateError>> {
+    fn fetch_at(
+        &self,
+        asset: Asset,
+        at: DateTime<Utc>,
+        _now: DateTime<Utc>,
+    ) -> BoxFuture<'_, Result<Option<Quote>, RateError>> {
         Box::pin(async move {
             let file = self.read().await?;
-            Ok(match in_effect(&file.timed, at) {
+            let quotes = match in_effect(&file.timed, at) {
                 Some(timed) => self.quotes(&timed.quotes, timed.at),
                 None => self.quotes(&file.quotes, file.fetched_at.unwrap_or(at)),
-            })
+            };
+            Ok(quotes.into_iter().find(|q| q.asset == asset))
         })
     }
 
-    fn fetch_fiat(
+    fn fetch_fiat(&self, currency: &str) -> BoxFuture<'_, Result<Option<FiatQuote>, RateError>> {
+        let currency = currency.to_owned();
+        Box::pin(async move {
+            if currency != "EUR" {
+                return Ok(None);
+            }
+            let file = self.read().await?;
+            Ok(file.usd_per_eur.map(|usd_per_unit| FiatQuote {
+                currency,
+                usd_per_unit,
+                source: self.name.clone(),
+                fetched_at: file.fetched_at.unwrap_or_else(Utc::now),
+            }))
+        })
+    }
+
+    fn fetch_fiat_at(
         &self,
         currency: &str,
         at: DateTime<Utc>,
+        _now: DateTime<Utc>,
     ) -> BoxFuture<'_, Result<Option<FiatQuote>, RateError>> {
         let currency = currency.to_owned();
         Box::pin(async move {

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use chrono::{DateTime, TimeZone, Utc};
 use common::books::export;
 use common::payments::Tx;
+use common::replay::{ReplayServer, Reply};
 use common::{TestDb, topup};
 use payrecon::config::Config;
 use payrecon::test_utils::clock::{Clock, ManualClock};
@@ -106,6 +107,61 @@ on_both_databases! {
         assert_eq!(valued.crypto.as_ref().map(|c| c.usd_per_unit), Some(Decimal::new(80_000, 0)));
         assert_eq!(bare.unvalued_entries(100).await.unwrap().0, count - 1);
         assert!(bare.value_by_hand(&payment.entry_id, Some(Decimal::ONE), None, "anna", "again").await.unwrap_err().to_string().contains("not an entry waiting"));
+    }
+
+    async fn a_late_valuation_carries_the_price_of_its_own_moment(db) {
+        use payrecon::test_utils::rates::{CoinGecko, Kraken, RateSource};
+        // CoinGecko's and Kraken's recorded present and past for Litecoin on 1 December 2025.
+        let server = ReplayServer::start(vec![
+            ("/api/v3/simple/price", vec![Reply::Fixture("rates/coingecko_simple_price.json")]),
+            ("/0/public/Ticker", vec![Reply::Fixture("rates/kraken_ticker.json")]),
+            ("/api/v3/coins/litecoin/market_chart/range", vec![Reply::Fixture("rates/coingecko_market_chart_range_litecoin.json")]),
+            ("/0/public/OHLC", vec![Reply::Fixture("rates/kraken_ohlc_ltcusd_1m.json")]),
+        ]).await;
+        let down = ReplayServer::start(vec![]).await;
+        let client = reqwest::Client::new();
+        let providers = |url: &str| -> Vec<Arc<dyn RateSource>> {
+            vec![Arc::new(CoinGecko::new(client.clone(), url, None)), Arc::new(Kraken::new(client.clone(), url))]
+        };
+        let clock = Arc::new(ManualClock::new(at("2025-12-01T11:37:30Z")));
+        let config = common::payments::config(|_| {});
+        let engine = common::books::engine_with_rate_sources(&db, config.clone(), providers(&server.base_url), clock.clone()).await;
+        let settle = |reference: &'static str, txid: &'static str| {
+            let engine = &engine;
+            let clock = clock.clone();
+            async move {
+                engine.create_topup(&topup(reference, "42", "100")).await.unwrap();
+                let ltc = engine.create_payment(&OrderRef::new(reference).unwrap(), Method::Ltc).await.unwrap();
+                let tx = Tx::new(Network::Litecoin, txid, &ltc.intent.watch_key, Method::Ltc, ltc.intent.amount.base_units(), clock.now());
+                engine.apply_chain_events(&[tx.observed(6, 100)]).await.unwrap();
+                format!("settle:{}:1", ltc.intent.id)
+            }
+        };
+
+        // Received at 11:37:30, valued an hour later, when the market had moved to ~85.10.
+        let first = settle("T1", "ltc-1").await;
+        clock.advance(chrono::Duration::hours(1));
+        let pass = engine.value_entries().await.unwrap();
+        assert_eq!((pass.valued, pass.failed), (1, 0), "{pass:?}");
+        let rate = engine.valuation(&first).await.unwrap().unwrap().crypto.unwrap();
+        assert_eq!(rate.usd_per_unit, (Decimal::new(8394, 2) + "84.0812345678".parse::<Decimal>().unwrap()) / Decimal::TWO, "Kraken's 11:37 candle and CoinGecko's nearest point");
+        assert_eq!((rate.source.as_str(), rate.at), ("kraken,coingecko", at("2025-12-01T11:37:00Z")));
+        assert_eq!(server.hits("/0/public/OHLC"), 1);
+
+        // With both providers' history down, the next receipt stays unvalued, never at a later
+        // price, until finance values it by hand; then December closes.
+        let second = settle("T2", "ltc-2").await;
+        let blind = common::books::engine_with_rate_sources(&db, config, providers(&down.base_url), clock.clone()).await;
+        clock.advance(chrono::Duration::hours(1));
+        let pass = blind.value_entries().await.unwrap();
+        assert_eq!((pass.valued, pass.failed), (0, 1), "{pass:?}");
+        let (waiting, entries) = blind.unvalued_entries(10).await.unwrap();
+        assert_eq!(waiting, 1);
+        assert_eq!(entries[0].key, second);
+        blind.value_by_hand(&entries[0].entry_id, Some(Decimal::new(8450, 2)), None, "anna", "Kraken's hourly close, read off its site").await.unwrap();
+        clock.set(at("2026-01-02T09:00:00Z"));
+        let closed = blind.close_period("2025-12".parse().unwrap(), "anna").await.unwrap();
+        assert_eq!(closed.entries, 2);
     }
 
     async fn value_at_receipt_close_and_a_reorg_after_the_close(db) {

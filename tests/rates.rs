@@ -14,6 +14,41 @@ use rust_decimal::Decimal;
 
 const COINGECKO: &str = "/api/v3/simple/price";
 const KRAKEN: &str = "/0/public/Ticker";
+const LITECOIN_CHART: &str = "/api/v3/coins/litecoin/market_chart/range";
+const BITCOIN_CHART: &str = "/api/v3/coins/bitcoin/market_chart/range";
+const KRAKEN_OHLC: &str = "/0/public/OHLC";
+
+/// The receipt the recorded histories describe, and the valuation pass an hour later (the
+/// last point of CoinGecko's chart and Kraken's open candle).
+fn receipt_at() -> DateTime<Utc> {
+    "2025-12-01T11:37:30Z".parse().unwrap()
+}
+
+fn an_hour_later() -> DateTime<Utc> {
+    receipt_at() + Duration::hours(1)
+}
+
+/// A server answering both providers' present and past for Litecoin.
+async fn litecoin_history() -> ReplayServer {
+    ReplayServer::start(vec![
+        (
+            COINGECKO,
+            vec![Reply::Fixture("rates/coingecko_simple_price.json")],
+        ),
+        (KRAKEN, vec![Reply::Fixture("rates/kraken_ticker.json")]),
+        (
+            LITECOIN_CHART,
+            vec![Reply::Fixture(
+                "rates/coingecko_market_chart_range_litecoin.json",
+            )],
+        ),
+        (
+            KRAKEN_OHLC,
+            vec![Reply::Fixture("rates/kraken_ohlc_ltcusd_1m.json")],
+        ),
+    ])
+    .await
+}
 
 /// The recorded responses' time (`last_updated_at` in the CoinGecko fixture).
 fn recorded_at() -> DateTime<Utc> {
@@ -31,6 +66,10 @@ fn book(server: &ReplayServer) -> RateBook {
         Decimal::new(2, 2),
         Duration::zero(),
     )
+}
+
+fn book_with_tolerance(server: &ReplayServer, tolerance: Duration) -> RateBook {
+    book(server).with_history_tolerance(tolerance)
 }
 
 fn d(text: &str) -> Decimal {
@@ -216,7 +255,7 @@ async fn the_books_euro_is_the_median_of_both_providers() {
     assert_eq!(eur.source, "coingecko,kraken");
     assert!(matches!(
         book.fiat_rate("JPY", now, now).await,
-        Err(RateError::NoFiatRate { .. })
+        Err(RateError::NoRateAt { .. })
     ));
 }
 
@@ -266,4 +305,144 @@ async fn timed_recorded_quotes_pin_the_price_at_a_moment() {
         d("85"),
         "rates lock at the plain quotes"
     );
+}
+
+#[tokio::test]
+async fn a_late_valuation_takes_each_providers_price_at_the_moment() {
+    let server = litecoin_history().await;
+    let book = book(&server);
+    let rate = book
+        .market_rate(Asset::Ltc, receipt_at(), an_hour_later())
+        .await
+        .unwrap();
+    // Kraken's 11:37 one-minute candle (vwap 83.94) and CoinGecko's point nearest the moment
+    // (12:00:22.667, 84.0812345678); the live quotes had moved to 85.08 and 85.12.
+    assert_eq!(
+        rate.usd_per_unit,
+        (d("83.94") + d("84.0812345678")) / Decimal::TWO
+    );
+    assert_eq!(rate.source, "kraken,coingecko");
+    assert_eq!(
+        rate.fetched_at,
+        "2025-12-01T11:37:00Z".parse::<DateTime<Utc>>().unwrap(),
+        "the older quote's own time"
+    );
+    assert_eq!(
+        (server.hits(COINGECKO), server.hits(KRAKEN)),
+        (0, 0),
+        "never the live price"
+    );
+    assert_ne!(
+        book.rate(Asset::Ltc, an_hour_later())
+            .await
+            .unwrap()
+            .usd_per_unit,
+        rate.usd_per_unit,
+        "the market moved in the hour"
+    );
+
+    // Another moment of the same closed candles costs Kraken no request.
+    let before = server.hits(KRAKEN_OHLC);
+    book.market_rate(
+        Asset::Ltc,
+        receipt_at() + Duration::minutes(5),
+        an_hour_later(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(server.hits(KRAKEN_OHLC), before);
+}
+
+#[tokio::test]
+async fn a_prompt_valuation_takes_the_live_quotes() {
+    let server = litecoin_history().await;
+    let now = recorded_at() + Duration::seconds(90);
+    let rate = book(&server)
+        .market_rate(Asset::Ltc, now - Duration::seconds(60), now)
+        .await
+        .unwrap();
+    assert_eq!(rate.usd_per_unit, (d("85.08") + d("85.12")) / Decimal::TWO);
+    assert_eq!(
+        (server.hits(LITECOIN_CHART), server.hits(KRAKEN_OHLC)),
+        (0, 0)
+    );
+}
+
+#[tokio::test]
+async fn a_moment_no_history_reaches_stays_unpriced() {
+    let server = litecoin_history().await;
+    let strict = book(&server);
+    // Two days before the recorded histories: CoinGecko's nearest point is a day off, and
+    // Kraken's five-minute candles for it are not in the answer.
+    let long_before = receipt_at() - Duration::days(2);
+    match strict
+        .market_rate(Asset::Ltc, long_before, an_hour_later())
+        .await
+    {
+        Err(RateError::NoRateAt {
+            priced,
+            at,
+            reasons,
+        }) => {
+            assert_eq!((priced.as_str(), at), ("LTC", long_before));
+            assert!(reasons.contains("coingecko's nearest price is from 2025-11-30T23:00:12.894+00:00, more than 3600 s from the moment"), "{reasons}");
+            assert!(
+                reasons.contains("kraken has no LTC price at that moment"),
+                "{reasons}"
+            );
+        }
+        other => panic!("expected no price, got {other:?}"),
+    }
+
+    // A tolerance of two days lets CoinGecko's point price it alone.
+    let lenient = book_with_tolerance(&server, Duration::days(2));
+    let rate = lenient
+        .market_rate(Asset::Ltc, long_before, an_hour_later())
+        .await
+        .unwrap();
+    assert_eq!(
+        (rate.usd_per_unit, rate.source.as_str()),
+        (d("82.9"), "coingecko")
+    );
+
+    // Providers whose history is down price nothing, and say why.
+    let down = ReplayServer::start(vec![]).await;
+    match book(&down)
+        .market_rate(Asset::Ltc, receipt_at(), an_hour_later())
+        .await
+    {
+        Err(RateError::NoRateAt { reasons, .. }) => {
+            assert!(reasons.contains("HTTP 404"), "{reasons}")
+        }
+        other => panic!("expected no price, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_late_euro_is_each_providers_rate_at_the_moment() {
+    let server = ReplayServer::start(vec![
+        (
+            BITCOIN_CHART,
+            vec![
+                Reply::Fixture("rates/coingecko_market_chart_range_bitcoin_usd.json"),
+                Reply::Fixture("rates/coingecko_market_chart_range_bitcoin_eur.json"),
+            ],
+        ),
+        (
+            KRAKEN_OHLC,
+            vec![Reply::Fixture("rates/kraken_ohlc_eurusd_1m.json")],
+        ),
+    ])
+    .await;
+    let eur = book(&server)
+        .fiat_rate("EUR", receipt_at(), an_hour_later())
+        .await
+        .unwrap();
+    // CoinGecko's cross rate at 12:00 (79650.75 / 68575.5 = 1.16150447) and Kraken's 11:37
+    // EURUSD candle (vwap 1.16150).
+    assert_eq!(
+        eur.usd_per_unit,
+        (d("1.16150447") + d("1.16150")) / Decimal::TWO
+    );
+    assert_eq!(eur.source, "kraken,coingecko");
 }

@@ -57,10 +57,23 @@ pub async fn engine_with_recorded_quotes(
     quotes: &std::path::Path,
     clock: Arc<payrecon::test_utils::clock::ManualClock>,
 ) -> Engine {
-    use payrecon::test_utils::rates::{RateBook, RecordedQuotes};
+    use payrecon::test_utils::rates::RecordedQuotes;
+    let sources = vec![Arc::new(RecordedQuotes::new(quotes.to_path_buf())) as _];
+    engine_with_rate_sources(db, config, sources, clock).await
+}
+
+/// An engine on `db` with `config`'s payment settings and books, pricing from `sources`, on
+/// `clock`.
+pub async fn engine_with_rate_sources(
+    db: &super::TestDb,
+    config: payrecon::config::Config,
+    sources: Vec<Arc<dyn payrecon::test_utils::rates::RateSource>>,
+    clock: Arc<payrecon::test_utils::clock::ManualClock>,
+) -> Engine {
+    use payrecon::test_utils::rates::RateBook;
     let mut settings = payrecon::PaymentSettings::from_config(&config).unwrap();
     settings.rates = Some(Arc::new(RateBook::new(
-        vec![Arc::new(RecordedQuotes::new(quotes.to_path_buf()))],
+        sources,
         chrono::Duration::minutes(5),
         rust_decimal::Decimal::new(2, 2),
         chrono::Duration::zero(),
