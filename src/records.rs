@@ -207,6 +207,10 @@ pub struct AssetRollForward {
     pub network: String,
     /// The asset: a method id, or `token:<contract>`.
     pub asset: String,
+    /// Decimal places of one whole coin in the base units below, for a method's asset.
+    pub decimals: Option<u8>,
+    /// Decimal places people read the asset at (its display precision), for a method's asset.
+    pub display_decimals: Option<u32>,
     /// Held at the period's start.
     pub opening: String,
     /// Received on watched addresses in the period.

@@ -7,10 +7,12 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::str::FromStr;
 
 use chrono::{DateTime, Utc};
 use futures_util::TryStreamExt;
 use payrecon_chain_core::{Amount, Method, ReceivedAsset};
+use rust_decimal::{Decimal, RoundingStrategy};
 use serde::Serialize;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
@@ -426,32 +428,40 @@ pub(crate) async fn write_html<W: AsyncWrite + Unpin + Send>(
         query.method.map(|m| format!(", {m}")).unwrap_or_default()
     );
     let mut page = format!(
-        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{t}</title>\n<style>{REPORT_CSS}</style></head>\n<body>\n<h1>{t}</h1>\n<p class=\"meta\">Generated {}. Times in UTC; amounts are exact, in each method's asset.</p>\n",
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{t}</title>\n<style>{REPORT_CSS}</style></head>\n<body>\n<h1>{t}</h1>\n<p class=\"meta\">Generated {}. Times in UTC; amounts in each method's asset at its display precision, exact on hover and in the CSV and JSON forms; long ids clipped, whole on hover and in a copy.</p>\n",
         Utc::now().to_rfc3339(),
         t = escape(&title)
     );
     page.push_str("<h2>Per method</h2>\n");
-    page.push_str(&html_table(
-        &SUMMARY_COLUMNS,
-        folded.methods.values().map(summary_cells),
-    ));
+    page.push_str(&html_header(&SUMMARY_COLUMNS));
+    for summary in folded.methods.values() {
+        let places = summary
+            .method
+            .parse::<Method>()
+            .ok()
+            .map(|m| m.asset().display_decimals());
+        push_shown_row(&mut page, &summary_cells(summary), &SUMMARY_SHOWN, places);
+    }
+    page.push_str("</tbody></table>\n");
     page.push_str("<h2>Received per day</h2>\n");
     page.push_str(&chart(&folded.per_day));
     put(out, &page).await?;
     put(
         out,
-        "<h2>Transfers</h2>\n<table id=\"transfers\"><thead><tr>",
+        &format!(
+            "<h2>Transfers</h2>\n{}",
+            html_header(&TRANSFER_COLUMNS).replacen("<table>", "<table id=\"transfers\">", 1)
+        ),
     )
     .await?;
-    let header: String = TRANSFER_COLUMNS
-        .iter()
-        .map(|c| format!("<th>{}</th>", escape(c)))
-        .collect();
-    put(out, &format!("{header}</tr></thead><tbody>\n")).await?;
     let mut rows = std::pin::pin!(transfers_of(store, query));
     let mut text = String::new();
     while let Some(t) = rows.try_next().await? {
-        push_html_row(&mut text, &transfer_cells(&t));
+        let places = match &t.asset {
+            ReceivedAsset::Method { method } => Some(method.asset().display_decimals()),
+            _ => None,
+        };
+        push_shown_row(&mut text, &transfer_cells(&t), &TRANSFER_SHOWN, places);
         put_when_full(out, &mut text).await?;
         totals.transfers += 1;
     }
@@ -462,10 +472,16 @@ pub(crate) async fn write_html<W: AsyncWrite + Unpin + Send>(
     );
     let exceptions = period_exceptions(store, query).await?;
     totals.exceptions = exceptions.len() as u64;
-    page.push_str(&html_table(
-        &EXCEPTION_COLUMNS,
-        exceptions.iter().map(exception_cells),
-    ));
+    page.push_str(&html_header(&EXCEPTION_COLUMNS));
+    for exception in &exceptions {
+        push_shown_row(
+            &mut page,
+            &exception_cells(exception),
+            &EXCEPTION_SHOWN,
+            None,
+        );
+    }
+    page.push_str("</tbody></table>\n");
     page.push_str(&format!(
         "<h2>Trial balance</h2>\n<p class=\"{}\">{}</p>\n",
         if trial.is_sound() { "sound" } else { "broken" },
@@ -528,6 +544,14 @@ const TRANSFER_COLUMNS: [&str; 15] = [
     "reorged",
 ];
 
+/// How the HTML report shows each transfer column.
+const TRANSFER_SHOWN: [Shown; 15] = {
+    use Shown::{Amount, Id, Text};
+    [
+        Text, Text, Id, Text, Id, Text, Amount, Id, Text, Text, Text, Text, Text, Id, Text,
+    ]
+};
+
 const SUMMARY_COLUMNS: [&str; 16] = [
     "method",
     "asset",
@@ -546,6 +570,21 @@ const SUMMARY_COLUMNS: [&str; 16] = [
     "difference",
     "why",
 ];
+
+/// How the HTML report shows each summary column.
+const SUMMARY_SHOWN: [Shown; 16] = {
+    use Shown::{Amount, Text};
+    [
+        Text, Text, Text, Text, Text, Text, Amount, Amount, Amount, Amount, Amount, Amount, Amount,
+        Text, Amount, Text,
+    ]
+};
+
+/// How the HTML report shows each exception column.
+const EXCEPTION_SHOWN: [Shown; 8] = {
+    use Shown::{Id, Text};
+    [Text, Text, Id, Text, Id, Text, Text, Text]
+};
 
 const EXCEPTION_COLUMNS: [&str; 8] = [
     "opened_at",
@@ -686,23 +725,81 @@ fn chart(per_day: &BTreeMap<(String, Method), u128>) -> String {
 }
 
 const REPORT_CSS: &str = "body{font:14px/1.4 system-ui,sans-serif;margin:2em;color:#111}\
-table{border-collapse:collapse;margin:0 0 1.5em;font-variant-numeric:tabular-nums}\
+table{border-collapse:collapse;margin:0 0 1.5em;font-size:13px;font-variant-numeric:tabular-nums}\
 th,td{border:1px solid #bbb;padding:3px 6px;text-align:left;vertical-align:top}\
-th{background:#eee}.meta{color:#555}.sound{color:#060}.broken{color:#b00;font-weight:bold}\
+th{background:#eee}td.n{text-align:right}\
+td.id{max-width:7em;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}\
+.meta{color:#555}.sound{color:#060}.broken{color:#b00;font-weight:bold}\
 .charts{display:flex;flex-wrap:wrap;gap:1em}.chart rect{fill:#3a6ea5}.chart text{font-size:9px}\
 @media print{body{margin:0;font-size:10px}h2{page-break-after:avoid}tr{page-break-inside:avoid}}";
 
 pub(crate) fn html_table(columns: &[&str], rows: impl Iterator<Item = Vec<String>>) -> String {
-    let mut html = String::from("<table><thead><tr>");
-    for column in columns {
-        html.push_str(&format!("<th>{}</th>", escape(column)));
-    }
-    html.push_str("</tr></thead><tbody>\n");
+    let mut html = html_header(columns);
     for row in rows {
         html.push_str(&html_row(&row));
     }
     html.push_str("</tbody></table>\n");
     html
+}
+
+/// A table's opening and its header row; a column's words wrap, so that a narrow column is
+/// not widened by its name.
+fn html_header(columns: &[&str]) -> String {
+    let mut html = String::from("<table><thead><tr>");
+    for column in columns {
+        html.push_str(&format!("<th>{}</th>", escape(&column.replace('_', " "))));
+    }
+    html.push_str("</tr></thead><tbody>\n");
+    html
+}
+
+/// How the HTML report shows a column so that its tables fit a laptop's screen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Shown {
+    /// As it is.
+    Text,
+    /// A long id clipped to its start; the whole id on hover, and in the page for a copy.
+    Id,
+    /// An amount of the row's asset at its display precision; the exact amount on hover.
+    Amount,
+}
+
+/// Appends a row of `cells`, each shown as `shown` says, amounts at `display_decimals`.
+fn push_shown_row<S: AsRef<str>>(
+    out: &mut String,
+    cells: &[S],
+    shown: &[Shown],
+    display_decimals: Option<u32>,
+) {
+    out.push_str("<tr>");
+    for (cell, shown) in cells.iter().zip(shown) {
+        let text = cell.as_ref();
+        match (shown, display_decimals, Decimal::from_str(text)) {
+            (Shown::Id, _, _) if !text.is_empty() => {
+                out.push_str("<td class=\"id\" title=\"");
+                push_escaped(out, text);
+                out.push_str("\">");
+                push_escaped(out, text);
+            }
+            (Shown::Amount, Some(places), Ok(exact)) if exact.scale() > places => {
+                let shown =
+                    exact.round_dp_with_strategy(places, RoundingStrategy::MidpointAwayFromZero);
+                out.push_str("<td class=\"n\" title=\"");
+                push_escaped(out, text);
+                out.push_str(&format!("\">{shown:.places$}", places = places as usize));
+            }
+            (Shown::Amount, _, _) => {
+                out.push_str("<td class=\"n\">");
+                push_escaped(out, text);
+            }
+            _ => {
+                out.push_str("<td>");
+                push_escaped(out, text);
+            }
+        }
+        out.push_str("</td>");
+    }
+    out.push_str("</tr>\n");
 }
 
 fn html_row<S: AsRef<str>>(cells: &[S]) -> String {

@@ -568,8 +568,11 @@ pub(crate) fn asset_rollforwards(
             );
             let closing = open + received - treasury - external - fees;
             let end = held.get(&key).copied().unwrap_or(0);
+            let method = key.1.parse::<Method>().ok();
             AssetRollForward {
                 network: key.0,
+                decimals: method.map(Method::decimals),
+                display_decimals: method.map(|m| m.asset().display_decimals()),
                 asset: key.1,
                 opening: open.to_string(),
                 received: received.to_string(),

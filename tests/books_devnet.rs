@@ -126,6 +126,16 @@ on_both_databases! {
         common::books::datev_fields_follow_the_format(&datev, true);
         assert!(String::from_utf8_lossy(&datev).contains(&format!("\"storno {original}")), "{}", String::from_utf8_lossy(&datev));
         common::books::datev_fields_follow_the_format(&closed_datev[0], false);
+        // The two months' files, kept for people to read (docs/finance.md quotes them).
+        let kept = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("../test-artifacts/books-devnet");
+        std::fs::create_dir_all(&kept).unwrap();
+        for period in [month, next] {
+            for (format, name) in [(JournalFormat::Datev, "datev"), (JournalFormat::Xero, "xero"), (JournalFormat::Qbo, "qbo"), (JournalFormat::Generic, "generic")] {
+                for (part, file) in export(&engine, period, format).await.into_iter().enumerate() {
+                    std::fs::write(kept.join(format!("{period}-{name}-{}.csv", part + 1)), file).unwrap();
+                }
+            }
+        }
         let rollforward = engine.rollforward(next).await.unwrap();
         assert_eq!((rollforward.opening.cents, rollforward.reversed.cents, rollforward.closing.cents), (20_000, 10_000, 10_000));
         assert!(rollforward.closes);

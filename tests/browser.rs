@@ -106,7 +106,7 @@ async fn a_person_sees_the_stuck_payments_and_the_reconciliation() {
         "{report}"
     );
     assert!(
-        report.contains("<td>0.04375</td>"),
+        report.contains("<td class=\"n\">0.04375</td>"),
         "BTC expected, to the unit"
     );
     assert!(report.contains("<td>1000.00</td>"), "USD credited for BTC");
@@ -151,11 +151,12 @@ async fn finance_sees_the_books_and_closes_and_reopens_a_month() {
     all_valued(&base, &finance).await;
     let browser = headless::Headless::launch().await;
 
-    // The seeded month: its roll-forward, receipts at value, the chart and the exports.
+    // The seeded month on a laptop: its roll-forward, receipts at value, the chart and the
+    // exports.
     let page = browser
         .open(
             &format!("{base}/ui/reconcile#token={finance}&month=2026-12"),
-            headless::DESKTOP,
+            headless::LAPTOP,
             None,
         )
         .await;
@@ -181,6 +182,76 @@ async fn finance_sees_the_books_and_closes_and_reopens_a_month() {
     let bars: u32 =
         headless::evaluate(&page, "document.querySelectorAll('#chart rect').length").await;
     assert!(bars > 0, "the chart has a bar per day and method");
+    let chart: String =
+        headless::evaluate(&page, "document.getElementById('chart').textContent").await;
+    for part in ["USD", "day (MM-DD)", "12-01", "btc "] {
+        assert!(
+            chart.contains(part),
+            "the chart's axes, dates and legend show {part}: {chart}"
+        );
+    }
+    let scrolls: bool = headless::evaluate(
+        &page,
+        "document.documentElement.scrollWidth > window.innerWidth",
+    )
+    .await;
+    assert!(
+        !scrolls,
+        "the books fit 1366 pixels without a horizontal scroll"
+    );
+    // Holdings in each asset's units, the base units on hover.
+    let in_base_units: Vec<String> = headless::evaluate(
+        &page,
+        "[...document.querySelectorAll('#holdings td')].map((td) => td.textContent).filter((text) => /^\\d{10,}/.test(text))",
+    )
+    .await;
+    assert!(
+        in_base_units.is_empty(),
+        "no amount in base units: {in_base_units:?}"
+    );
+    let hover: String = headless::evaluate(
+        &page,
+        "[...document.querySelectorAll('#holdings td[title]')].map((td) => td.textContent + ' = ' + td.title).join('; ')",
+    )
+    .await;
+    assert!(
+        hover.contains(" base units)"),
+        "the exact amount on hover: {hover}"
+    );
+    headless::screenshot(&page, headless::LAPTOP, "finance", "books").await;
+    let reconciliation = browser
+        .open(
+            &format!("{base}/ui/reconcile#token={finance}&from=2026-11-01&to=2026-12-31"),
+            headless::LAPTOP,
+            None,
+        )
+        .await;
+    headless::wait_until(
+        &reconciliation,
+        "document.getElementById('transfers') !== null",
+        "the reconciliation",
+    )
+    .await;
+    let (width, tables, ids): (u32, String, String) = headless::evaluate(
+        &reconciliation,
+        "[document.documentElement.scrollWidth, [...document.querySelectorAll('table')].map((t) => t.offsetWidth).join(), [...document.querySelectorAll('td.id')].map((td) => td.title === td.textContent).join()]",
+    )
+    .await;
+    assert!(
+        width <= 1366,
+        "the reconciliation's tables fit 1366 pixels: the page is {width} wide, its tables {tables}"
+    );
+    assert!(
+        ids.contains("true") && !ids.contains("false"),
+        "each clipped id whole on hover and in a copy"
+    );
+    headless::screenshot(
+        &reconciliation,
+        headless::LAPTOP,
+        "finance",
+        "reconciliation",
+    )
+    .await;
     let exports: String =
         headless::evaluate(&page, "document.getElementById('exports').textContent").await;
     assert_eq!(exports, "genericdatevqboxero 1");

@@ -657,7 +657,10 @@ fn largest_crypto(entry: &NewEntry) -> Option<String> {
     let value =
         rust_decimal::Decimal::try_from_i128_with_scale(i128::try_from(amount).ok()?, decimals)
             .ok()?
-            .round_dp(decimals.min(8))
+            .round_dp_with_strategy(
+                method.asset().display_decimals(),
+                rust_decimal::RoundingStrategy::MidpointAwayFromZero,
+            )
             .normalize();
     Some(format!("{value} {}", method.asset()))
 }

@@ -44,6 +44,13 @@ pub const DESKTOP: Screen = Screen {
     height: 900,
     phone: false,
 };
+/// The smallest laptop screen finance works on.
+pub const LAPTOP: Screen = Screen {
+    name: "laptop",
+    width: 1366,
+    height: 768,
+    phone: false,
+};
 pub const PHONE: Screen = Screen {
     name: "phone",
     width: 390,

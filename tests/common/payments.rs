@@ -9,7 +9,7 @@ use payrecon::Engine;
 use payrecon::PaymentSettings;
 use payrecon::config::Config;
 use payrecon::test_utils::clock::ManualClock;
-use payrecon::test_utils::rates::{Quote, RateBook, RateError, RateSource};
+use payrecon::test_utils::rates::{History, Quote, RateBook, RateError, RateSource};
 use payrecon_chain_core::{
     Amount, Asset, ChainEvent, Method, Network, ReceivedAsset, Transfer, TransferId,
 };
@@ -17,7 +17,7 @@ use rust_decimal::Decimal;
 
 use super::TestDb;
 
-/// Prices every asset at a fixed USD value, always fresh.
+/// Prices every asset at a fixed USD value, always fresh, and in effect at every moment.
 #[derive(Debug)]
 pub struct FixedRates(pub &'static [(Asset, &'static str)]);
 
@@ -38,6 +38,17 @@ impl RateSource for FixedRates {
                 })
                 .collect())
         })
+    }
+    fn history(&self) -> History {
+        History::InEffect
+    }
+    fn fetch_at(
+        &self,
+        asset: Asset,
+        _at: DateTime<Utc>,
+        _now: DateTime<Utc>,
+    ) -> BoxFuture<'_, Result<Option<Quote>, RateError>> {
+        Box::pin(async move { Ok(self.fetch().await?.into_iter().find(|q| q.asset == asset)) })
     }
 }
 

@@ -118,6 +118,18 @@ impl Asset {
         }
     }
 
+    /// Decimal places people read an amount at (pages, booking texts): a cent of the
+    /// stablecoins and of Tronix, a satoshi of the Bitcoin family, a millionth of an ether,
+    /// a ten-thousandth of a sol. The exact base units stay in the exports.
+    pub const fn display_decimals(self) -> u32 {
+        match self {
+            Asset::Btc | Asset::Ltc => 8,
+            Asset::Eth => 6,
+            Asset::Sol => 4,
+            Asset::Usdt | Asset::Usdc | Asset::Trx => 2,
+        }
+    }
+
     /// Stablecoins are quoted too, so that a depeg is visible instead of assumed away.
     pub const fn is_usd_stablecoin(self) -> bool {
         matches!(self, Asset::Usdt | Asset::Usdc)
