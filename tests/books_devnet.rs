@@ -126,6 +126,8 @@ on_both_databases! {
         common::books::datev_fields_follow_the_format(&datev, true);
         assert!(String::from_utf8_lossy(&datev).contains(&format!("\"storno {original}")), "{}", String::from_utf8_lossy(&datev));
         common::books::datev_fields_follow_the_format(&closed_datev[0], false);
+        common::books::vendors_rules_hold(&engine, month, false).await;
+        common::books::vendors_rules_hold(&engine, next, true).await;
         // The two months' files, kept for people to read (docs/finance.md quotes them).
         let kept = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("../test-artifacts/books-devnet");
         std::fs::create_dir_all(&kept).unwrap();

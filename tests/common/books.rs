@@ -149,3 +149,155 @@ pub fn datev_fields_follow_the_format(file: &[u8], has_storno: bool) {
     }
     assert_eq!(stornos > 0, has_storno, "reversals in the month");
 }
+
+/// Cents of a vendor's amount (`86,21` or `-86.21`).
+fn cents(text: &str) -> i64 {
+    let value: rust_decimal::Decimal = text.replace(',', ".").parse().unwrap();
+    (value * rust_decimal::Decimal::ONE_HUNDRED)
+        .try_into()
+        .unwrap()
+}
+
+/// The records of a CSV text with `delimiter`, header rows included.
+fn records(text: &str, delimiter: u8) -> Vec<Vec<String>> {
+    csv::ReaderBuilder::new()
+        .delimiter(delimiter)
+        .has_headers(false)
+        .flexible(true)
+        .from_reader(text.as_bytes())
+        .records()
+        .map(|r| r.unwrap().iter().map(str::to_owned).collect())
+        .collect()
+}
+
+/// A month's DATEV, Xero and QuickBooks exports checked by rules written from each vendor's
+/// specification: DATEV's CRLF, Windows-1252, field expressions, header against
+/// `[books.datev]` and the month, and every Belegdatum inside it; every Xero journal summing to
+/// zero; every QuickBooks journal balancing, dated in the configured order inside the month;
+/// and the three agreeing per GL account (DATEV and Xero) and per entry (all three).
+pub async fn vendors_rules_hold(engine: &Engine, period: Period, has_storno: bool) {
+    use chrono::Datelike;
+    use std::collections::BTreeMap;
+    let first = chrono::NaiveDate::parse_from_str(&format!("{period}-01"), "%Y-%m-%d").unwrap();
+    let last = first.checked_add_months(chrono::Months::new(1)).unwrap() - chrono::Days::new(1);
+    let books = engine.books_config();
+
+    let datev = export(engine, period, JournalFormat::Datev).await.remove(0);
+    let lines = datev
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .count();
+    assert_eq!(
+        datev.windows(2).filter(|w| w == b"\r\n").count(),
+        lines,
+        "CRLF ends every record"
+    );
+    let (text, _, malformed) = encoding_rs::WINDOWS_1252.decode(&datev);
+    assert!(!malformed, "Windows-1252");
+    datev_fields_follow_the_format(&datev, has_storno);
+    let rows = records(&text, b';');
+    let header = &rows[0];
+    assert_eq!(
+        header[10],
+        books.datev.consultant_number.to_string(),
+        "Beraternummer"
+    );
+    assert_eq!(
+        header[11],
+        books.datev.client_number.to_string(),
+        "Mandantennummer"
+    );
+    assert_eq!(
+        header[13],
+        books.datev.account_length.to_string(),
+        "Sachkontenlänge"
+    );
+    assert_eq!(
+        (header[14].as_str(), header[15].as_str()),
+        (
+            first.format("%Y%m%d").to_string().as_str(),
+            last.format("%Y%m%d").to_string().as_str()
+        ),
+        "Datum vom, Datum bis"
+    );
+    let mut datev_accounts: BTreeMap<String, i64> = BTreeMap::new();
+    let mut datev_entries: BTreeMap<String, i64> = BTreeMap::new();
+    for row in &rows[2..] {
+        let (day, month) = (
+            row[9][..2].parse::<u32>().unwrap(),
+            row[9][2..].parse::<u32>().unwrap(),
+        );
+        assert!(
+            month == first.month() && (1..=last.day()).contains(&day),
+            "Belegdatum {} inside {period}",
+            row[9]
+        );
+        let amount = cents(&row[4]);
+        let (debited, credited) = if row[1] == "S" {
+            (&row[6], &row[7])
+        } else {
+            (&row[7], &row[6])
+        };
+        *datev_accounts.entry(debited.clone()).or_default() += amount;
+        *datev_accounts.entry(credited.clone()).or_default() -= amount;
+        *datev_entries.entry(row[10].clone()).or_default() += amount;
+    }
+    datev_accounts.retain(|_, v| *v != 0);
+
+    let mut xero_accounts: BTreeMap<String, i64> = BTreeMap::new();
+    let mut xero_entries: BTreeMap<String, i64> = BTreeMap::new();
+    for file in export(engine, period, JournalFormat::Xero).await {
+        let mut journals: BTreeMap<String, i64> = BTreeMap::new();
+        for row in &records(&String::from_utf8(file).unwrap(), b',')[1..] {
+            let amount = cents(&row[5]);
+            *journals.entry(row[0].clone()).or_default() += amount;
+            *xero_accounts.entry(row[3].clone()).or_default() += amount;
+            let entry = row[0].split(' ').next().unwrap().to_owned();
+            *xero_entries.entry(entry).or_default() += amount.max(0);
+        }
+        assert!(
+            journals.values().all(|sum| *sum == 0),
+            "every Xero journal sums to zero: {journals:?}"
+        );
+    }
+    xero_accounts.retain(|_, v| *v != 0);
+    assert_eq!(
+        datev_accounts, xero_accounts,
+        "DATEV and Xero move each GL account alike"
+    );
+
+    let date_format = match books.qbo_date_order {
+        payrecon::config::DateOrder::MonthFirst => "%m/%d/%Y",
+        payrecon::config::DateOrder::DayFirst => "%d/%m/%Y",
+    };
+    let qbo = export(engine, period, JournalFormat::Qbo).await.remove(0);
+    let mut qbo_entries: BTreeMap<String, (i64, i64)> = BTreeMap::new();
+    for row in &records(&String::from_utf8(qbo).unwrap(), b',')[1..] {
+        let date = chrono::NaiveDate::parse_from_str(&row[1], date_format).unwrap();
+        assert!(
+            (first..=last).contains(&date),
+            "{date} inside {period}, read as {date_format}"
+        );
+        let sums = qbo_entries.entry(row[0].clone()).or_default();
+        sums.0 += if row[4].is_empty() { 0 } else { cents(&row[4]) };
+        sums.1 += if row[5].is_empty() { 0 } else { cents(&row[5]) };
+    }
+    assert!(
+        qbo_entries
+            .values()
+            .all(|(debits, credits)| debits == credits),
+        "every QuickBooks journal balances"
+    );
+    let qbo_entries: BTreeMap<String, i64> = qbo_entries
+        .into_iter()
+        .map(|(id, (debits, _))| (id, debits))
+        .collect();
+    assert_eq!(
+        datev_entries, xero_entries,
+        "DATEV and Xero book each entry alike"
+    );
+    assert_eq!(
+        xero_entries, qbo_entries,
+        "Xero and QuickBooks book each entry alike"
+    );
+}
