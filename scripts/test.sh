@@ -11,10 +11,11 @@
 #   not on the CPU.
 # - Headless Chromium for the browser test comes from PAYRECON_TEST_CHROMIUM or Debian's
 #   chromium, installed here when missing; strace (the durability test watches `payrecon serve`
-#   sync before it answers) is installed here when missing too.
+#   sync before it answers) and promtool (the alert rules' tests, from Debian's prometheus)
+#   are installed here when missing too.
 # - examples/embed, a crate outside the workspace, runs the shop flow through the public API.
-# - After the suite, scripts/smoke.sh runs README's "Try it in five minutes" end to end, with the
-#   payrecon binary `cargo test` built.
+# - After the suite, `scripts/demo.sh --check` runs README's first command end to end,
+#   non-interactively, with the payrecon binary `cargo test` built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -50,6 +51,10 @@ if ! command -v strace >/dev/null; then
   echo "installing strace for the durability test"
   apt_install strace
 fi
+if ! command -v promtool >/dev/null; then
+  echo "installing Debian's prometheus for promtool (the alert rules' tests)"
+  apt_install --no-install-recommends prometheus
+fi
 
 export RUST_TEST_THREADS=${RUST_TEST_THREADS:-6}
 # The benchmarks' binary, which the CLI tests run through `payrecon bench` (cargo test builds
@@ -60,4 +65,4 @@ cargo build --locked -p payrecon-bench
 cargo test --workspace --locked
 # A shop's crate outside the workspace, which sees only the public API, on both databases.
 cargo test --locked --manifest-path examples/embed/Cargo.toml --target-dir target
-PAYRECON_BIN=target/debug/payrecon scripts/smoke.sh
+PAYRECON_BIN=target/debug/payrecon scripts/demo.sh --check

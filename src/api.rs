@@ -860,6 +860,22 @@ pub async fn metrics_text(engine: &Engine) -> Result<String, Error> {
             .map(|(kind, n)| (format!("kind=\"{kind}\""), n as u64))
             .collect(),
     );
+    // What `payrecon stuck` lists, counted (a page of it at most): the alert rules' view of
+    // payments marked paid but unseen, the gap limit, stale rates and the rest.
+    let mut stuck: BTreeMap<(&str, String), u64> = BTreeMap::new();
+    for item in engine.stuck(&Default::default()).await? {
+        *stuck.entry((item.category, item.kind)).or_default() += 1;
+    }
+    family(
+        &mut text,
+        "payrecon_stuck_items",
+        "What needs an operator (payrecon stuck), by category and kind.",
+        "gauge",
+        stuck
+            .into_iter()
+            .map(|((category, kind), n)| (format!("category=\"{category}\",kind=\"{kind}\""), n))
+            .collect(),
+    );
     let (unvalued, oldest) = engine.unvalued_overdue().await?;
     family(
         &mut text,

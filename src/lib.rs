@@ -35,7 +35,7 @@
 //! # }).unwrap();
 //! ```
 //!
-//! The README's library example runs the whole shop flow (instructions, a watcher's report,
+//! The shop guide's library example (docs/shop.md) runs the whole shop flow (instructions, a watcher's report,
 //! the event stream, a rental paid from the balance, the report); `examples/embed` is a crate
 //! that does it through this public API alone.
 //!
@@ -94,6 +94,11 @@ pub mod test_utils;
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
+
+/// The shop's guide's Rust examples (the library's whole flow), compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/shop.md")]
+struct ShopGuideDoctests;
 
 pub use api::{ApiOptions, parse_time, router};
 pub use books::{

@@ -396,7 +396,7 @@ impl Store {
         if self.backend == Backend::Postgres {
             return Err(StoreError::Backup(
                 "PostgreSQL is backed up with its own tools: pg_dump for a logical copy, \
-                 pg_basebackup with WAL archiving for point-in-time recovery (see README, \
+                 pg_basebackup with WAL archiving for point-in-time recovery (see docs/deploy.md, \
                  Backups and restores)"
                     .into(),
             ));
