@@ -21,7 +21,7 @@ use payrecon_chain_core::bitcoin::{BlockHash, ScriptBuf, Txid};
 use payrecon_chain_core::blocks;
 use payrecon_chain_core::{
     Amount, BlockId, ChainCursor, ChainEvent, ChainScanner, HeldOutputs, KeyIndex, KnownTransfer,
-    Method, Network, OutflowEvent, ReceivedAsset, ScanBatch, ScanError, SecretUrl, Transfer,
+    Method, Network, OutflowEvent, Probe, ReceivedAsset, ScanBatch, ScanError, SecretUrl, Transfer,
     TransferId, Unreadable, WatchKeys, WatchView,
 };
 
@@ -122,6 +122,25 @@ impl ChainScanner for ElectrumScanner {
 
     fn reset(&mut self) {
         self.session = None;
+    }
+
+    async fn probe(&mut self) -> Result<Probe, ScanError> {
+        let settings = self.settings.clone();
+        tokio::task::spawn_blocking(move || {
+            let session = Session::connect(&settings, None)?;
+            let tip = session
+                .client
+                .block_header(session.tip_height as usize)
+                .map_err(classify)?;
+            Ok(Probe {
+                tip_height: session.tip_height,
+                tip_time_ms: Some(i64::from(tip.time) * 1000),
+                syncing: false,
+                findings: Vec::new(),
+            })
+        })
+        .await
+        .map_err(|e| ScanError::Transient(format!("scanner task: {e}")))?
     }
 
     async fn balances_at(

@@ -25,7 +25,7 @@ use payrecon_chain_core::bitcoin::ScriptBuf;
 use payrecon_chain_core::bitcoin::hex::FromHex;
 use payrecon_chain_core::blocks::{self, BlockRange};
 use payrecon_chain_core::{
-    Amount, ChainEvent, ChainScanner, HeldOutputs, KeyIndex, KnownTransfer, Method, Network,
+    Amount, ChainEvent, ChainScanner, HeldOutputs, KeyIndex, KnownTransfer, Method, Network, Probe,
     ReceivedAsset, ScanBatch, ScanError, SecretUrl, Transfer, TransferId, Unreadable, WatchView,
     excerpt,
 };
@@ -416,6 +416,23 @@ impl NodeScanner {
     }
 }
 
+/// The node's tip, its time, and whether it is still in its initial block download.
+async fn node_tip(rpc: &NodeRpc) -> Result<Probe, ScanError> {
+    #[derive(Deserialize)]
+    struct ChainInfo {
+        blocks: u64,
+        #[serde(default)]
+        initialblockdownload: bool,
+    }
+    let info: ChainInfo = rpc.call("getblockchaininfo", json!([])).await?;
+    Ok(Probe {
+        tip_height: info.blocks,
+        tip_time_ms: block_time(rpc, info.blocks).await?,
+        syncing: info.initialblockdownload,
+        findings: Vec::new(),
+    })
+}
+
 /// The node must serve the configured chain: its genesis block, and its chain name.
 async fn check_chain(rpc: &NodeRpc, target: &UtxoTarget) -> Result<(), ScanError> {
     #[derive(Deserialize)]
@@ -602,6 +619,11 @@ impl ChainScanner for NodeScanner {
             report_tip,
         );
         Ok(batch)
+    }
+
+    async fn probe(&mut self) -> Result<Probe, ScanError> {
+        let rpc = self.connect().await?;
+        node_tip(rpc).await
     }
 
     fn reset(&mut self) {

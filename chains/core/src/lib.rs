@@ -35,8 +35,8 @@ pub use keys::{
 pub use method::{Asset, Method, Network, ParseMethodError, ParseNetworkError};
 pub use retry::{Attempt, RetryPolicy};
 pub use scan::{
-    ChainScanner, HeldOutputs, KnownOutflow, KnownTransfer, ScanBatch, ScanError, SweepFees,
-    Unreadable, WatchView,
+    ChainScanner, Finding, HeldOutputs, KnownOutflow, KnownTransfer, Probe, ScanBatch, ScanError,
+    SweepFees, Unreadable, WatchView,
 };
 pub use secret::{Secret, SecretUrl};
 

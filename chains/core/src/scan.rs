@@ -219,6 +219,32 @@ impl ScanError {
     }
 }
 
+/// What a source says about itself, for `payrecon doctor`: that it serves the configured chain
+/// (checked as a scan checks it), its newest block, and what the chain's configuration depends
+/// on (token contracts, a recipient account).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Probe {
+    /// The newest block's height (Solana: slot).
+    pub tip_height: u64,
+    /// The newest block's time, Unix milliseconds, where the source tells it.
+    pub tip_time_ms: Option<i64>,
+    /// The node says it is still catching up with its network.
+    pub syncing: bool,
+    /// Each thing the configuration names, checked against the chain.
+    pub findings: Vec<Finding>,
+}
+
+/// One configured thing checked against the chain.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Finding {
+    /// The method it matters to.
+    pub method: Method,
+    /// What was checked (`USDT contract 0x…`).
+    pub what: String,
+    /// What the chain holds there, or what is wrong with it.
+    pub outcome: Result<String, String>,
+}
+
 /// A chain's scanner, driven by the engine's watcher loop.
 pub trait ChainScanner: Send {
     /// The network it scans.
@@ -261,6 +287,10 @@ pub trait ChainScanner: Send {
             ))
         }
     }
+
+    /// Connects as a scan does (the chain checked), and reads the tip and what the chain's
+    /// configuration depends on: `payrecon doctor`. Watchers never call it.
+    fn probe(&mut self) -> impl Future<Output = Result<Probe, ScanError>> + Send;
 
     /// What sweeping an address costs now, at the node's prices: the sweep list's fees.
     /// Chains whose wallets collect by themselves (the Bitcoin family) say so.

@@ -27,8 +27,9 @@ use alloy::transports::{RpcError, TransportError, TransportErrorKind};
 use futures_util::{StreamExt as _, TryStreamExt as _};
 use payrecon_chain_core::blocks::{self, BlockRange};
 use payrecon_chain_core::{
-    Amount, BlockId, ChainScanner, KeyIndex, KnownTransfer, Method, Network, Outflow,
-    ReceivedAsset, ScanBatch, ScanError, SecretUrl, SweepFees, Transfer, TransferId, WatchView,
+    Amount, BlockId, ChainScanner, Finding, KeyIndex, KnownTransfer, Method, Network, Outflow,
+    Probe, ReceivedAsset, ScanBatch, ScanError, SecretUrl, SweepFees, Transfer, TransferId,
+    WatchView,
 };
 use tokio::sync::broadcast::error::RecvError;
 
@@ -459,6 +460,29 @@ impl ChainScanner for EthereumScanner {
         self.heads = None;
     }
 
+    async fn probe(&mut self) -> Result<Probe, ScanError> {
+        let provider = self.provider().await?;
+        let head = provider.get_block_number().await.map_err(classify)?;
+        let mut findings = Vec::new();
+        for (method, contract, symbol) in [
+            (Method::UsdtErc20, self.settings.usdt_contract, "USDT"),
+            (Method::UsdcErc20, self.settings.usdc_contract, "USDC"),
+        ] {
+            let mainnet = self.settings.chain_id == 1;
+            findings.push(Finding {
+                method,
+                what: format!("{symbol} contract {contract}"),
+                outcome: token_identity(&provider, contract, mainnet.then_some(symbol)).await?,
+            });
+        }
+        Ok(Probe {
+            tip_height: head,
+            tip_time_ms: block_time(&provider, head).await?,
+            syncing: false,
+            findings,
+        })
+    }
+
     async fn recheck(
         &mut self,
         transfers: &[KnownTransfer],
@@ -701,6 +725,63 @@ async fn token_balance(
         )));
     }
     Ok(U256::from_be_slice(&answer))
+}
+
+/// ERC-20 `symbol()` and `decimals()`.
+const SYMBOL: [u8; 4] = [0x95, 0xd8, 0x9b, 0x41];
+const DECIMALS: [u8; 4] = [0x31, 0x3c, 0xe5, 0x67];
+
+/// Whether `contract` is a 6-decimal token (named `symbol`, where the chain's real one is
+/// known): code at the address, and what `symbol()` and `decimals()` answer. A node that does
+/// not answer is an error; a contract that is not the token is the `Err` outcome.
+async fn token_identity(
+    provider: &RootProvider,
+    contract: Address,
+    symbol: Option<&str>,
+) -> Result<Result<String, String>, ScanError> {
+    let code = provider.get_code_at(contract).await.map_err(classify)?;
+    if code.is_empty() {
+        return Ok(Err(format!(
+            "no contract at {contract}: an address from another chain, or a typo"
+        )));
+    }
+    let call = |selector: [u8; 4]| {
+        TransactionRequest::default()
+            .to(contract)
+            .input(Bytes::from(selector.to_vec()).into())
+    };
+    let said = match provider.call(call(SYMBOL)).await {
+        Ok(answer) => abi_text(&answer),
+        Err(_) => None,
+    };
+    let decimals = match provider.call(call(DECIMALS)).await {
+        Ok(answer) if answer.len() == 32 => Some(U256::from_be_slice(&answer)),
+        _ => None,
+    };
+    let Some(said) = said else {
+        return Ok(Err(format!("{contract} answers no ERC-20 symbol()")));
+    };
+    if let Some(symbol) = symbol
+        && said != symbol
+    {
+        return Ok(Err(format!("{contract} is {said:?}, not {symbol}")));
+    }
+    Ok(match decimals {
+        Some(d) if d == U256::from(6) => Ok(format!("{said}, 6 decimals")),
+        Some(d) => Err(format!("{contract} ({said}) has {d} decimals, not 6")),
+        None => Err(format!("{contract} ({said}) answers no decimals()")),
+    })
+}
+
+/// An ABI-encoded `string` (or, as some old tokens answer, a `bytes32`) as text.
+fn abi_text(answer: &[u8]) -> Option<String> {
+    let text = if answer.len() == 32 {
+        answer.split(|b| *b == 0).next()?.to_vec()
+    } else {
+        let length = usize::try_from(U256::from_be_slice(answer.get(32..64)?)).ok()?;
+        answer.get(64..64usize.checked_add(length)?)?.to_vec()
+    };
+    String::from_utf8(text).ok()
 }
 
 /// A block the node named a moment ago is gone: the chain moved; ask again.

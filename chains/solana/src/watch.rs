@@ -18,9 +18,9 @@ use std::time::Duration;
 
 use futures_util::{StreamExt as _, TryStreamExt as _};
 use payrecon_chain_core::{
-    Amount, BlockId, ChainCursor, ChainEvent, ChainScanner, KeyIndex, KnownOutflow, KnownTransfer,
-    Method, Network, Outflow, OutflowEvent, ReceivedAsset, ScanBatch, ScanError, SecretUrl,
-    Transfer, TransferId, WatchView, WatchedLookup,
+    Amount, BlockId, ChainCursor, ChainEvent, ChainScanner, Finding, KeyIndex, KnownOutflow,
+    KnownTransfer, Method, Network, Outflow, OutflowEvent, Probe, ReceivedAsset, ScanBatch,
+    ScanError, SecretUrl, Transfer, TransferId, WatchView, WatchedLookup,
 };
 use solana_commitment_config::CommitmentConfig;
 use solana_pubkey::Pubkey;
@@ -409,6 +409,38 @@ impl ChainScanner for SolanaScanner {
     fn reset(&mut self) {
         self.client = None;
         self.newest.clear();
+    }
+
+    async fn probe(&mut self) -> Result<Probe, ScanError> {
+        let client = self.client()?;
+        let tip = client
+            .get_slot_with_commitment(CommitmentConfig::confirmed())
+            .await
+            .map_err(|e| classify("getSlot", e))?;
+        let recipient = self.settings.recipient;
+        let lamports = client
+            .get_balance(&recipient)
+            .await
+            .map_err(|e| classify("getBalance", e))?;
+        // A recipient that never held SOL does not exist yet: a payment below the rent-exempt
+        // minimum to it would fail, so the merchant funds it first.
+        let outcome = if lamports > 0 {
+            Ok(format!("{lamports} lamports"))
+        } else {
+            Err(format!(
+                "{recipient} holds nothing: fund it (rent-exempt) before taking payments"
+            ))
+        };
+        Ok(Probe {
+            tip_height: tip,
+            tip_time_ms: None,
+            syncing: false,
+            findings: vec![Finding {
+                method: Method::Sol,
+                what: format!("recipient {recipient}"),
+                outcome,
+            }],
+        })
     }
 }
 

@@ -286,6 +286,25 @@ impl TronClient {
         Ok(infos.unwrap_or_default())
     }
 
+    /// `/wallet/getcontract`: the smart contract deployed at `address` (its name), or `None`
+    /// when there is none (`{}`).
+    pub async fn contract_name(&self, address: &str) -> Result<Option<String>, ScanError> {
+        #[derive(serde::Deserialize)]
+        struct Contract {
+            #[serde(default)]
+            name: String,
+            #[serde(default)]
+            bytecode: String,
+        }
+        let contract: Option<Contract> = self
+            .post(
+                "/wallet/getcontract",
+                serde_json::json!({ "value": address, "visible": true }),
+            )
+            .await?;
+        Ok(contract.filter(|c| !c.bytecode.is_empty()).map(|c| c.name))
+    }
+
     /// `/wallet/getchainparameters`: the energy and bandwidth prices among the rest.
     pub async fn chain_parameters(&self) -> Result<ChainParameters, ScanError> {
         let parameters: Option<ChainParameters> = self

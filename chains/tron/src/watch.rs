@@ -15,9 +15,9 @@ use std::time::Duration;
 use futures_util::{StreamExt as _, TryStreamExt as _};
 use payrecon_chain_core::blocks::{self, BlockRange};
 use payrecon_chain_core::{
-    Amount, ChainScanner, KeyIndex, KnownTransfer, Method, Network, Outflow, ReceivedAsset,
-    ScanBatch, ScanError, SecretUrl, SweepFees, Transfer, TransferId, Unreadable, WatchView,
-    WatchedLookup,
+    Amount, ChainScanner, Finding, KeyIndex, KnownTransfer, Method, Network, Outflow, Probe,
+    ReceivedAsset, ScanBatch, ScanError, SecretUrl, SweepFees, Transfer, TransferId, Unreadable,
+    WatchView, WatchedLookup,
 };
 use serde::Deserialize as _;
 
@@ -216,6 +216,28 @@ impl ChainScanner for TronScanner {
 
     fn reset(&mut self) {
         self.client = None;
+    }
+
+    async fn probe(&mut self) -> Result<Probe, ScanError> {
+        let client = self.client()?;
+        let head = client.now_block(false).await?.block_header.raw_data;
+        let usdt = self.settings.usdt_contract.to_string();
+        let outcome = match client.contract_name(&usdt).await? {
+            None => Err(format!(
+                "no contract at {usdt}: an address from another chain, or a typo"
+            )),
+            Some(name) => Ok(format!("contract {name:?}")),
+        };
+        Ok(Probe {
+            tip_height: head.number,
+            tip_time_ms: Some(head.timestamp),
+            syncing: false,
+            findings: vec![Finding {
+                method: Method::UsdtTrc20,
+                what: format!("USDT contract {usdt}"),
+                outcome,
+            }],
+        })
     }
 
     async fn recheck(
