@@ -8,8 +8,8 @@ use payrecon_chain_bitcoin::{ElectrumScanner, NodeScanner};
 
 use crate::networks::UtxoSource;
 use payrecon_chain_core::{
-    Amount, BlockId, ChainScanner, KnownTransfer, Method, Network, ScanError, SecretUrl, SweepFees,
-    Transfer,
+    Amount, BlockId, ChainScanner, KnownTransfer, Method, Network, Probe, ScanError, SecretUrl,
+    SweepFees, Transfer,
 };
 use payrecon_chain_ethereum::EthereumScanner;
 use payrecon_chain_solana::SolanaScanner;
@@ -121,13 +121,24 @@ impl Rechecker {
     }
 
     /// Where it reads the chain, whose credentials no error text may carry.
-    fn source(&self) -> &SecretUrl {
+    pub(crate) fn source(&self) -> &SecretUrl {
         match self {
             Rechecker::Electrum(s) => s.source(),
             Rechecker::Node(s) => s.source(),
             Rechecker::Ethereum(s) => s.source(),
             Rechecker::Tron(s) => s.source(),
             Rechecker::Solana(s) => s.source(),
+        }
+    }
+
+    /// The source's chain checked, its tip and what the configuration depends on.
+    pub(crate) async fn probe(&mut self) -> Result<Probe, ScanError> {
+        match self {
+            Rechecker::Electrum(s) => s.probe().await,
+            Rechecker::Node(s) => s.probe().await,
+            Rechecker::Ethereum(s) => s.probe().await,
+            Rechecker::Tron(s) => s.probe().await,
+            Rechecker::Solana(s) => s.probe().await,
         }
     }
 

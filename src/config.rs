@@ -152,6 +152,10 @@ pub struct WebhookConfig {
     /// How long the receiver may take to answer, in milliseconds.
     #[serde(default = "webhook_timeout_ms")]
     pub timeout_ms: u32,
+    /// Whether `payrecon doctor` accepts a plain `http://` URL (a receiver on this host);
+    /// otherwise it fails the endpoint.
+    #[serde(default)]
+    pub allow_plain_http: bool,
 }
 
 fn webhook_retry_hours() -> u32 {

@@ -58,6 +58,7 @@ mod checkout;
 mod clock;
 pub mod config;
 mod crash;
+mod doctor;
 mod engine;
 mod error;
 mod history;
@@ -108,6 +109,7 @@ pub use books::{
 };
 pub use catalog::Catalog;
 pub use config::Config;
+pub use doctor::{DoctorCheck, Verdict, doctor};
 pub use engine::{BalancePayment, Created, Engine};
 pub use error::Error;
 pub use history::{AccountHistory, HistoryItem};

@@ -166,7 +166,7 @@ fn deriver_of(
     }
 }
 
-fn rate_book(config: &RatesConfig) -> Result<RateBook, Error> {
+pub(crate) fn rate_book(config: &RatesConfig) -> Result<RateBook, Error> {
     let client = reqwest::Client::builder()
         .user_agent(concat!("payrecon/", env!("CARGO_PKG_VERSION")))
         .build()

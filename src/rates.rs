@@ -240,6 +240,16 @@ impl RateBook {
         }
     }
 
+    /// The sources, as configured.
+    pub fn sources(&self) -> &[Arc<dyn RateSource>] {
+        &self.sources
+    }
+
+    /// The band a stablecoin's price must stay within around 1 USD, a fraction.
+    pub fn peg_band(&self) -> Decimal {
+        self.peg_band
+    }
+
     /// The book, using a provider's historic price only when it lies within `tolerance` of the
     /// moment it values.
     pub fn with_history_tolerance(mut self, tolerance: chrono::Duration) -> RateBook {

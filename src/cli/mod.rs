@@ -18,7 +18,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use payrecon::{Config, Engine};
+use payrecon::{Config, Engine, Verdict};
 
 use finance::{LedgerCommand, ReportCommand};
 use operators::{ExceptionCommand, TokenCommand, WebhookCommand};
@@ -91,6 +91,11 @@ enum Command {
     /// The merchant's wallet: descriptors and the gap limit to import them with.
     #[command(subcommand)]
     Wallet(wallet::WalletCommand),
+    /// The configuration checked against the world before going live: the database, each
+    /// network's key, node, chain, sync and token contracts, the clock, the rate sources and
+    /// the webhook endpoints; one line per check (ok, warn, fail). Exits 1 on any failure.
+    /// Writes nothing.
+    Doctor,
     /// What operators must look at: payments marked paid but unseen, payments not
     /// confirming, open exceptions, watchers behind or failing, stale rates, a wallet gap
     /// limit too small.
@@ -217,6 +222,33 @@ fn one_line(error: &anyhow::Error) -> String {
         .join(": ")
 }
 
+/// `payrecon doctor`: every check's line, then a failure if any check failed.
+async fn doctor(config: &Config, json: bool) -> anyhow::Result<()> {
+    let checks = payrecon::doctor(config).await;
+    emit(json, &checks, || {
+        checks
+            .iter()
+            .map(|c| {
+                let verdict = match c.verdict {
+                    Verdict::Ok => "ok",
+                    Verdict::Warn => "warn",
+                    Verdict::Fail => "FAIL",
+                };
+                format!("{verdict:<5}{}: {}", c.check, c.detail)
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    })?;
+    let failed = checks.iter().filter(|c| c.verdict == Verdict::Fail).count();
+    if failed > 0 {
+        anyhow::bail!(
+            "{failed} of {} checks failed: fix them before going live",
+            checks.len()
+        );
+    }
+    Ok(())
+}
+
 async fn run(cli: Cli) -> anyhow::Result<()> {
     if let Command::Bench { args } = cli.command {
         return bench::run(args, cli.database_url.as_deref(), cli.json);
@@ -226,6 +258,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         config.database_url = url.into();
     }
     let json = cli.json;
+    if let Command::Doctor = cli.command {
+        return doctor(&config, json).await;
+    }
     let engine = Engine::from_config(&config)
         .await
         .with_context(|| format!("opening {}", config.database_url))?;
@@ -272,6 +307,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Find { text } => operators::find(text, &engine, json).await,
         Command::Serve => serve::serve(engine, &config).await,
         Command::Bench { .. } => unreachable!("handled before the configuration is read"),
+        Command::Doctor => unreachable!("handled before the database is opened"),
     }
 }
 

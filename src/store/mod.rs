@@ -224,6 +224,19 @@ async fn check_copy(path: &str) -> Result<i64, StoreError> {
         .unwrap_or(0))
 }
 
+/// What [`Store::health`] reads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DatabaseHealth {
+    /// The newest schema version applied; `None` for an empty database.
+    pub schema_version: Option<i64>,
+    /// The newest this payrecon knows.
+    pub binary_version: i64,
+    /// The durability settings read, `name=value` each.
+    pub durability: String,
+    /// Whether each is what payrecon needs: a commit on disk before it is answered.
+    pub durable: bool,
+}
+
 /// Which database a [`Store`] talks to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
@@ -340,6 +353,46 @@ impl Store {
             }),
             _ => Ok(()),
         }
+    }
+
+    /// The schema version the database holds (`None`: empty) and what its durability settings
+    /// are, read without changing anything: `payrecon doctor`.
+    pub async fn health(&self) -> Result<DatabaseHealth, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        let schema_version = Store::applied_version(&mut conn, self.backend).await?;
+        let settings: Vec<(&str, &'static str, &str)> = match self.backend {
+            Backend::Sqlite => vec![
+                ("journal_mode", "PRAGMA journal_mode", "wal"),
+                ("synchronous", "PRAGMA synchronous", "2"),
+            ],
+            Backend::Postgres => vec![
+                ("fsync", "SHOW fsync", "on"),
+                ("synchronous_commit", "SHOW synchronous_commit", "on"),
+                ("full_page_writes", "SHOW full_page_writes", "on"),
+            ],
+        };
+        let mut durability = Vec::new();
+        let mut durable = true;
+        for (name, statement, wanted) in settings {
+            let value: String = match self.backend {
+                Backend::Sqlite => {
+                    let row = sqlx::query(statement).fetch_one(&mut *conn).await?;
+                    match row.try_get::<String, _>(0) {
+                        Ok(text) => text,
+                        Err(_) => row.try_get::<i64, _>(0)?.to_string(),
+                    }
+                }
+                Backend::Postgres => sqlx::query_scalar(statement).fetch_one(&mut *conn).await?,
+            };
+            durable &= value.eq_ignore_ascii_case(wanted);
+            durability.push(format!("{name}={value}"));
+        }
+        Ok(DatabaseHealth {
+            schema_version,
+            binary_version: SCHEMA_VERSION,
+            durability: durability.join(", "),
+            durable,
+        })
     }
 
     /// Brings the schema up to date; safe to run on every start and from several processes.

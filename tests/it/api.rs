@@ -557,7 +557,7 @@ on_both_databases! {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let address = listener.local_addr().unwrap();
         drop(listener);
-        let endpoint = WebhookConfig { name: "shop".into(), url: format!("http://{address}/hook").into(), secret: secret.into(), retry_hours: 72, timeout_ms: 500 };
+        let endpoint = WebhookConfig { name: "shop".into(), url: format!("http://{address}/hook").into(), secret: secret.into(), retry_hours: 72, timeout_ms: 500, allow_plain_http: true };
         let sender = WebhookSender::new(engine.clone(), vec![endpoint.clone()]).unwrap();
         sender.pass().await.unwrap();
         assert!(received.lock().unwrap().is_empty());

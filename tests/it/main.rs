@@ -13,6 +13,7 @@ mod books_properties;
 mod browser;
 mod cli;
 mod crash_points;
+mod doctor;
 mod durability;
 mod edge;
 mod ethereum_anvil;
