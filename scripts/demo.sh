@@ -10,7 +10,9 @@
 #                              payments settled and every page and report answered, 1 on any
 #                              failed step
 #
-# PAYRECON_BIN: a payrecon binary built from this checkout (else `cargo build --release`).
+# PAYRECON_BIN: a payrecon binary built from this checkout (else `cargo build --release`), or
+# an installed one. PAYRECON_RUN_AS: a user to run it as (the package test runs the packaged
+# binary as the payrecon user); its files then live under DEMO_WORK, a directory that user owns.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,7 +33,13 @@ eth_rpc=${PAYRECON_TEST_ETH_RPC:-http://127.0.0.1:8545}
 electrum=${PAYRECON_TEST_ELECTRUM%%,*}
 electrum=${electrum:-tcp://127.0.0.1:50001}
 
-work=$(mktemp -d)
+work=$(mktemp -d "${DEMO_WORK:-${TMPDIR:-/tmp}}/payrecon-demo.XXXXXX")
+run_as=()
+if [ -n "${PAYRECON_RUN_AS:-}" ]; then
+  chown "$PAYRECON_RUN_AS:" "$work"
+  # setpriv execs payrecon in place, so `$!` below is payrecon itself and gets the SIGTERM.
+  run_as=(setpriv --reuid="$PAYRECON_RUN_AS" --regid="$PAYRECON_RUN_AS" --init-groups)
+fi
 serve=""
 finish() {
   if [ -n "$serve" ]; then kill "$serve" 2>/dev/null || true; wait "$serve" 2>/dev/null || true; fi
@@ -69,7 +77,7 @@ if [ -z "$bin" ]; then
   cargo build --quiet --release --locked
   bin=target/release/payrecon
 fi
-payrecon() { "$bin" --config "$work/devnet.toml" "$@"; }
+payrecon() { "${run_as[@]}" "$bin" --config "$work/devnet.toml" "$@"; }
 base="http://127.0.0.1:$port"
 
 payrecon init >/dev/null
@@ -77,7 +85,7 @@ shop=$(payrecon token create --name shop-backend --role shop --json | json '["to
 operator=$(payrecon token create --name ops --role operator --json | json '["token"]')
 finance=$(payrecon token create --name finance --role finance --json | json '["token"]')
 # Started directly, so that `$!` is the server and not a subshell running a function.
-"$bin" --config "$work/devnet.toml" serve > "$work/serve.log" 2>&1 &
+"${run_as[@]}" "$bin" --config "$work/devnet.toml" serve > "$work/serve.log" 2>&1 &
 serve=$!
 for _ in $(seq 1 100); do curl -fs "$base/ready" >/dev/null && break; sleep 0.1; done
 curl -fs "$base/ready" >/dev/null || { cat "$work/serve.log" >&2; fail "payrecon serve did not come up"; }

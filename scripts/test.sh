@@ -15,7 +15,9 @@
 #   are installed here when missing too.
 # - examples/embed, a crate outside the workspace, runs the shop flow through the public API.
 # - After the suite, `scripts/demo.sh --check` runs README's first command end to end,
-#   non-interactively, with the payrecon binary `cargo test` built.
+#   non-interactively, with the payrecon binary `cargo test` built; scripts/package-test.sh
+#   then packages that binary with cargo-deb (installed here when missing), installs the
+#   package, runs it as the payrecon user against the devnet, and purges it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -66,3 +68,5 @@ cargo test --workspace --locked
 # A shop's crate outside the workspace, which sees only the public API, on both databases.
 cargo test --locked --manifest-path examples/embed/Cargo.toml --target-dir target
 PAYRECON_BIN=target/debug/payrecon scripts/demo.sh --check
+# The Debian package of that binary, installed, run as its user against the devnet, purged.
+PAYRECON_DEB_PROFILE=dev scripts/package-test.sh
