@@ -56,7 +56,9 @@ fn the_alert_rules_load_and_each_fires_only_when_it_should() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_rules_and_the_dashboard_name_only_metrics_payrecon_serves() {
-    let seeded = common::seed::seed(&TestDb::new(common::Db::Sqlite).await).await;
+    // The database lives as long as `db`: the engine's pool opens connections to it later.
+    let db = TestDb::new(common::Db::Sqlite).await;
+    let seeded = common::seed::seed(&db).await;
     let page = payrecon::test_utils::api::metrics_text(&seeded.engine)
         .await
         .unwrap();
