@@ -170,35 +170,33 @@ fn local_chain(config: &Config, network: Network) -> bool {
 /// reverse) derives addresses nobody pays to.
 fn key(config: &Config, network: Network) -> DoctorCheck {
     let n = &config.networks;
-    let (xpub, mainnet) = match network {
-        Network::Bitcoin | Network::Litecoin => {
-            let utxo = if network == Network::Bitcoin {
-                n.bitcoin.as_ref()
-            } else {
-                n.litecoin.as_ref()
-            };
-            let Some(utxo) = utxo else {
-                return line(format!("{network} key"), Verdict::Fail, "not configured");
-            };
-            (utxo.xpub.as_str(), Some(utxo.network == "mainnet"))
-        }
-        Network::Ethereum => match n.ethereum.as_ref() {
-            Some(c) => (c.xpub.as_str(), (c.chain_id == 1).then_some(true)),
-            None => return line("ethereum key", Verdict::Fail, "not configured"),
-        },
-        Network::Tron => match n.tron.as_ref() {
-            Some(c) => (c.xpub.as_str(), None),
-            None => return line("tron key", Verdict::Fail, "not configured"),
-        },
+    let check = format!("{network} key");
+    // The key, and whether the network is mainnet where that is known from the configuration.
+    let configured = match network {
+        Network::Bitcoin => n
+            .bitcoin
+            .as_ref()
+            .map(|c| (c.xpub.as_str(), Some(c.network == "mainnet"))),
+        Network::Litecoin => n
+            .litecoin
+            .as_ref()
+            .map(|c| (c.xpub.as_str(), Some(c.network == "mainnet"))),
+        Network::Ethereum => n
+            .ethereum
+            .as_ref()
+            .map(|c| (c.xpub.as_str(), (c.chain_id == 1).then_some(true))),
+        Network::Tron => n.tron.as_ref().map(|c| (c.xpub.as_str(), None)),
         Network::Solana => {
             return line(
-                "solana key",
+                check,
                 Verdict::Ok,
                 "Solana Pay needs no key: payments go to the configured recipient",
             );
         }
     };
-    let check = format!("{network} key");
+    let Some((xpub, mainnet)) = configured else {
+        return line(check, Verdict::Fail, "not configured");
+    };
     let account = match AccountXpub::from_str(xpub) {
         Ok(account) => account,
         Err(e) => return line(check, Verdict::Fail, format!("not an account key: {e}")),

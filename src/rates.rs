@@ -889,6 +889,12 @@ impl Kraken {
         }
     }
 
+    /// GETs `path_and_query`, retried on transient failures.
+    async fn get(&self, path_and_query: &str) -> Result<String, RateError> {
+        let url = format!("{}{path_and_query}", self.base_url);
+        with_retries(|| get_text(&self.client, "kraken", &url, &[])).await
+    }
+
     /// The `result` of an answer, or Kraken's own error.
     fn result(body: &str) -> Result<BTreeMap<String, Box<RawValue>>, RateError> {
         #[derive(Deserialize)]
@@ -1016,12 +1022,12 @@ impl Kraken {
             return Ok(Some(candle));
         }
         let start = at.timestamp() - at.timestamp().rem_euclid(interval * 60);
-        let url = format!(
-            "{}/0/public/OHLC?pair={pair}&interval={interval}&since={}",
-            self.base_url,
-            start - 1
-        );
-        let body = with_retries(|| get_text(&self.client, "kraken", &url, &[])).await?;
+        let body = self
+            .get(&format!(
+                "/0/public/OHLC?pair={pair}&interval={interval}&since={}",
+                start - 1
+            ))
+            .await?;
         let candles = Self::parse_ohlc(&body, key)?;
         // The last candle is the one still open: it can change, the others cannot.
         let closed = &candles[..candles.len().saturating_sub(1)];
@@ -1040,8 +1046,9 @@ impl RateSource for Kraken {
     fn fetch(&self) -> BoxFuture<'_, Result<Vec<Quote>, RateError>> {
         Box::pin(async move {
             let pairs: Vec<&str> = Self::PAIRS.iter().map(|(_, pair, _)| *pair).collect();
-            let url = format!("{}/0/public/Ticker?pair={}", self.base_url, pairs.join(","));
-            let body = with_retries(|| get_text(&self.client, "kraken", &url, &[])).await?;
+            let body = self
+                .get(&format!("/0/public/Ticker?pair={}", pairs.join(",")))
+                .await?;
             Self::parse(&body, Utc::now())
         })
     }
@@ -1078,8 +1085,7 @@ impl RateSource for Kraken {
             if currency != "EUR" {
                 return Ok(None);
             }
-            let url = format!("{}/0/public/Ticker?pair=EURUSD", self.base_url);
-            let body = with_retries(|| get_text(&self.client, "kraken", &url, &[])).await?;
+            let body = self.get("/0/public/Ticker?pair=EURUSD").await?;
             let price = Self::last_trade(&body, "ZEURZUSD")?;
             Ok(Some(FiatQuote {
                 currency,

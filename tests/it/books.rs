@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use chrono::{DateTime, TimeZone, Utc};
-use common::books::export;
+use common::books::{cents, export};
 use common::payments::Tx;
 use common::replay::{ReplayServer, Reply};
 use common::{TestDb, topup};
@@ -76,12 +76,6 @@ fn python_csv(bytes: &[u8], delimiter: char, encoding: &str, skip: usize) -> Vec
     let output = child.wait_with_output().unwrap();
     assert!(output.status.success(), "python's csv reader failed");
     serde_json::from_slice(&output.stdout).unwrap()
-}
-
-fn cents(text: &str) -> i64 {
-    let text = text.replace(',', ".");
-    let value: Decimal = text.parse().unwrap();
-    (value * Decimal::ONE_HUNDRED).try_into().unwrap()
 }
 
 on_both_databases! {

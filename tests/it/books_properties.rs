@@ -124,14 +124,9 @@ async fn journal(pool: &sqlx::AnyPool) -> Vec<JournalRow> {
 
 fn csv_rows(bytes: &[u8], delimiter: u8, skip: usize) -> Vec<Vec<String>> {
     let text: String = bytes.iter().map(|b| char::from(*b)).collect();
-    csv::ReaderBuilder::new()
-        .delimiter(delimiter)
-        .has_headers(false)
-        .flexible(true)
-        .from_reader(text.as_bytes())
-        .records()
+    common::books::records(&text, delimiter)
+        .into_iter()
         .skip(skip)
-        .map(|r| r.unwrap().iter().map(str::to_owned).collect())
         .collect()
 }
 

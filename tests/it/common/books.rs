@@ -151,7 +151,7 @@ pub fn datev_fields_follow_the_format(file: &[u8], has_storno: bool) {
 }
 
 /// Cents of a vendor's amount (`86,21` or `-86.21`).
-fn cents(text: &str) -> i64 {
+pub fn cents(text: &str) -> i64 {
     let value: rust_decimal::Decimal = text.replace(',', ".").parse().unwrap();
     (value * rust_decimal::Decimal::ONE_HUNDRED)
         .try_into()
@@ -159,7 +159,7 @@ fn cents(text: &str) -> i64 {
 }
 
 /// The records of a CSV text with `delimiter`, header rows included.
-fn records(text: &str, delimiter: u8) -> Vec<Vec<String>> {
+pub fn records(text: &str, delimiter: u8) -> Vec<Vec<String>> {
     csv::ReaderBuilder::new()
         .delimiter(delimiter)
         .has_headers(false)
