@@ -23,6 +23,12 @@
 # wrapper writes ~/.litecoin); -conf must be absolute; ElectrumX needs DB_ENGINE=leveldb with
 # plyvel, ALLOW_ROOT as root, fast polling and no per-session cost limits for tests, and opens
 # its port only once it has caught up with the node.
+#
+# ElectrumX 2.0 pads its answers against traffic analysis and holds a small one up to a second,
+# waiting for more to send with it (PaddedRSTransport): every round trip of a client that asks
+# one thing at a time costs that second. The lanes' servers wait DEVNET_ELECTRUM_HOLD_SECONDS
+# (0.02) instead, so a test's dozens of round trips stay quick; `electrumx-start` keeps the
+# server's own second, which a test runs a watcher against.
 set -euo pipefail
 
 DEVNET_DIR=${DEVNET_DIR:-/tmp/payrecon-devnet}
@@ -179,9 +185,18 @@ activate_mweb() {
   cli -rpcwallet=miner generatetoaddress 2 "$mine_to" >/dev/null
 }
 
-# electrumx_start DIR PORT: ElectrumX over the node, listening on 127.0.0.1:PORT.
+# electrumx_start DIR PORT [HOLD]: ElectrumX over the node, listening on 127.0.0.1:PORT, holding
+# a small answer HOLD seconds at most (default: the server's own second).
 electrumx_start() {
-  local dir=$1 port=$2
+  local dir=$1 port=$2 hold=${3:-}
+  local server=("$VENV/bin/electrumx_server")
+  if [ -n "$hold" ]; then
+    server=("$VENV/bin/python3" -c "import sys
+from electrumx.server.transport import PaddedRSTransport
+PaddedRSTransport.WAIT_FOR_BUFFER_GROWTH_SECONDS = float(sys.argv[1])
+from electrumx.cli.electrumx_server import main
+sys.exit(main())" "$hold")
+  fi
   mkdir -p "$dir/db"
   env -i PATH="$PATH" HOME="$HOME" \
     COIN=Litecoin NET=regtest \
@@ -194,7 +209,7 @@ electrumx_start() {
     COST_SOFT_LIMIT=0 COST_HARD_LIMIT=0 REQUEST_SLEEP=0 INITIAL_CONCURRENT=1000 \
     MAX_SEND=10000000 \
     ALLOW_ROOT="$([ "$(id -u)" = 0 ] && echo 1)" \
-    "$VENV/bin/electrumx_server" >> "$dir/electrumx.log" 2>&1 &
+    "${server[@]}" >> "$dir/electrumx.log" 2>&1 &
   echo $! > "$dir/electrumx.pid"
   for _ in $(seq 1 300); do
     alive "$dir/electrumx.pid" || { tail -30 "$dir/electrumx.log" >&2; log "ElectrumX died"; exit 1; }
@@ -254,7 +269,7 @@ lane_up() {
   mkdir -p "$LANE_DIR"
   start_litecoind
   rm -rf "$LANE_DIR/electrumx"
-  electrumx_start "$LANE_DIR/electrumx" "$ELECTRUM_PORT"
+  electrumx_start "$LANE_DIR/electrumx" "$ELECTRUM_PORT" "${DEVNET_ELECTRUM_HOLD_SECONDS:-0.02}"
 }
 
 # Every lane ever started under $DEVNET_DIR, whatever DEVNET_LANES says now.

@@ -59,9 +59,10 @@ if ! command -v promtool >/dev/null; then
 fi
 
 export RUST_TEST_THREADS=${RUST_TEST_THREADS:-6}
-# The benchmarks' binary, which the CLI tests run through `payrecon bench` (cargo test builds
-# only the test harness of a crate without tests of its own).
-cargo build --locked -p payrecon-bench
+# Everything the tests run, in one build whose features are those of `cargo test`: the test
+# harnesses, and the binaries the CLI tests start (the benchmarks' among them, which
+# `cargo test` alone would not build, as that crate has no tests of its own).
+cargo build --workspace --all-targets --locked
 # Every crate of the workspace: unit, integration and doc tests (README's library example is
 # one), and the bench's CLI through `payrecon bench`.
 cargo test --workspace --locked

@@ -22,15 +22,8 @@ async fn rendered(url: &str) -> String {
     let (browser, url) = (headless::chromium(), url.to_owned());
     let output = tokio::task::spawn_blocking(move || {
         Command::new(browser)
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-dev-shm-usage",
-                "--no-first-run",
-                "--virtual-time-budget=15000",
-                "--dump-dom",
-            ])
+            .args(headless::HEADLESS)
+            .args(["--virtual-time-budget=15000", "--dump-dom"])
             .arg(url)
             .output()
             .unwrap()
@@ -442,7 +435,7 @@ async fn a_customer_pays_on_the_checkout_page_in_three_languages() {
                 std::slice::from_ref(&uri),
                 "the QR code in the screenshot is the payment URI"
             );
-            page.close().await.unwrap();
+            page.close().await;
         }
     }
 
@@ -486,7 +479,7 @@ async fn a_customer_pays_on_the_checkout_page_in_three_languages() {
         "a paid page no longer offers the address"
     );
     headless::screenshot(&page, headless::PHONE, "checkout", "live-settled").await;
-    page.close().await.unwrap();
+    page.close().await;
 
     config.cli(&[
         "topup",
@@ -504,12 +497,7 @@ async fn a_customer_pays_on_the_checkout_page_in_three_languages() {
         second["checkout_path"].as_str().unwrap()
     );
     let page = browser.open(&second_link, headless::PHONE, None).await;
-    page.find_element("#paid")
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    page.click("#paid").await;
     headless::wait_until(
         &page,
         "document.getElementById('paid-noted') !== null",
@@ -565,7 +553,7 @@ async fn expired_and_late_payments_pages_say_what_to_do_instead() {
         )
         .await;
         assert!(headless::decode_qr_codes(&png).is_empty());
-        page.close().await.unwrap();
+        page.close().await;
 
         let page = browser.open(&format!("{base}{late}"), screen, None).await;
         let seen = headless::visible_text(&page).await;
@@ -589,7 +577,7 @@ async fn expired_and_late_payments_pages_say_what_to_do_instead() {
             &format!("en-{}-late", screen.name),
         )
         .await;
-        page.close().await.unwrap();
+        page.close().await;
     }
 
     let http = reqwest::Client::new();

@@ -67,7 +67,9 @@ on_both_databases_and_sources! {
 }
 
 /// The Electrum server goes away mid-test (a real ElectrumX of this test's own, stopped and
-/// started again over its kept index): the watcher retries, reconnects and loses nothing.
+/// started again over its kept index): the watcher retries, reconnects and loses nothing. This
+/// server keeps ElectrumX's own pacing, a small answer held up to a second, as public servers
+/// do; the devnet's lanes answer at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_watcher_survives_its_electrum_server_restarting() {
     let chain = Chain::lock().await;

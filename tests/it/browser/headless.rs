@@ -2,20 +2,28 @@
 //! a given width, what a person sees read back, buttons pressed, screenshots kept under
 //! `target/test-artifacts/` and QR codes in them decoded.
 //!
+//! The protocol is JSON over a WebSocket, and these tests send eleven of its commands; they do
+//! so over `tokio-tungstenite`, which the Ethereum client already builds. A full client crate
+//! (chromiumoxide) generated bindings for the whole protocol and cost three minutes of every
+//! clean build.
+//!
 //! Chromium comes from `PAYRECON_TEST_CHROMIUM` or `/usr/bin/chromium`; scripts/test.sh
 //! installs it. Without it the browser tests fail: they are never skipped.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use chromiumoxide::cdp::browser_protocol::emulation::{
-    SetDeviceMetricsOverrideParams, SetUserAgentOverrideParams,
-};
-use chromiumoxide::cdp::browser_protocol::page::CaptureScreenshotFormat;
-use chromiumoxide::page::ScreenshotParams;
-use chromiumoxide::{Browser, BrowserConfig, Page};
-use futures_util::StreamExt;
+use futures_util::stream::SplitSink;
+use futures_util::{SinkExt, StreamExt};
 use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use tokio::net::TcpStream;
+use tokio::sync::oneshot;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 /// Where Chromium is; fails the test when it is missing.
 pub fn chromium() -> String {
@@ -27,6 +35,16 @@ pub fn chromium() -> String {
     );
     path
 }
+
+/// How every test starts Chromium: no window, no sandbox (tests may run as root), nothing
+/// shared with another run.
+pub const HEADLESS: [&str; 5] = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--no-first-run",
+];
 
 /// A screen a person reads the page on.
 #[derive(Clone, Copy, Debug)]
@@ -58,96 +76,280 @@ pub const PHONE: Screen = Screen {
     phone: true,
 };
 
+/// How long one protocol command may take; a liveness bound, not a performance check.
+const COMMAND_DEADLINE: Duration = Duration::from_secs(60);
+
+type Replies = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<Value, String>>>>>;
+
+/// One DevTools connection: commands go out with an id, and a reader task hands each answer
+/// to the command with that id. Events, which these tests do not need, are dropped.
+struct DevTools {
+    sink: tokio::sync::Mutex<SplitSink<WebSocketStream<MaybeTlsStream<TcpStream>>, Message>>,
+    replies: Replies,
+    next_id: AtomicU64,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl DevTools {
+    async fn connect(url: &str) -> DevTools {
+        let (socket, _) = tokio_tungstenite::connect_async(url)
+            .await
+            .unwrap_or_else(|e| panic!("DevTools at {url}: {e}"));
+        let (sink, mut stream) = socket.split();
+        let replies = Replies::default();
+        let pending = replies.clone();
+        let reader = tokio::spawn(async move {
+            while let Some(Ok(message)) = stream.next().await {
+                let Message::Text(text) = message else {
+                    continue;
+                };
+                let answer: Value = serde_json::from_str(&text).expect("DevTools sends JSON");
+                let Some(id) = answer["id"].as_u64() else {
+                    continue;
+                };
+                let waiting = pending.lock().expect("never poisoned").remove(&id);
+                if let Some(waiting) = waiting {
+                    let _ = waiting.send(match answer.get("error") {
+                        Some(error) => Err(error.to_string()),
+                        None => Ok(answer["result"].clone()),
+                    });
+                }
+            }
+        });
+        DevTools {
+            sink: tokio::sync::Mutex::new(sink),
+            replies,
+            next_id: AtomicU64::new(1),
+            reader,
+        }
+    }
+
+    /// Sends `method` to the browser, or to the page of `session`, and waits for its result.
+    async fn call(
+        &self,
+        session: Option<&str>,
+        method: &str,
+        params: Value,
+    ) -> Result<Value, String> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (answer, answered) = oneshot::channel();
+        self.replies
+            .lock()
+            .expect("never poisoned")
+            .insert(id, answer);
+        let mut command = json!({ "id": id, "method": method, "params": params });
+        if let Some(session) = session {
+            command["sessionId"] = session.into();
+        }
+        self.sink
+            .lock()
+            .await
+            .send(Message::text(command.to_string()))
+            .await
+            .map_err(|e| format!("{method}: {e}"))?;
+        tokio::time::timeout(COMMAND_DEADLINE, answered)
+            .await
+            .map_err(|_| format!("{method}: no answer within {COMMAND_DEADLINE:?}"))?
+            .map_err(|_| format!("{method}: the browser closed the connection"))?
+    }
+}
+
 /// One headless Chromium; [`Headless::close`] it, or it is killed when dropped.
 pub struct Headless {
-    browser: Browser,
-    handler: tokio::task::JoinHandle<()>,
+    devtools: Arc<DevTools>,
+    process: tokio::process::Child,
     _profile: tempfile::TempDir,
+}
+
+/// A tab of [`Headless`].
+pub struct Page {
+    devtools: Arc<DevTools>,
+    target: String,
+    session: String,
 }
 
 impl Headless {
     pub async fn launch() -> Headless {
         let profile = tempfile::tempdir().unwrap();
-        let config = BrowserConfig::builder()
-            .chrome_executable(chromium())
-            .user_data_dir(profile.path())
-            .no_sandbox()
-            .arg("--disable-gpu")
-            .arg("--disable-dev-shm-usage")
-            .arg("--no-first-run")
-            .arg("--hide-scrollbars")
-            .window_size(DESKTOP.width, DESKTOP.height)
-            .build()
-            .unwrap();
-        let (browser, mut events) = Browser::launch(config).await.unwrap();
-        // The protocol's messages must be read for any command to complete; one this crate
-        // does not know is an error it reports and goes on from.
-        let handler = tokio::spawn(async move { while events.next().await.is_some() {} });
+        let process = tokio::process::Command::new(chromium())
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .args(HEADLESS)
+            .args(["--hide-scrollbars", "--remote-debugging-port=0"])
+            .arg(format!(
+                "--window-size={},{}",
+                DESKTOP.width, DESKTOP.height
+            ))
+            .arg("about:blank")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", chromium()));
+        // Chromium writes the port it chose, and the browser's path, once it listens.
+        let active_port = profile.path().join("DevToolsActivePort");
+        let start = Instant::now();
+        let url = loop {
+            if let Ok(written) = std::fs::read_to_string(&active_port)
+                && let Some((port, path)) = written.split_once('\n')
+                && !path.trim().is_empty()
+            {
+                break format!("ws://127.0.0.1:{port}{}", path.trim());
+            }
+            assert!(
+                start.elapsed() < COMMAND_DEADLINE,
+                "Chromium did not open its DevTools port"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
         Headless {
-            browser,
-            handler,
+            devtools: Arc::new(DevTools::connect(&url).await),
+            process,
             _profile: profile,
         }
     }
 
     /// A new tab showing `url` on `screen`, asking for `accept_language` if given.
     pub async fn open(&self, url: &str, screen: Screen, accept_language: Option<&str>) -> Page {
-        let page = self.browser.new_page("about:blank").await.unwrap();
+        let created = self
+            .devtools
+            .call(None, "Target.createTarget", json!({ "url": "about:blank" }))
+            .await
+            .unwrap();
+        let target = created["targetId"].as_str().unwrap().to_owned();
+        let attached = self
+            .devtools
+            .call(
+                None,
+                "Target.attachToTarget",
+                json!({ "targetId": target, "flatten": true }),
+            )
+            .await
+            .unwrap();
+        let page = Page {
+            devtools: self.devtools.clone(),
+            target,
+            session: attached["sessionId"].as_str().unwrap().to_owned(),
+        };
         emulate(&page, screen).await;
         if let Some(languages) = accept_language {
             let agent: String = evaluate(&page, "navigator.userAgent").await;
-            page.execute(
-                SetUserAgentOverrideParams::builder()
-                    .user_agent(agent)
-                    .accept_language(languages)
-                    .build()
-                    .unwrap(),
+            page.call(
+                "Emulation.setUserAgentOverride",
+                json!({ "userAgent": agent, "acceptLanguage": languages }),
             )
             .await
             .unwrap();
         }
-        page.goto(url).await.unwrap();
-        page.wait_for_navigation().await.unwrap();
+        let navigated = page
+            .call("Page.navigate", json!({ "url": url }))
+            .await
+            .unwrap();
+        assert!(
+            navigated.get("errorText").is_none(),
+            "opening {url}: {navigated}"
+        );
+        wait_until(
+            &page,
+            "document.readyState === 'complete' && location.href !== 'about:blank'",
+            &format!("{url} to load"),
+        )
+        .await;
         page
     }
-}
 
-impl Headless {
     /// Closes the browser and waits for it to exit.
     pub async fn close(mut self) {
-        self.browser.close().await.unwrap();
-        self.browser.wait().await.unwrap();
+        let _ = self.devtools.call(None, "Browser.close", json!({})).await;
+        tokio::time::timeout(COMMAND_DEADLINE, self.process.wait())
+            .await
+            .expect("Chromium exits once closed")
+            .unwrap();
     }
 }
 
 impl Drop for Headless {
     fn drop(&mut self) {
-        self.handler.abort();
+        self.devtools.reader.abort();
+    }
+}
+
+impl Page {
+    async fn call(&self, method: &str, params: Value) -> Result<Value, String> {
+        self.devtools
+            .call(Some(&self.session), method, params)
+            .await
+    }
+
+    /// Presses the element `selector` finds as a person does: the pointer over its middle,
+    /// pressed and released.
+    pub async fn click(&self, selector: &str) {
+        let (x, y): (f64, f64) = evaluate(
+            self,
+            &format!(
+                "(() => {{ const e = document.querySelector({selector:?}); \
+                 e.scrollIntoView({{block: 'center'}}); const r = e.getBoundingClientRect(); \
+                 return [r.left + r.width / 2, r.top + r.height / 2]; }})()"
+            ),
+        )
+        .await;
+        for kind in ["mousePressed", "mouseReleased"] {
+            self.call(
+                "Input.dispatchMouseEvent",
+                json!({ "type": kind, "x": x, "y": y, "button": "left", "clickCount": 1 }),
+            )
+            .await
+            .unwrap();
+        }
+    }
+
+    /// Closes the tab.
+    pub async fn close(self) {
+        self.devtools
+            .call(
+                None,
+                "Target.closeTarget",
+                json!({ "targetId": self.target }),
+            )
+            .await
+            .unwrap();
     }
 }
 
 /// Lays `page` out for `screen`.
 async fn emulate(page: &Page, screen: Screen) {
-    page.execute(
-        SetDeviceMetricsOverrideParams::builder()
-            .width(screen.width)
-            .height(screen.height)
-            .device_scale_factor(if screen.phone { 2.0 } else { 1.0 })
-            .mobile(screen.phone)
-            .build()
-            .unwrap(),
+    page.call(
+        "Emulation.setDeviceMetricsOverride",
+        json!({
+            "width": screen.width,
+            "height": screen.height,
+            "deviceScaleFactor": if screen.phone { 2.0 } else { 1.0 },
+            "mobile": screen.phone,
+        }),
     )
     .await
     .unwrap();
 }
 
+/// The value of a JavaScript expression on `page` (a promise is awaited), or why there is none.
+async fn value_of(page: &Page, expression: &str) -> Result<Value, String> {
+    let evaluated = page
+        .call(
+            "Runtime.evaluate",
+            json!({ "expression": expression, "returnByValue": true, "awaitPromise": true }),
+        )
+        .await?;
+    match evaluated.get("exceptionDetails") {
+        Some(thrown) => Err(thrown.to_string()),
+        None => Ok(evaluated["result"]["value"].clone()),
+    }
+}
+
 /// The value of a JavaScript expression on `page`.
 pub async fn evaluate<T: DeserializeOwned>(page: &Page, expression: &str) -> T {
-    page.evaluate(expression)
+    let value = value_of(page, expression)
         .await
-        .unwrap_or_else(|e| panic!("{expression}: {e}"))
-        .into_value()
-        .unwrap_or_else(|e| panic!("{expression}: {e}"))
+        .unwrap_or_else(|e| panic!("{expression}: {e}"));
+    serde_json::from_value(value).unwrap_or_else(|e| panic!("{expression}: {e}"))
 }
 
 /// The text a person sees on the page (layout-aware: hidden elements are left out).
@@ -160,17 +362,12 @@ pub async fn visible_text(page: &Page) -> String {
 pub async fn wait_until(page: &Page, expression: &str, what: &str) {
     let start = Instant::now();
     loop {
-        let holds = page
-            .evaluate(expression)
-            .await
-            .ok()
-            .and_then(|value| value.into_value::<bool>().ok())
-            .unwrap_or(false);
-        if holds {
+        // While a page loads there may be no document to ask yet: that is "not yet".
+        if value_of(page, expression).await == Ok(Value::Bool(true)) {
             return;
         }
         assert!(
-            start.elapsed() < Duration::from_secs(60),
+            start.elapsed() < COMMAND_DEADLINE,
             "timed out waiting for {what}; the page shows: {}",
             visible_text(page).await
         );
@@ -181,17 +378,30 @@ pub async fn wait_until(page: &Page, expression: &str, what: &str) {
 /// A full-page PNG screenshot of `page` on `screen`, kept as
 /// `target/test-artifacts/<test>/<name>.png`.
 pub async fn screenshot(page: &Page, screen: Screen, test: &str, name: &str) -> Vec<u8> {
-    let png = page
-        .screenshot(
-            ScreenshotParams::builder()
-                .format(CaptureScreenshotFormat::Png)
-                .full_page(true)
-                .build(),
-        )
+    // The page is laid out as tall as its content for the capture, then put back on `screen`.
+    let metrics = page.call("Page.getLayoutMetrics", json!({})).await.unwrap();
+    let content = &metrics["cssContentSize"];
+    page.call(
+        "Emulation.setDeviceMetricsOverride",
+        json!({
+            "width": content["width"].as_f64().unwrap().ceil(),
+            "height": content["height"].as_f64().unwrap().ceil(),
+            "deviceScaleFactor": if screen.phone { 2.0 } else { 1.0 },
+            "mobile": screen.phone,
+        }),
+    )
+    .await
+    .unwrap();
+    let captured = page
+        .call("Page.captureScreenshot", json!({ "format": "png" }))
         .await
         .unwrap();
-    // A full-page capture resizes the page and then clears every size override.
     emulate(page, screen).await;
+    let png = base64::Engine::decode(
+        &base64::engine::general_purpose::STANDARD,
+        captured["data"].as_str().unwrap(),
+    )
+    .unwrap();
     let dir = artifacts(test);
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join(format!("{name}.png")), &png).unwrap();

@@ -193,9 +193,16 @@ impl Chain {
     }
 
     /// Mines `n` blocks to a fresh wallet address; returns the new height.
+    /// Returns once the lane's ElectrumX has indexed the new tip too, so that a check which
+    /// reads the server at once (an audit, a verification) sees the blocks just mined.
     pub async fn mine(&self, n: u64) -> u64 {
         let to = self.wallet_address().await;
         self.call(true, "generatetoaddress", json!([n, to])).await;
+        let best = self.best_hash().await;
+        eventually("the lane's ElectrumX to index the new tip", || async {
+            electrum_tip_hash(&self.electrum_url).await.as_deref() == Some(best.as_str())
+        })
+        .await;
         self.height().await
     }
 
@@ -445,13 +452,42 @@ pub async fn wait_for_tip(
     .await;
 }
 
+/// The hash of the tip the Electrum server at `url` has indexed, or `None` while it cannot say.
+async fn electrum_tip_hash(url: &str) -> Option<String> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let address = url.strip_prefix("tcp://")?;
+    let mut stream = tokio::io::BufReader::new(tokio::net::TcpStream::connect(address).await.ok()?);
+    stream
+        .get_mut()
+        .write_all(
+            b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"server.version\",\"params\":[\"tests\",\"1.4\"]}\n\
+              {\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"blockchain.headers.subscribe\",\"params\":[]}\n",
+        )
+        .await
+        .ok()?;
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if stream.read_line(&mut line).await.ok()? == 0 {
+            return None;
+        }
+        let answer: Value = serde_json::from_str(&line).ok()?;
+        if answer["id"] == 2 {
+            let header = hex::decode(answer["result"]["hex"].as_str()?).ok()?;
+            let header: payrecon_chain_core::bitcoin::block::Header =
+                payrecon_chain_core::bitcoin::consensus::deserialize(&header).ok()?;
+            return Some(header.block_hash().to_string());
+        }
+    }
+}
+
 /// Sends the engine's logs to the test output (shown for failing tests).
 pub fn init_logs() {
     let _ = tracing_subscriber::fmt()
         .with_test_writer()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("PAYRECON_LOG")
-                .unwrap_or_else(|_| "info,chromiumoxide=error".into()),
+                .unwrap_or_else(|_| "info".into()),
         )
         .try_init();
 }
