@@ -283,10 +283,14 @@ started_lanes() {
 case "${1:-}" in
   up)
     install
+    # The lanes start side by side: each mines its own chain to MWEB's activation and has its
+    # ElectrumX index it.
+    starting=()
     for lane in $(seq 0 $((DEVNET_LANES - 1))); do
-      use_lane "$lane"
-      lane_up
+      (use_lane "$lane" && lane_up) &
+      starting+=($!)
     done
+    for pid in "${starting[@]}"; do wait "$pid"; done
     if alive "$DEVNET_DIR/anvil/anvil.pid"; then
       log "anvil already running"
     else

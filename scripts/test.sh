@@ -5,15 +5,17 @@
 # - The Litecoin regtest node, ElectrumX and anvil come from PAYRECON_TEST_LTC_RPC,
 #   PAYRECON_TEST_LTC_P2P, PAYRECON_TEST_ELECTRUM and PAYRECON_TEST_ETH_RPC when all are set; otherwise
 #   scripts/devnet.sh installs (first run) and starts them for this run and stops them after it:
-#   DEVNET_LANES (3) independent Litecoin chains, each a node with its own ElectrumX, so that as
+#   DEVNET_LANES (5) independent Litecoin chains, each a node with its own ElectrumX, so that as
 #   many chain tests run at once (the three lists then name one chain per lane, comma-separated).
-# - Tests run RUST_TEST_THREADS (6) at a time: most of them wait on a node, a server or a poll,
+# - Tests run RUST_TEST_THREADS (8) at a time: most of them wait on a node, a server or a poll,
 #   not on the CPU.
 # - Headless Chromium for the browser test comes from PAYRECON_TEST_CHROMIUM or Debian's
 #   chromium, installed here when missing; strace (the durability test watches `payrecon serve`
 #   sync before it answers) and promtool (the alert rules' tests, from Debian's prometheus)
 #   are installed here when missing too.
-# - examples/embed, a crate outside the workspace, runs the shop flow through the public API.
+# - examples/embed, a crate outside the workspace, runs the shop flow through the public API. It
+#   compiles payrecon without the test hooks, so little of the workspace's build is reused: it
+#   is compiled while the workspace's tests run, which mostly wait on nodes and servers.
 # - After the suite, `scripts/demo.sh --check` runs README's first command end to end,
 #   non-interactively, with the payrecon binary `cargo test` built; scripts/package-test.sh
 #   then packages that binary with cargo-deb (installed here when missing), installs the
@@ -34,7 +36,7 @@ else
 fi
 
 if [ -z "${PAYRECON_TEST_ELECTRUM:-}" ] || [ -z "${PAYRECON_TEST_LTC_RPC:-}" ] || [ -z "${PAYRECON_TEST_LTC_P2P:-}" ] || [ -z "${PAYRECON_TEST_ETH_RPC:-}" ]; then
-  eval "$(DEVNET_LANES=${DEVNET_LANES:-3} scripts/devnet.sh up)"
+  eval "$(DEVNET_LANES=${DEVNET_LANES:-5} scripts/devnet.sh up)"
   cleanup+=("scripts/devnet.sh down")
   echo "using fresh local nodes: Litecoin regtest behind ElectrumX at $PAYRECON_TEST_ELECTRUM, anvil at $PAYRECON_TEST_ETH_RPC"
 else
@@ -58,15 +60,25 @@ if ! command -v promtool >/dev/null; then
   apt_install --no-install-recommends prometheus
 fi
 
-export RUST_TEST_THREADS=${RUST_TEST_THREADS:-6}
+export RUST_TEST_THREADS=${RUST_TEST_THREADS:-8}
 # Everything the tests run, in one build whose features are those of `cargo test`: the test
 # harnesses, and the binaries the CLI tests start (the benchmarks' among them, which
 # `cargo test` alone would not build, as that crate has no tests of its own).
 cargo build --workspace --all-targets --locked
 # Every crate of the workspace: unit, integration and doc tests (README's library example is
-# one), and the bench's CLI through `payrecon bench`.
-cargo test --workspace --locked
-# A shop's crate outside the workspace, which sees only the public API, on both databases.
+# one), and the bench's CLI through `payrecon bench`. Its output is shown as it comes.
+tests_log=$(mktemp)
+cleanup+=("rm -f $tests_log")
+cargo test --workspace --locked > "$tests_log" 2>&1 &
+tests=$!
+cleanup+=("kill $tests 2>/dev/null")
+tail -n +1 -f --pid="$tests" "$tests_log" &
+# A shop's crate outside the workspace, which sees only the public API, compiled once the
+# workspace's tests run (cargo holds the build directory until then), and then run on both
+# databases.
+until grep -q '^     Running ' "$tests_log" || ! kill -0 "$tests" 2>/dev/null; do sleep 1; done
+cargo test --locked --quiet --manifest-path examples/embed/Cargo.toml --target-dir target --no-run
+wait "$tests"
 cargo test --locked --manifest-path examples/embed/Cargo.toml --target-dir target
 PAYRECON_BIN=target/debug/payrecon scripts/demo.sh --check
 # The Debian package of that binary, installed, run as its user against the devnet, purged.
