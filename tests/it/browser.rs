@@ -429,7 +429,7 @@ async fn a_customer_pays_on_the_checkout_page_in_three_languages() {
                 &format!("{}-{}", said.language, screen.name),
             )
             .await;
-            let codes = headless::decode_qr_codes(&png);
+            let codes = browser.decode_qr_codes(&png).await;
             assert_eq!(
                 codes,
                 std::slice::from_ref(&uri),
@@ -552,7 +552,7 @@ async fn expired_and_late_payments_pages_say_what_to_do_instead() {
             &format!("de-{}-expired", screen.name),
         )
         .await;
-        assert!(headless::decode_qr_codes(&png).is_empty());
+        assert!(browser.decode_qr_codes(&png).await.is_empty());
         page.close().await;
 
         let page = browser.open(&format!("{base}{late}"), screen, None).await;

@@ -42,10 +42,12 @@ async fn check(database_url: &str, database: &str) {
 
 #[tokio::test]
 async fn the_shop_flow_runs_on_sqlite() {
-    let dir = std::env::temp_dir().join(run_id("embed-"));
-    std::fs::create_dir_all(&dir).unwrap();
-    check(&format!("sqlite://{}/shop.db", dir.display()), "sqlite").await;
-    std::fs::remove_dir_all(dir).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    check(
+        &format!("sqlite://{}/shop.db", dir.path().display()),
+        "sqlite",
+    )
+    .await;
 }
 
 #[tokio::test]

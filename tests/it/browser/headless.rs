@@ -1,6 +1,6 @@
 //! Headless Chromium (Debian's `chromium`) driven over the DevTools protocol: pages opened at
 //! a given width, what a person sees read back, buttons pressed, screenshots kept under
-//! `target/test-artifacts/` and QR codes in them decoded.
+//! `target/test-artifacts/` and QR codes in them decoded (the browser decodes the PNG).
 //!
 //! The protocol is JSON over a WebSocket, and these tests send eleven of its commands; they do
 //! so over `tokio-tungstenite`, which the Ethereum client already builds. A full client crate
@@ -208,8 +208,8 @@ impl Headless {
         }
     }
 
-    /// A new tab showing `url` on `screen`, asking for `accept_language` if given.
-    pub async fn open(&self, url: &str, screen: Screen, accept_language: Option<&str>) -> Page {
+    /// A new blank tab.
+    async fn tab(&self) -> Page {
         let created = self
             .devtools
             .call(None, "Target.createTarget", json!({ "url": "about:blank" }))
@@ -225,11 +225,16 @@ impl Headless {
             )
             .await
             .unwrap();
-        let page = Page {
+        Page {
             devtools: self.devtools.clone(),
             target,
             session: attached["sessionId"].as_str().unwrap().to_owned(),
-        };
+        }
+    }
+
+    /// A new tab showing `url` on `screen`, asking for `accept_language` if given.
+    pub async fn open(&self, url: &str, screen: Screen, accept_language: Option<&str>) -> Page {
+        let page = self.tab().await;
         emulate(&page, screen).await;
         if let Some(languages) = accept_language {
             let agent: String = evaluate(&page, "navigator.userAgent").await;
@@ -415,33 +420,45 @@ pub fn artifacts(test: &str) -> PathBuf {
         .join(test)
 }
 
-/// The contents of every QR code in a PNG image.
-pub fn decode_qr_codes(png: &[u8]) -> Vec<String> {
-    let mut decoder = png::Decoder::new(std::io::Cursor::new(png));
-    decoder.set_transformations(png::Transformations::EXPAND | png::Transformations::STRIP_16);
-    let mut reader = decoder.read_info().unwrap();
-    let mut pixels = vec![0; reader.output_buffer_size().unwrap()];
-    let frame = reader.next_frame(&mut pixels).unwrap();
-    let (width, height) = (frame.width as usize, frame.height as usize);
-    let channels = frame.color_type.samples();
-    let luma = |x: usize, y: usize| -> u8 {
-        let at = (y * width + x) * channels;
-        match channels {
-            1 | 2 => pixels[at],
-            _ => {
-                let (r, g, b) = (
-                    u32::from(pixels[at]),
-                    u32::from(pixels[at + 1]),
-                    u32::from(pixels[at + 2]),
-                );
-                ((r * 299 + g * 587 + b * 114) / 1000) as u8
-            }
-        }
-    };
-    let mut image = rqrr::PreparedImage::prepare_from_greyscale(width, height, luma);
-    image
-        .detect_grids()
-        .into_iter()
-        .filter_map(|grid| grid.decode().ok().map(|(_, content)| content))
-        .collect()
+/// The image in a PNG decoded by the browser, as the luminance of each pixel, row by row.
+const LUMINANCE: &str = r#"(async () => {
+    const image = new Image();
+    image.src = 'data:image/png;base64,PNG';
+    await image.decode();
+    const canvas = document.createElement('canvas');
+    [canvas.width, canvas.height] = [image.naturalWidth, image.naturalHeight];
+    const context = canvas.getContext('2d');
+    context.drawImage(image, 0, 0);
+    const rgba = context.getImageData(0, 0, canvas.width, canvas.height).data;
+    const luma = new Uint8Array(canvas.width * canvas.height);
+    for (let i = 0; i < luma.length; i++) {
+        luma[i] = (rgba[4 * i] * 299 + rgba[4 * i + 1] * 587 + rgba[4 * i + 2] * 114) / 1000;
+    }
+    let bytes = '';
+    for (let i = 0; i < luma.length; i += 8192) {
+        bytes += String.fromCharCode.apply(null, luma.subarray(i, i + 8192));
+    }
+    return [canvas.width, canvas.height, btoa(bytes)];
+})()"#;
+
+impl Headless {
+    /// The contents of every QR code in a PNG image. The browser decodes the image, in a blank
+    /// tab of its own (no page's content policy applies there), and the codes are searched for
+    /// in its pixels.
+    pub async fn decode_qr_codes(&self, png: &[u8]) -> Vec<String> {
+        let tab = self.tab().await;
+        let encoded = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, png);
+        let (width, height, luma): (usize, usize, String) =
+            evaluate(&tab, &LUMINANCE.replace("PNG", &encoded)).await;
+        tab.close().await;
+        let luma =
+            base64::Engine::decode(&base64::engine::general_purpose::STANDARD, luma).unwrap();
+        let mut image =
+            rqrr::PreparedImage::prepare_from_greyscale(width, height, |x, y| luma[y * width + x]);
+        image
+            .detect_grids()
+            .into_iter()
+            .filter_map(|grid| grid.decode().ok().map(|(_, content)| content))
+            .collect()
+    }
 }
