@@ -14,8 +14,8 @@
 #   sync before it answers) and promtool (the alert rules' tests, from Debian's prometheus)
 #   are installed here when missing too.
 # - examples/embed, a crate outside the workspace, runs the shop flow through the public API. It
-#   compiles payrecon without the test hooks, so little of the workspace's build is reused: it
-#   is compiled while the workspace's tests run, which mostly wait on nodes and servers.
+#   compiles payrecon and the chain crates again, without the test hooks, while the workspace's
+#   tests run (they mostly wait on nodes and servers); the dependencies it reuses.
 # - After the suite, `scripts/demo.sh --check` runs README's first command end to end,
 #   non-interactively, with the payrecon binary `cargo test` built; scripts/package-test.sh
 #   then packages that binary with cargo-deb (installed here when missing), installs the

@@ -13,7 +13,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use common::regtest::eventually;
+use common::regtest::{eventually, eventually_within};
 use common::serve::{ServeConfig, Serving, free_port};
 use payrecon::{SIGNATURE_HEADER, SIGNATURE_TOLERANCE, verify_signature};
 use serde_json::Value;
@@ -502,9 +502,12 @@ async fn misbehaving_node(
         after >> 20
     );
 
+    // A watcher that failed often waits out its longest backoff, a minute, before it tries
+    // again: how many failures the endless phase took depends on the machine's load.
     node.set(Mode::Forward);
-    eventually(
+    eventually_within(
         &format!("the {network} watcher to run again once the node behaves"),
+        Duration::from_secs(180),
         || async { stuck_watcher(&config, network).is_none() },
     )
     .await;

@@ -492,17 +492,24 @@ pub fn init_logs() {
 }
 
 /// Waits up to a minute for `condition`; a liveness bound, not a performance check.
-pub async fn eventually<F, Fut>(what: &str, mut condition: F)
+pub async fn eventually<F, Fut>(what: &str, condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    eventually_within(what, Duration::from_secs(60), condition).await;
+}
+
+/// Waits up to `bound` for `condition`, for what the code under test may rightly delay longer
+/// than a minute; a liveness bound too.
+pub async fn eventually_within<F, Fut>(what: &str, bound: Duration, mut condition: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
 {
     let start = Instant::now();
     while !condition().await {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "timed out waiting for {what}"
-        );
+        assert!(start.elapsed() < bound, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
