@@ -70,7 +70,7 @@ impl Read for LineCapped {
         while self.handed == self.ready.len() {
             self.ready.clear();
             self.handed = 0;
-            let mut chunk = vec![0; CHUNK_BYTES];
+            let mut chunk = [0; CHUNK_BYTES];
             let n = self.inner.read(&mut chunk)?;
             if n == 0 {
                 // The end of the stream: what there is of a last line goes on as it is.

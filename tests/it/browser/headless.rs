@@ -16,6 +16,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use futures_util::stream::SplitSink;
 use futures_util::{SinkExt, StreamExt};
 use serde::de::DeserializeOwned;
@@ -386,27 +388,18 @@ pub async fn screenshot(page: &Page, screen: Screen, test: &str, name: &str) -> 
     // The page is laid out as tall as its content for the capture, then put back on `screen`.
     let metrics = page.call("Page.getLayoutMetrics", json!({})).await.unwrap();
     let content = &metrics["cssContentSize"];
-    page.call(
-        "Emulation.setDeviceMetricsOverride",
-        json!({
-            "width": content["width"].as_f64().unwrap().ceil(),
-            "height": content["height"].as_f64().unwrap().ceil(),
-            "deviceScaleFactor": if screen.phone { 2.0 } else { 1.0 },
-            "mobile": screen.phone,
-        }),
-    )
-    .await
-    .unwrap();
+    let tall = Screen {
+        width: content["width"].as_f64().unwrap().ceil() as u32,
+        height: content["height"].as_f64().unwrap().ceil() as u32,
+        ..screen
+    };
+    emulate(page, tall).await;
     let captured = page
         .call("Page.captureScreenshot", json!({ "format": "png" }))
         .await
         .unwrap();
     emulate(page, screen).await;
-    let png = base64::Engine::decode(
-        &base64::engine::general_purpose::STANDARD,
-        captured["data"].as_str().unwrap(),
-    )
-    .unwrap();
+    let png = BASE64.decode(captured["data"].as_str().unwrap()).unwrap();
     let dir = artifacts(test);
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join(format!("{name}.png")), &png).unwrap();
@@ -447,12 +440,11 @@ impl Headless {
     /// in its pixels.
     pub async fn decode_qr_codes(&self, png: &[u8]) -> Vec<String> {
         let tab = self.tab().await;
-        let encoded = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, png);
+        let encoded = BASE64.encode(png);
         let (width, height, luma): (usize, usize, String) =
             evaluate(&tab, &LUMINANCE.replace("PNG", &encoded)).await;
         tab.close().await;
-        let luma =
-            base64::Engine::decode(&base64::engine::general_purpose::STANDARD, luma).unwrap();
+        let luma = BASE64.decode(luma).unwrap();
         let mut image =
             rqrr::PreparedImage::prepare_from_greyscale(width, height, |x, y| luma[y * width + x]);
         image

@@ -454,30 +454,11 @@ pub async fn wait_for_tip(
     .await;
 }
 
-/// The height of the tip the Electrum server at `url` has indexed, or `None` while it cannot say.
+/// The height of the tip the Electrum server at `url` has indexed, read as `payrecon doctor`
+/// reads it, or `None` while it cannot say.
 async fn electrum_tip_height(url: &str) -> Option<u64> {
-    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
-    let address = url.strip_prefix("tcp://")?;
-    let mut stream = tokio::io::BufReader::new(tokio::net::TcpStream::connect(address).await.ok()?);
-    stream
-        .get_mut()
-        .write_all(
-            b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"server.version\",\"params\":[\"tests\",\"1.4\"]}\n\
-              {\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"blockchain.headers.subscribe\",\"params\":[]}\n",
-        )
-        .await
-        .ok()?;
-    let mut line = String::new();
-    loop {
-        line.clear();
-        if stream.read_line(&mut line).await.ok()? == 0 {
-            return None;
-        }
-        let answer: Value = serde_json::from_str(&line).ok()?;
-        if answer["id"] == 2 {
-            return answer["result"]["height"].as_u64();
-        }
-    }
+    let mut scanner = ElectrumScanner::new(ElectrumSettings::new(url, litecoin_regtest()));
+    scanner.probe().await.ok().map(|probe| probe.tip_height)
 }
 
 /// Sends the engine's logs to the test output (shown for failing tests).
