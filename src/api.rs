@@ -992,6 +992,20 @@ fn watcher_families(text: &mut String, health: &[crate::records::WatcherHealth])
     );
     family(
         text,
+        "payrecon_source_incomplete_answers_total",
+        "Answers of the chain source that left out part of a block (read again; the cursor waited) since the watcher started.",
+        "counter",
+        per_network(&|h| h.incomplete_answers),
+    );
+    family(
+        text,
+        "payrecon_zero_value_transfers_total",
+        "Zero-value transfers to watched addresses (address poisoning) ignored since the watcher started.",
+        "counter",
+        per_network(&|h| h.zero_value_ignored),
+    );
+    family(
+        text,
         "payrecon_watcher_up",
         "1 if the watcher's last round succeeded.",
         "gauge",

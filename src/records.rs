@@ -44,6 +44,10 @@ pub struct WatcherHealth {
     pub failures: u64,
     /// Failed rounds since the watcher started.
     pub rpc_errors: u64,
+    /// Answers of the source that left out part of a block, since the watcher started.
+    pub incomplete_answers: u64,
+    /// Zero-value transfers (address poisoning) ignored since the watcher started.
+    pub zero_value_ignored: u64,
     /// The newest failure.
     pub last_error: Option<String>,
     /// The last successful scan.

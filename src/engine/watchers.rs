@@ -13,7 +13,9 @@ use crate::store::keys::UnissuedRow;
 use crate::store::operations::DueDelivery;
 use crate::store::{leases, operations, payments};
 use chrono::{DateTime, Utc};
-use payrecon_chain_core::{ChainCursor, ChainEvent, Network, OutflowEvent, ScanBatch, Unreadable};
+use payrecon_chain_core::{
+    ChainCursor, ChainEvent, Network, OutflowEvent, ScanBatch, Unexplained, Unreadable,
+};
 use std::time::Duration;
 
 impl Engine {
@@ -21,13 +23,14 @@ impl Engine {
     /// (tests can choose the one-by-one reference path): its reads and writes take a
     /// number of statements that does not grow with its length.
     pub async fn apply_chain_events(&self, events: &[ChainEvent]) -> Result<(), Error> {
-        self.apply(events, &[], &[], None, None).await
+        self.apply(events, &[], Quarantined::NONE, None, None).await
     }
 
     /// Applies outflow reports (value leaving watched addresses), in one transaction; each is
     /// booked once as deep as its network's payments must be.
     pub async fn apply_outflows(&self, outflows: &[OutflowEvent]) -> Result<(), Error> {
-        self.apply(&[], outflows, &[], None, None).await
+        self.apply(&[], outflows, Quarantined::NONE, None, None)
+            .await
     }
 
     /// Applies a watcher's events and moves its cursor in the same transaction: after a crash
@@ -39,8 +42,14 @@ impl Engine {
         cursor: &ChainCursor,
     ) -> Result<(), Error> {
         check_batch(network, events, cursor)?;
-        self.apply(events, &[], &[], Some((network, cursor, &[])), None)
-            .await
+        self.apply(
+            events,
+            &[],
+            Quarantined::NONE,
+            Some((network, cursor, &[])),
+            None,
+        )
+        .await
     }
 
     /// [`Engine::apply_chain_events_at`] for a watcher running under `lease`: refused with
@@ -55,7 +64,7 @@ impl Engine {
         self.apply(
             events,
             &[],
-            &[],
+            Quarantined::NONE,
             Some((lease.network, cursor, &[])),
             Some(lease),
         )
@@ -77,7 +86,10 @@ impl Engine {
         self.apply(
             &batch.events,
             &batch.outflows,
-            &batch.unreadable,
+            Quarantined {
+                unreadable: &batch.unreadable,
+                unexplained: &batch.unexplained,
+            },
             Some((network, &batch.cursor, unissued)),
             lease,
         )
@@ -88,7 +100,7 @@ impl Engine {
         &self,
         events: &[ChainEvent],
         outflows: &[OutflowEvent],
-        unreadable: &[Unreadable],
+        quarantined: Quarantined<'_>,
         cursor: Option<(Network, &ChainCursor, &[UnissuedRow])>,
         lease: Option<&crate::leases::Lease>,
     ) -> Result<(), Error> {
@@ -129,7 +141,8 @@ impl Engine {
         .await?;
         crate::outflows::apply(&mut tx, &settings.policy, outflows, now).await?;
         if let Some((network, cursor, _)) = cursor {
-            quarantine(tx.conn(), network, unreadable, now).await?;
+            quarantine(tx.conn(), network, quarantined.unreadable, now).await?;
+            open_unexplained(tx.conn(), network, quarantined.unexplained, now).await?;
             crate::store::cursors::put(tx.conn(), network, cursor, now).await?;
         }
         crash_point("apply.before_commit");
@@ -262,6 +275,72 @@ impl Engine {
         tx.commit().await?;
         Ok(())
     }
+}
+
+/// What a scan hands operators instead of booking it.
+#[derive(Clone, Copy)]
+struct Quarantined<'a> {
+    unreadable: &'a [Unreadable],
+    unexplained: &'a [Unexplained],
+}
+
+impl Quarantined<'_> {
+    const NONE: Quarantined<'static> = Quarantined {
+        unreadable: &[],
+        unexplained: &[],
+    };
+}
+
+/// Opens one exception per balance change of a watched address that no transaction explains
+/// (`unexplained_balance:<network>:<address>:<block hash>`), naming the address's key and
+/// index and its intent when it has one: nothing is booked, as nobody can say whose it is.
+pub(crate) async fn open_unexplained(
+    conn: &mut sqlx::AnyConnection,
+    network: Network,
+    unexplained: &[Unexplained],
+    now: DateTime<Utc>,
+) -> Result<(), Error> {
+    for item in unexplained {
+        let intent = match payments::intent_id_by_watch_key(conn, network, &item.address).await? {
+            Some(id) => payments::get_intent(conn, &id).await?,
+            None => None,
+        };
+        let place = match &intent {
+            Some(intent) => format!(
+                "index {} of key {} (intent {} of order {})",
+                intent.derivation_index, intent.key_id, intent.id, intent.order_ref
+            ),
+            None => "an address of a key's look-ahead window".to_owned(),
+        };
+        let direction = if item.arrived { "arrived at" } else { "left" };
+        let record = crate::records::ExceptionRecord {
+            id: format!(
+                "unexplained_balance:{network}:{}:{}",
+                item.address, item.block.hash
+            ),
+            kind: "unexplained_balance".into(),
+            intent_id: intent.as_ref().map(|i| i.id.clone()),
+            order_ref: intent.as_ref().map(|i| i.order_ref.to_string()),
+            transfer: None,
+            detail: format!(
+                "{} {} {direction} {} ({place}) in block {} ({}), and {}. \
+                 Nothing of it is booked or credited; see the operators' guide.",
+                item.amount.to_decimal_string(item.method.decimals()),
+                item.method.asset(),
+                item.address,
+                item.block.height,
+                item.block.hash,
+                item.reason
+            ),
+            opened_at: now,
+            resolved_at: None,
+            resolution: None,
+        };
+        if payments::open_exception(conn, &record).await? {
+            tracing::warn!(%network, address = %item.address, block = item.block.height, "a balance change no transaction explains: an exception for operators");
+        }
+    }
+    Ok(())
 }
 
 /// Opens one exception per transaction a scan could not read (`unreadable_transaction:

@@ -49,7 +49,7 @@ const POSTGRES_MAX_CONNECTIONS: u32 = 16;
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The schema, in order. Each version has one script per database.
-const MIGRATIONS: [(i64, &str, &str, &str); 16] = [
+const MIGRATIONS: [(i64, &str, &str, &str); 17] = [
     (
         1,
         "foundation",
@@ -145,6 +145,12 @@ const MIGRATIONS: [(i64, &str, &str, &str); 16] = [
         "wallet keys",
         include_str!("../../migrations/sqlite/0016_wallet_keys.sql"),
         include_str!("../../migrations/postgres/0016_wallet_keys.sql"),
+    ),
+    (
+        17,
+        "source trust",
+        include_str!("../../migrations/sqlite/0017_source_trust.sql"),
+        include_str!("../../migrations/postgres/0017_source_trust.sql"),
     ),
 ];
 

@@ -245,12 +245,13 @@ pub(crate) async fn put_watcher_health(
 ) -> Result<(), StoreError> {
     let height = |h: Option<u64>| h.map(|h| i64::try_from(h).unwrap_or(i64::MAX));
     sqlx::query(
-        "INSERT INTO watcher_health (network, state, cursor_height, head_height, failures, rpc_errors, last_error, last_scan_at_ms, updated_at_ms, next_try_at_ms) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (network) DO UPDATE SET \
+        "INSERT INTO watcher_health (network, state, cursor_height, head_height, failures, rpc_errors, last_error, last_scan_at_ms, updated_at_ms, next_try_at_ms, incomplete_answers, zero_value_ignored) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) ON CONFLICT (network) DO UPDATE SET \
          state = excluded.state, cursor_height = excluded.cursor_height, head_height = excluded.head_height, \
          failures = excluded.failures, rpc_errors = excluded.rpc_errors, last_error = excluded.last_error, \
          last_scan_at_ms = excluded.last_scan_at_ms, updated_at_ms = excluded.updated_at_ms, \
-         next_try_at_ms = excluded.next_try_at_ms",
+         next_try_at_ms = excluded.next_try_at_ms, incomplete_answers = excluded.incomplete_answers, \
+         zero_value_ignored = excluded.zero_value_ignored",
     )
     .bind(health.network.as_str())
     .bind(health.state.as_str())
@@ -262,6 +263,8 @@ pub(crate) async fn put_watcher_health(
     .bind(health.last_scan_at.map(|at| at.timestamp_millis()))
     .bind(health.updated_at.timestamp_millis())
     .bind(health.next_try_at.map(|at| at.timestamp_millis()))
+    .bind(i64::try_from(health.incomplete_answers).unwrap_or(i64::MAX))
+    .bind(i64::try_from(health.zero_value_ignored).unwrap_or(i64::MAX))
     .execute(conn)
     .await?;
     Ok(())
@@ -273,7 +276,7 @@ pub(crate) async fn watcher_health(
 ) -> Result<Vec<WatcherHealth>, StoreError> {
     let rows = sqlx::query(
         "SELECT network, state, cursor_height, head_height, failures, rpc_errors, last_error, last_scan_at_ms, updated_at_ms, \
-         next_try_at_ms FROM watcher_health ORDER BY network",
+         next_try_at_ms, incomplete_answers, zero_value_ignored FROM watcher_health ORDER BY network",
     )
     .fetch_all(conn)
     .await?;
@@ -289,6 +292,8 @@ pub(crate) async fn watcher_health(
                 head_height: row.try_get::<Option<i64>, _>("head_height")?.map(unsigned),
                 failures: unsigned(row.try_get("failures")?),
                 rpc_errors: unsigned(row.try_get("rpc_errors")?),
+                incomplete_answers: unsigned(row.try_get("incomplete_answers")?),
+                zero_value_ignored: unsigned(row.try_get("zero_value_ignored")?),
                 last_error: row.try_get("last_error")?,
                 last_scan_at: row
                     .try_get::<Option<i64>, _>("last_scan_at_ms")?

@@ -14,7 +14,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use payrecon_chain_core::{BlockId, ChainScanner, Network, ScanError};
+use payrecon_chain_core::{
+    Amount, BlockId, ChainEvent, ChainScanner, Network, ScanBatch, ScanError,
+};
 use serde::Serialize;
 use tokio::sync::watch;
 
@@ -107,6 +109,11 @@ pub struct WatcherStatus {
     pub head: Option<u64>,
     /// Failed rounds since start (node errors, timeouts, refused answers).
     pub rpc_errors: u64,
+    /// Answers the source gave that left out part of a block (and were read again), since
+    /// start.
+    pub incomplete_answers: u64,
+    /// Zero-value transfers to watched addresses (address poisoning) ignored since start.
+    pub zero_value_ignored: u64,
 }
 
 /// Running under a lease: several processes share the database, one watches each network.
@@ -165,6 +172,8 @@ impl<S: ChainScanner> Watcher<S> {
             events_applied: 0,
             head: None,
             rpc_errors: 0,
+            incomplete_answers: 0,
+            zero_value_ignored: 0,
         });
         Watcher {
             engine,
@@ -197,6 +206,10 @@ impl<S: ChainScanner> Watcher<S> {
         let network = self.scanner.network();
         let round = self.round_once(network).await;
         *self.last_round.lock().expect("never poisoned") = Instant::now();
+        let incomplete = self.scanner.incomplete_answers();
+        self.status.send_if_modified(|s| {
+            std::mem::replace(&mut s.incomplete_answers, incomplete) != incomplete
+        });
         round.map_err(|error| error.scrubbed(self.scanner.source()))
     }
 
@@ -217,13 +230,14 @@ impl<S: ChainScanner> Watcher<S> {
         };
         let view = live.view();
         let deadline = self.options.scan_deadline;
-        let batch = tokio::time::timeout(deadline, self.scanner.scan(view))
+        let mut batch = tokio::time::timeout(deadline, self.scanner.scan(view))
             .await
             .map_err(|_| {
                 ScanError::Transient(format!(
                     "the scan did not finish within its deadline of {deadline:?}"
                 ))
             })??;
+        let poisoning = drop_zero_value(&mut batch);
         if !batch.events.is_empty() || !batch.outflows.is_empty() {
             crate::crash::crash_point("watcher.after_scan");
         }
@@ -250,6 +264,7 @@ impl<S: ChainScanner> Watcher<S> {
             status.last_scan_at = Some(Utc::now());
             status.events_applied += events as u64;
             status.head = Some(batch.head);
+            status.zero_value_ignored += poisoning as u64;
         });
         publish(&self.engine, &self.status).await;
         Ok(Round {
@@ -471,6 +486,20 @@ async fn keep_lease(
     }
 }
 
+/// Takes the zero-value receipts out of a scan, and says how many there were. Anyone can make
+/// a token log a transfer of 0 "from" a lookalike address to any address (`transferFrom` with
+/// an allowance of 0), and on Tron this is done to almost every address that receives USDT: it
+/// is address poisoning, not a payment, so it never reaches an intent, a page, a webhook or an
+/// exception, and is only counted (`/metrics`).
+fn drop_zero_value(batch: &mut ScanBatch) -> usize {
+    let before = batch.events.len();
+    batch.events.retain(|event| match event {
+        ChainEvent::Observed { transfer, .. } => transfer.amount != Amount::ZERO,
+        ChainEvent::Removed { .. } => true,
+    });
+    before - batch.events.len()
+}
+
 /// The transient error of a round whose lease was lost.
 const LEASE_LOST: &str = "the watcher lease was lost to another process";
 
@@ -495,6 +524,8 @@ async fn publish(engine: &Engine, status: &watch::Sender<WatcherStatus>) {
         head_height: status.head,
         failures: u64::from(failures),
         rpc_errors: status.rpc_errors,
+        incomplete_answers: status.incomplete_answers,
+        zero_value_ignored: status.zero_value_ignored,
         last_error,
         last_scan_at: status.last_scan_at,
         next_try_at,

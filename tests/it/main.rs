@@ -17,6 +17,7 @@ mod doctor;
 mod durability;
 mod edge;
 mod ethereum_anvil;
+mod ethereum_internal;
 mod ethereum_sweep;
 mod group_commit;
 mod leases;

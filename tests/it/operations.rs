@@ -266,7 +266,7 @@ on_both_databases! {
         ] {
             engine.record_watcher_health(&payrecon::WatcherHealth {
                 network: network.into(), state: state.into(), cursor_height: Some(10), head_height: Some(12),
-                failures: 3, rpc_errors: 7, last_error: Some(error.into()),
+                failures: 3, rpc_errors: 7, incomplete_answers: 2, zero_value_ignored: 5, last_error: Some(error.into()),
                 last_scan_at: Some(now - Duration::minutes(10)), next_try_at, updated_at: updated,
             }).await.unwrap();
         }
@@ -283,6 +283,8 @@ on_both_databases! {
         assert_eq!(litecoin.kind, "wrong_chain");
         let metrics = payrecon::test_utils::api::metrics_text(engine).await.unwrap();
         assert!(metrics.contains("payrecon_watcher_lag_blocks{network=\"bitcoin\"} 2"), "{metrics}");
+        assert!(metrics.contains("payrecon_source_incomplete_answers_total{network=\"tron\"} 2"), "{metrics}");
+        assert!(metrics.contains("payrecon_zero_value_transfers_total{network=\"tron\"} 5"), "{metrics}");
         assert!(metrics.contains("payrecon_watcher_rpc_errors_total{network=\"bitcoin\"} 7"));
         assert!(metrics.contains("payrecon_exceptions_open{kind=\"underpaid\"} 1"));
         assert!(metrics.contains("payrecon_intents{state=\"settled\"} 3"), "{metrics}");

@@ -751,6 +751,7 @@ impl Session {
             more: false,
             head: tip_height,
             unreadable,
+            unexplained: Vec::new(),
         })
     }
 

@@ -10,7 +10,7 @@ use std::future::Future;
 
 use crate::{
     BlockId, ChainCursor, ChainEvent, Outflow, OutflowEvent, ScanBatch, ScanError, Transfer,
-    TransferId, Unreadable, WatchView,
+    TransferId, Unexplained, Unreadable, WatchView,
 };
 
 /// Recent block ids kept in the cursor for finding a fork point.
@@ -207,6 +207,7 @@ pub struct BlockRange {
     found: Vec<(Transfer, u64)>,
     outflows: Vec<(Outflow, u64)>,
     unreadable: Vec<Unreadable>,
+    unexplained: Vec<Unexplained>,
     /// The receipts the chain's consensus keeps unspendable until [`BlockRange::maturity`]
     /// deep (Litecoin's peg-outs), and that depth.
     maturing: HashSet<TransferId>,
@@ -222,6 +223,7 @@ impl BlockRange {
             found: Vec::new(),
             outflows: Vec::new(),
             unreadable: Vec::new(),
+            unexplained: Vec::new(),
             maturing: HashSet::new(),
             maturity: 0,
         }
@@ -310,6 +312,18 @@ impl BlockRange {
     /// read: the scan goes on without it.
     pub fn push_unreadable(&mut self, unreadable: Unreadable) {
         self.unreadable.push(unreadable);
+    }
+
+    /// Records a balance change of a watched address that no transaction explains.
+    pub fn push_unexplained(&mut self, unexplained: Unexplained) {
+        self.unexplained.push(unexplained);
+    }
+
+    /// The blocks read so far, by height, with their hashes.
+    pub fn blocks(&self) -> impl Iterator<Item = (u64, &str)> {
+        self.blocks
+            .iter()
+            .map(|(height, block)| (*height, block.hash.as_str()))
     }
 
     /// Records value leaving a watched address in a block already read.
@@ -438,6 +452,7 @@ impl BlockRange {
             more: tip < head,
             head,
             unreadable: self.unreadable,
+            unexplained: self.unexplained,
         }
     }
 }

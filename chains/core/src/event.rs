@@ -17,9 +17,29 @@ pub struct TransferId {
     pub network: Network,
     /// Transaction hash or signature, as the chain's explorers print it.
     pub txid: String,
-    /// Output index (UTXO chains); on Ethereum 0 for the native value and log index + 1 for
-    /// a token transfer, so one transaction carrying both never collides.
+    /// Output index (UTXO chains); on Ethereum and Tron 0 for the transaction's own value,
+    /// log index + 1 for a token transfer, and [`TransferId::internal_position`] for value a
+    /// contract moved inside the transaction, so no two of one transaction ever collide.
     pub position: u32,
+}
+
+impl TransferId {
+    /// Where internal transfers' positions start: far above any log index a block can hold.
+    pub const INTERNAL_POSITIONS: u32 = 1 << 31;
+
+    /// The position of the `ordinal`-th value-moving internal call of a transaction (counted
+    /// from 0 in execution order, failed calls included, so a rescan or another tracer gives
+    /// the same number), or `None` past what a position can hold.
+    pub fn internal_position(ordinal: usize) -> Option<u32> {
+        u32::try_from(ordinal)
+            .ok()
+            .and_then(|ordinal| Self::INTERNAL_POSITIONS.checked_add(ordinal))
+    }
+
+    /// Whether this is value a contract moved inside its transaction.
+    pub fn is_internal(&self) -> bool {
+        self.position >= Self::INTERNAL_POSITIONS
+    }
 }
 
 impl fmt::Display for TransferId {

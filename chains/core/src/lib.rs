@@ -36,7 +36,7 @@ pub use method::{Asset, Method, Network, ParseMethodError, ParseNetworkError};
 pub use retry::{Attempt, RetryPolicy};
 pub use scan::{
     ChainScanner, Finding, HeldOutputs, KnownOutflow, KnownTransfer, Probe, ScanBatch, ScanError,
-    SweepFees, Unreadable, WatchView,
+    SweepFees, Unexplained, Unreadable, WatchView,
 };
 pub use secret::{Secret, SecretUrl};
 

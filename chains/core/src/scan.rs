@@ -150,6 +150,26 @@ impl Unreadable {
     }
 }
 
+/// Money that came to or left a watched address in a block, and that no transaction the
+/// scanner could read explains (ETH from a block reward or a withdrawal, or moved inside a call
+/// on a node that serves no traces): an exception for operators naming address and block,
+/// never a credit, as nobody can say whose payment it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unexplained {
+    /// The watched address.
+    pub address: String,
+    /// What it is measured in.
+    pub method: Method,
+    /// The block whose balances differ.
+    pub block: BlockId,
+    /// Whether the unexplained amount arrived (else it left).
+    pub arrived: bool,
+    /// How much, in the method's base units.
+    pub amount: Amount,
+    /// Why no transaction explains it, in at most a few hundred bytes.
+    pub reason: String,
+}
+
 /// What one scan found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ScanBatch {
@@ -166,6 +186,8 @@ pub struct ScanBatch {
     /// Transactions touching watched addresses that could not be read: quarantined, each an
     /// exception for operators, in the same transaction as the events.
     pub unreadable: Vec<Unreadable>,
+    /// Balance changes of watched addresses no transaction explains: each an exception.
+    pub unexplained: Vec<Unexplained>,
 }
 
 /// What moving money out of one address costs on an account chain, in its native coin's base
@@ -300,6 +322,13 @@ pub trait ChainScanner: Send {
                 "this chain has no per-address sweep to price".into(),
             ))
         }
+    }
+
+    /// Answers this scanner found incomplete since it was made (a log query that left out what
+    /// the block's bloom holds, receipts missing): watcher health and `/metrics` show how often
+    /// a source answers so.
+    fn incomplete_answers(&self) -> u64 {
+        0
     }
 
     /// Resolves when the node pushes news worth scanning before the next poll (a new head on a

@@ -21,7 +21,7 @@ use alloy::primitives::{Address, B256, Bytes, U256, b256};
 use alloy::providers::{Provider, ProviderBuilder, RootProvider, WsConnect};
 use alloy::pubsub::Subscription;
 use alloy::rpc::client::ClientBuilder;
-use alloy::rpc::types::{Block, Filter, Header, Log, TransactionRequest};
+use alloy::rpc::types::{Block, Filter, Header, Log, TransactionReceipt, TransactionRequest};
 use alloy::transports::layers::{RateLimitRetryPolicy, RetryBackoffLayer, RetryPolicy};
 use alloy::transports::{RpcError, TransportError, TransportErrorKind};
 use futures_util::{StreamExt as _, TryStreamExt as _};
@@ -33,6 +33,8 @@ use payrecon_chain_core::{
 };
 use tokio::sync::broadcast::error::RecvError;
 
+use crate::consistency::{self, WatchedBits};
+use crate::internal::{InternalWatch, NativeFlows};
 use crate::transport::{CappedHttp, MAX_RETRY_AFTER};
 
 /// `keccak256("Transfer(address,address,uint256)")`, topic 0 of every ERC-20 transfer.
@@ -95,6 +97,9 @@ pub struct EthereumSettings {
     /// Whether to look for money leaving watched addresses: on in every watcher payrecon
     /// runs; off only to measure what it costs (`payrecon bench ethereum`).
     pub outflows: bool,
+    /// Whether to look for ETH moved inside calls (see [`crate::internal`]): on in every
+    /// watcher payrecon runs; off only to measure what it costs (`payrecon bench ethereum`).
+    pub internal_transfers: bool,
 }
 
 impl EthereumSettings {
@@ -118,6 +123,7 @@ impl EthereumSettings {
             timeout: Duration::from_secs(30),
             max_answer_bytes: 64 << 20,
             outflows: true,
+            internal_transfers: true,
         }
     }
 
@@ -259,6 +265,10 @@ pub struct EthereumScanner {
     heads: Option<Subscription<Header>>,
     /// The watched addresses, kept in step with the view's keys.
     watched: KeyIndex<Address>,
+    /// The search for ETH moved inside calls.
+    internal: InternalWatch,
+    /// Answers found incomplete since the scanner was made.
+    incomplete_answers: u64,
 }
 
 impl EthereumScanner {
@@ -269,6 +279,8 @@ impl EthereumScanner {
             provider: None,
             heads: None,
             watched: KeyIndex::default(),
+            internal: InternalWatch::default(),
+            incomplete_answers: 0,
         }
     }
 
@@ -403,50 +415,92 @@ impl ChainScanner for EthereumScanner {
                 .buffered(BLOCKS_IN_FLIGHT)
                 .try_collect()
                 .await?;
-            for block in fetched {
-                let height = block.header.number;
+            for block in &fetched {
                 range.push_block(
-                    height,
+                    block.header.number,
                     block.header.hash.to_string(),
                     &block.header.parent_hash.to_string(),
                     i64::try_from(block.header.timestamp)
                         .unwrap_or(i64::MAX / 1000)
                         .saturating_mul(1000),
                 )?;
-                let (transfers, outflows) =
-                    native_movements(&provider, &block, watched, settings.outflows).await?;
-                for transfer in transfers {
-                    range.push_transfer(transfer, height)?;
-                }
-                for outflow in outflows {
-                    range.push_outflow(outflow, height)?;
-                }
             }
             let addresses: Vec<Address> = watched.iter().map(|(address, _)| *address).collect();
-            let chunk_size = settings.addresses_per_log_query.max(1);
-            for chunk in addresses.chunks(chunk_size) {
-                for log in transfer_logs(&provider, LogQuery::To(chunk), from, to).await? {
-                    if let Some((transfer, height)) = settings.token_transfer(&log, watched)? {
-                        same_block(&range, &log, height)?;
+            let logs = token_logs(&provider, settings, &addresses, from, to).await?;
+            let bits = WatchedBits::new(&addresses);
+            let mut flows = NativeFlows::default();
+            for block in &fetched {
+                let height = block.header.number;
+                let answered: Vec<&Log> = logs
+                    .iter()
+                    .filter(|log| log.block_number == Some(height))
+                    .collect();
+                for log in &answered {
+                    same_block(&range, log, height)?;
+                    consistency::check_in_bloom(log, &block.header.logs_bloom, height)?;
+                }
+                let (received, sent) = top_level(block, watched, settings.outflows);
+                let doubted = bits.unexplained(&block.header.logs_bloom, &answered);
+                let receipts = if received.is_empty() && sent.is_empty() && doubted.is_none() {
+                    None
+                } else {
+                    Some(
+                        consistency::verified_receipts(&provider, block)
+                            .await
+                            .inspect_err(|_| self.incomplete_answers += 1)?,
+                    )
+                };
+                let block_logs: Vec<&Log> = match (&receipts, doubted) {
+                    // The receipts are the block whole: what the log query left out is in them.
+                    (Some(receipts), Some(address)) => {
+                        let whole: Vec<&Log> = receipts.iter().flat_map(|r| r.logs()).collect();
+                        if count_found(settings, &whole, watched)?
+                            > count_found(settings, &answered, watched)?
+                        {
+                            self.incomplete_answers += 1;
+                            tracing::warn!(
+                                block = height,
+                                %address,
+                                "the node's log query left out transfers its block's receipts hold"
+                            );
+                        }
+                        whole
+                    }
+                    _ => answered,
+                };
+                for log in block_logs {
+                    if let Some((transfer, height)) = settings.token_transfer(log, watched)? {
                         range.push_transfer(transfer, height)?;
                     }
-                }
-            }
-            // Outflows count for USDT and USDC only: past one chunk of addresses, every
-            // transfer of the two contracts in the range costs one query where asking by
-            // sender would cost one per chunk.
-            let outflow_query = if addresses.len() <= chunk_size {
-                LogQuery::From(&addresses)
-            } else {
-                LogQuery::Contracts(&[settings.usdt_contract, settings.usdc_contract])
-            };
-            if settings.outflows && !addresses.is_empty() {
-                for log in transfer_logs(&provider, outflow_query, from, to).await? {
-                    if let Some((outflow, height)) = settings.token_outflow(&log, watched)? {
-                        same_block(&range, &log, height)?;
+                    if settings.outflows
+                        && let Some((outflow, height)) = settings.token_outflow(log, watched)?
+                    {
                         range.push_outflow(outflow, height)?;
                     }
                 }
+                let (transfers, outflows) =
+                    native_movements(block, received, sent, receipts.as_deref())?;
+                for transfer in transfers {
+                    flows.receive(height, &transfer.to_address, transfer.amount);
+                    range.push_transfer(transfer, height)?;
+                }
+                for outflow in outflows {
+                    flows.send(height, &outflow.from_address, outflow.amount, outflow.fee);
+                    range.push_outflow(outflow, height)?;
+                }
+            }
+            if settings.internal_transfers {
+                self.internal
+                    .scan(
+                        &provider,
+                        &fetched,
+                        watched,
+                        &flows,
+                        view,
+                        settings.outflows,
+                        &mut range,
+                    )
+                    .await?;
             }
         }
         let finalized = finalized_height(&provider, settings.finality).await?;
@@ -458,6 +512,11 @@ impl ChainScanner for EthereumScanner {
     fn reset(&mut self) {
         self.provider = None;
         self.heads = None;
+        self.internal.reset();
+    }
+
+    fn incomplete_answers(&self) -> u64 {
+        self.incomplete_answers
     }
 
     async fn probe(&mut self) -> Result<Probe, ScanError> {
@@ -616,17 +675,65 @@ fn same_block(range: &BlockRange, log: &Log, height: u64) -> Result<(), ScanErro
     Ok(())
 }
 
-/// ETH paid to watched addresses by the block's successful transactions, and what the
-/// transactions watched addresses sent cost them: the value when the transaction succeeded
-/// and, succeeded or not, the gas (and blob gas) it burned. Receipts are fetched (one call for
-/// the whole block) only for a block that touches a watched address.
-async fn native_movements(
+/// The `Transfer` logs of `from..=to` that concern watched addresses: to any of them, of any
+/// contract, and (when outflows are followed) out of them, of USDT and USDC.
+async fn token_logs(
     provider: &RootProvider,
+    settings: &EthereumSettings,
+    addresses: &[Address],
+    from: u64,
+    to: u64,
+) -> Result<Vec<Log>, ScanError> {
+    let mut logs = Vec::new();
+    if addresses.is_empty() {
+        return Ok(logs);
+    }
+    let chunk_size = settings.addresses_per_log_query.max(1);
+    for chunk in addresses.chunks(chunk_size) {
+        logs.extend(transfer_logs(provider, LogQuery::To(chunk), from, to).await?);
+    }
+    // Outflows count for USDT and USDC only: past one chunk of addresses, every transfer of the
+    // two contracts in the range costs one query where asking by sender would cost one per
+    // chunk.
+    if settings.outflows {
+        let outflow_query = if addresses.len() <= chunk_size {
+            LogQuery::From(addresses)
+        } else {
+            LogQuery::Contracts(&[settings.usdt_contract, settings.usdc_contract])
+        };
+        logs.extend(transfer_logs(provider, outflow_query, from, to).await?);
+    }
+    Ok(logs)
+}
+
+/// How many token transfers and outflows of watched addresses `logs` carry.
+fn count_found(
+    settings: &EthereumSettings,
+    logs: &[&Log],
+    watched: &KeyIndex<Address>,
+) -> Result<usize, ScanError> {
+    let mut found = 0;
+    for log in logs {
+        found += usize::from(settings.token_transfer(log, watched)?.is_some());
+        found += usize::from(settings.outflows && settings.token_outflow(log, watched)?.is_some());
+    }
+    Ok(found)
+}
+
+/// A transaction of the block paying a watched address ETH at its top level: hash, value,
+/// the watched key, the sender.
+type TopLevelReceipt = (B256, U256, String, Address);
+
+/// A transaction of the block a watched address sent: hash, value, the watched key, recipient.
+type TopLevelSend = (B256, U256, String, Option<Address>);
+
+/// The block's transactions that pay a watched address ETH at their top level, and those a
+/// watched address sent (when outflows are followed).
+fn top_level(
     block: &Block,
     watched: &KeyIndex<Address>,
     track_outflows: bool,
-) -> Result<(Vec<Transfer>, Vec<Outflow>), ScanError> {
-    let height = block.header.number;
+) -> (Vec<TopLevelReceipt>, Vec<TopLevelSend>) {
     let mut received = Vec::new();
     let mut sent = Vec::new();
     for tx in block.transactions.txns() {
@@ -639,14 +746,21 @@ async fn native_movements(
             sent.push((tx.tx_hash(), tx.value(), key.to_string(), tx.to()));
         }
     }
-    if received.is_empty() && sent.is_empty() {
-        return Ok((Vec::new(), Vec::new()));
-    }
-    let receipts: HashMap<B256, (bool, U256)> = provider
-        .get_block_receipts(block.header.hash.into())
-        .await
-        .map_err(classify)?
-        .ok_or_else(|| ScanError::Transient(format!("no receipts yet for block {height}")))?
+    (received, sent)
+}
+
+/// ETH paid to watched addresses by the block's successful transactions, and what the
+/// transactions watched addresses sent cost them: the value when the transaction succeeded
+/// and, succeeded or not, the gas (and blob gas) it burned, from the block's receipts.
+fn native_movements(
+    block: &Block,
+    received: Vec<TopLevelReceipt>,
+    sent: Vec<TopLevelSend>,
+    receipts: Option<&[TransactionReceipt]>,
+) -> Result<(Vec<Transfer>, Vec<Outflow>), ScanError> {
+    let height = block.header.number;
+    let receipts: HashMap<B256, (bool, U256)> = receipts
+        .unwrap_or_default()
         .iter()
         .map(|r| {
             let gas = U256::from(r.gas_used) * U256::from(r.effective_gas_price);
@@ -656,9 +770,10 @@ async fn native_movements(
         })
         .collect();
     let receipt = |hash: &B256| {
-        receipts.get(hash).copied().ok_or_else(|| {
-            ScanError::Transient(format!("the receipts of block {height} lack {hash}"))
-        })
+        receipts
+            .get(hash)
+            .copied()
+            .ok_or_else(|| consistency::incomplete(height, &format!("its receipts lack {hash}")))
     };
     let native = ReceivedAsset::Method {
         method: Method::Eth,
@@ -696,7 +811,7 @@ async fn native_movements(
 }
 
 /// A transaction's native value: position 0, before its logs.
-fn native_row(hash: B256) -> TransferId {
+pub(crate) fn native_row(hash: B256) -> TransferId {
     TransferId {
         network: Network::Ethereum,
         txid: hash.to_string(),
@@ -901,7 +1016,7 @@ impl RetryPolicy for RetryRateLimitsNotRanges {
     }
 }
 
-fn base_units(value: U256, what: &str) -> Result<Amount, ScanError> {
+pub(crate) fn base_units(value: U256, what: &str) -> Result<Amount, ScanError> {
     u128::try_from(value)
         .map(Amount::from_base_units)
         .map_err(|_| ScanError::Fatal(format!("{what} {value} exceeds what payrecon accounts")))
@@ -909,7 +1024,7 @@ fn base_units(value: U256, what: &str) -> Result<Amount, ScanError> {
 
 /// Connection trouble, rate limits and node errors are temporary; a body that does not
 /// decode is not.
-fn classify(error: RpcError<TransportErrorKind>) -> ScanError {
+pub(crate) fn classify(error: RpcError<TransportErrorKind>) -> ScanError {
     match error {
         // The deserializer's error carries the whole answer (a block can be 400 KiB): quote
         // an excerpt.

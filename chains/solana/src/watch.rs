@@ -381,6 +381,7 @@ impl ChainScanner for SolanaScanner {
             more: false,
             head: tip,
             unreadable: Vec::new(),
+            unexplained: Vec::new(),
         })
     }
 

@@ -184,6 +184,66 @@ impl Anvil {
         }
     }
 
+    /// Deploys `fixtures/ethereum/PayingWallet.sol` (mined): a contract that pays ETH in
+    /// internal calls, as smart-contract wallets and exchanges' batch withdrawals do.
+    pub async fn paying_wallet(&self) -> String {
+        let bytecode = include_str!("../../../fixtures/ethereum/PayingWallet.bin").trim();
+        let tx = json!({"from": self.funder, "data": format!("0x{bytecode}"), "gas": "0x200000"});
+        let hash = self.call("eth_sendTransaction", json!([tx])).await;
+        self.mine(1).await;
+        let receipt = self.receipt(hash.as_str().unwrap()).await;
+        assert_eq!(receipt["status"], json!("0x1"), "{receipt}");
+        receipt["contractAddress"].as_str().unwrap().to_owned()
+    }
+
+    /// Sends `wallet.pay(recipients, amounts)` from the funder with their sum: one transaction
+    /// whose internal calls pay each recipient. Mined with the next block.
+    pub async fn pay_through(&self, wallet: &str, payments: &[(&str, u128)]) -> String {
+        let from = self.funder.clone();
+        self.send_call(
+            &from,
+            wallet,
+            &paying_wallet_call(payments),
+            payments.iter().map(|(_, wei)| wei).sum(),
+        )
+        .await
+    }
+
+    /// Sends `wallet.<call>(to)` with `wei` from the funder, for `payThenRevert` (the
+    /// transaction reverts) and `payInRevertedCall` (the payment's parent call reverts).
+    pub async fn pay_and_undo(&self, wallet: &str, call: &str, to: &str, wei: u128) -> String {
+        let selector = match call {
+            "payThenRevert" => "e0044bcd",
+            "payInRevertedCall" => "776caca1",
+            other => panic!("PayingWallet has no {other}"),
+        };
+        let data = format!(
+            "{selector}{:0>64}",
+            to.trim_start_matches("0x").to_lowercase()
+        );
+        let from = self.funder.clone();
+        self.send_call(
+            &from,
+            wallet,
+            &alloy::primitives::hex::decode(data).unwrap(),
+            wei,
+        )
+        .await
+    }
+
+    /// Sends a call with a fixed gas limit, so one that reverts is still mined (and fails).
+    async fn send_call(&self, from: &str, to: &str, data: &[u8], wei: u128) -> String {
+        let tx = json!({
+            "from": from, "to": to, "value": format!("0x{wei:x}"), "gas": "0x100000",
+            "data": format!("0x{}", alloy::primitives::hex::encode(data)),
+        });
+        self.call("eth_sendTransaction", json!([tx]))
+            .await
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
     /// Replaces the last `depth` blocks with empty ones: what they carried is gone.
     pub async fn reorg(&self, depth: u64) {
         self.call("anvil_reorg", json!({"depth": depth, "tx_block_pairs": []}))
@@ -276,6 +336,22 @@ pub fn signed_transfer(
         "0x{}",
         alloy::primitives::hex::encode(envelope.encoded_2718())
     )
+}
+
+/// The call data of `PayingWallet.pay(recipients, amounts)`.
+pub fn paying_wallet_call(payments: &[(&str, u128)]) -> Vec<u8> {
+    let word = |value: u128| format!("{value:064x}");
+    let count = payments.len() as u128;
+    let mut text = format!("084ce708{}{}", word(64), word(64 + 32 * (count + 1)));
+    text += &word(count);
+    for (to, _) in payments {
+        text += &format!("{:0>64}", to.trim_start_matches("0x").to_lowercase());
+    }
+    text += &word(count);
+    for (_, wei) in payments {
+        text += &word(*wei);
+    }
+    alloy::primitives::hex::decode(text).unwrap()
 }
 
 /// The call data of ERC-20 `transfer(to, amount)`.
@@ -393,12 +469,21 @@ pub struct ProxyCounts {
 pub struct RpcProxy {
     pub url: String,
     pub counts: Arc<ProxyCounts>,
+    /// While set, the proxy answers `eth_getLogs` and `eth_getBlockReceipts` with `[]`, as a
+    /// backend behind a provider's load balancer that lags the others does.
+    pub empty_logs: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl RpcProxy {
     pub async fn start(upstream: &str, max_log_blocks: u64, rate_limit_every: usize) -> RpcProxy {
         let counts = Arc::new(ProxyCounts::default());
-        let state = (upstream.to_owned(), reqwest::Client::new(), counts.clone());
+        let empty_logs = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let state = (
+            upstream.to_owned(),
+            reqwest::Client::new(),
+            counts.clone(),
+            empty_logs.clone(),
+        );
         let app =
             axum::Router::new().fallback(axum::routing::post(move |body: axum::body::Bytes| {
                 proxy(state.clone(), body, max_log_blocks, rate_limit_every)
@@ -406,12 +491,23 @@ impl RpcProxy {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        RpcProxy { url, counts }
+        RpcProxy {
+            url,
+            counts,
+            empty_logs,
+        }
     }
 }
 
+type ProxyState = (
+    String,
+    reqwest::Client,
+    Arc<ProxyCounts>,
+    Arc<std::sync::atomic::AtomicBool>,
+);
+
 async fn proxy(
-    (upstream, http, counts): (String, reqwest::Client, Arc<ProxyCounts>),
+    (upstream, http, counts, empty_logs): ProxyState,
     body: axum::body::Bytes,
     max_log_blocks: u64,
     rate_limit_every: usize,
@@ -428,6 +524,12 @@ async fn proxy(
             .into_response();
     }
     let request: Value = serde_json::from_slice(&body).unwrap();
+    if empty_logs.load(Ordering::SeqCst)
+        && (request["method"] == "eth_getLogs" || request["method"] == "eth_getBlockReceipts")
+    {
+        let empty = json!({"jsonrpc": "2.0", "id": request["id"], "result": []});
+        return ([("content-type", "application/json")], empty.to_string()).into_response();
+    }
     if request["method"] == "eth_getLogs" {
         let filter = &request["params"][0];
         let number = |v: &Value| {

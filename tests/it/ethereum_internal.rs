@@ -1,0 +1,179 @@
+//! Every coin that arrives on Ethereum is found, however it came, against a real anvil node on
+//! SQLite and PostgreSQL: ETH paid inside a contract's call (a smart-contract wallet, an
+//! exchange's batch), calls that send and revert, a reorg of an internal payment, a sweep
+//! through a contract, and a node whose log queries answer `[]` for blocks it serves.
+
+use crate::common;
+
+use std::sync::atomic::Ordering;
+
+use common::anvil::{
+    Anvil, RpcProxy, SeedKeys, eth_config, eth_engine, eth_engine_of, ethereum,
+    fresh_ethereum_xpub, paying_wallet_call, scanner_settings, signed_transfer, watch_ethereum,
+    watch_ethereum_with,
+};
+use common::checks::{cents, kinds, order, sound, status, wait_status};
+use common::outflows::held_per_asset;
+use common::regtest::{eventually, fast};
+use common::topup;
+use payrecon::IntentStatus;
+use payrecon::test_utils::watcher::WatcherState;
+use payrecon_chain_core::{Method, Network, TransferId};
+
+/// 0.05 ETH, what a 100 USD top-up costs at 2000 USD per ETH.
+const TOPUP_WEI: u128 = 50_000_000_000_000_000;
+
+on_both_databases! {
+    async fn eth_paid_inside_calls_settles_and_calls_that_revert_credit_nothing(db) {
+        let anvil = Anvil::lock().await;
+        let tokens = anvil.tokens().await;
+        let wallet = anvil.paying_wallet().await;
+        let (engine, _clock) = eth_engine(&db, &anvil, &tokens, &fresh_ethereum_xpub(), 2).await;
+        let mut pays = Vec::new();
+        for (i, reference) in ["FORWARDED", "BATCH-A", "BATCH-B", "REVERTED", "UNDONE"].iter().enumerate() {
+            engine.create_topup(&topup(reference, &format!("8{i}"), "100")).await.unwrap();
+            pays.push(engine.create_payment(&order(reference), Method::Eth).await.unwrap().intent);
+        }
+        let watcher = watch_ethereum(&engine, &anvil, &tokens, anvil.head().await);
+        // A contract wallet forwards the exact amount; an exchange's batch pays two intents in
+        // one transaction; a call pays and then reverts; a payment's parent call reverts while
+        // its transaction succeeds.
+        anvil.pay_through(&wallet, &[(&pays[0].pay_to, TOPUP_WEI)]).await;
+        anvil.pay_through(&wallet, &[(&pays[1].pay_to, TOPUP_WEI), (&pays[2].pay_to, TOPUP_WEI)]).await;
+        let reverted = anvil.pay_and_undo(&wallet, "payThenRevert", &pays[3].pay_to, TOPUP_WEI).await;
+        anvil.pay_and_undo(&wallet, "payInRevertedCall", &pays[4].pay_to, TOPUP_WEI).await;
+        anvil.mine(2).await;
+        assert_eq!(anvil.receipt(&reverted).await["status"], serde_json::json!("0x0"));
+        for pay in &pays[..3] {
+            wait_status(&engine, &pay.id, IntentStatus::Settled).await;
+        }
+        anvil.wait_synced(&engine).await;
+        assert_eq!((cents(&engine, "80").await, cents(&engine, "81").await, cents(&engine, "82").await), (10_000, 10_000, 10_000));
+        for pay in &pays[3..] {
+            assert_eq!(status(&engine, &pay.id).await, IntentStatus::AwaitingPayment);
+            assert_eq!(anvil.balance(&pay.pay_to).await, 0, "nothing reached {}", pay.pay_to);
+        }
+        assert!(engine.exceptions(None).await.unwrap().is_empty());
+        // Both batch payments are receipts of one transaction, each at its own position.
+        let a = &engine.transfers_for(&order("BATCH-A")).await.unwrap()[0];
+        let b = &engine.transfers_for(&order("BATCH-B")).await.unwrap()[0];
+        assert_eq!(a.id.txid, b.id.txid);
+        assert!(a.id.is_internal() && b.id.is_internal() && a.id.position != b.id.position);
+        assert_eq!(a.id.position, TransferId::INTERNAL_POSITIONS);
+        assert_eq!(a.from_address.as_deref().map(str::to_lowercase), Some(wallet.to_lowercase()));
+        // What payrecon holds is what the chain holds at those addresses.
+        let mut on_chain = 0;
+        for pay in &pays {
+            on_chain += anvil.balance(&pay.pay_to).await;
+        }
+        assert_eq!(held_per_asset(&engine, Network::Ethereum).await, [("eth".into(), on_chain)]);
+        assert_eq!(on_chain, 3 * TOPUP_WEI);
+
+        // More rounds find nothing new: each receipt is recorded once.
+        anvil.mine(1).await;
+        anvil.wait_synced(&engine).await;
+        assert_eq!(engine.transfers_for(&order("BATCH-A")).await.unwrap().len(), 1);
+        watcher.stop().await.unwrap();
+        sound(&engine).await;
+    }
+
+    async fn a_reorg_of_an_internal_payment_takes_its_credit_back(db) {
+        let anvil = Anvil::lock().await;
+        let tokens = anvil.tokens().await;
+        let wallet = anvil.paying_wallet().await;
+        let (engine, _clock) = eth_engine(&db, &anvil, &tokens, &fresh_ethereum_xpub(), 2).await;
+        engine.create_topup(&topup("INSIDE", "90", "100")).await.unwrap();
+        let pay = engine.create_payment(&order("INSIDE"), Method::Eth).await.unwrap().intent;
+        let watcher = watch_ethereum(&engine, &anvil, &tokens, anvil.head().await);
+        anvil.pay_through(&wallet, &[(&pay.pay_to, TOPUP_WEI)]).await;
+        anvil.mine(2).await;
+        wait_status(&engine, &pay.id, IntentStatus::Settled).await;
+        assert_eq!(cents(&engine, "90").await, 10_000);
+
+        anvil.reorg(3).await;
+        anvil.wait_synced(&engine).await;
+        anvil.mine(1).await;
+        wait_status(&engine, &pay.id, IntentStatus::ReorgedAfterCredit).await;
+        anvil.wait_synced(&engine).await;
+        assert_eq!(kinds(&engine, "INSIDE").await, ["reorged_after_credit"]);
+        assert_eq!(cents(&engine, "90").await, 0);
+        assert!(engine.transfers_for(&order("INSIDE")).await.unwrap().iter().all(|t| t.removed));
+        assert!(held_per_asset(&engine, Network::Ethereum).await.iter().all(|(_, held)| *held == 0));
+        watcher.stop().await.unwrap();
+        sound(&engine).await;
+    }
+
+    async fn a_sweep_through_a_contract_is_an_outflow(db) {
+        let anvil = Anvil::lock().await;
+        let tokens = anvil.tokens().await;
+        let wallet = anvil.paying_wallet().await;
+        let keys = SeedKeys::fresh();
+        let mut section = ethereum(&anvil, &tokens, &keys.account_xpub(), 1);
+        section.treasury_addresses = vec![anvil.other.clone()];
+        let (engine, _clock) = eth_engine_of(&db, eth_config(section)).await;
+        engine.create_topup(&topup("SWEPT", "91", "100")).await.unwrap();
+        let pay = engine.create_payment(&order("SWEPT"), Method::Eth).await.unwrap().intent;
+        let watcher = watch_ethereum(&engine, &anvil, &tokens, anvil.head().await);
+        anvil.send_eth(&pay.pay_to, TOPUP_WEI).await;
+        anvil.mine(1).await;
+        wait_status(&engine, &pay.id, IntentStatus::Settled).await;
+
+        // The merchant's wallet sweeps the address through a batching contract, which pays
+        // the treasury in an internal call.
+        let gas_price = u128::from_str_radix(anvil.call("eth_gasPrice", serde_json::json!([])).await.as_str().unwrap().trim_start_matches("0x"), 16).unwrap();
+        let gas = 100_000u64;
+        let swept = TOPUP_WEI - gas_price * u128::from(gas);
+        let call = paying_wallet_call(&[(&anvil.other, swept)]);
+        let signer = keys.signer("m/44h/60h/0h/0/0");
+        assert_eq!(signer.address().to_checksum(None), pay.pay_to);
+        let sweep = signed_transfer(&signer, 0, gas_price, gas, &wallet, swept, call);
+        anvil.send_raw(&sweep).await;
+        anvil.mine(1).await;
+        anvil.wait_synced(&engine).await;
+        let left = anvil.balance(&pay.pay_to).await;
+        eventually("the sweep booked", || async {
+            held_per_asset(&engine, Network::Ethereum).await == [("eth".to_owned(), left)]
+        }).await;
+        assert!(engine.exceptions(None).await.unwrap().is_empty(), "the internal payment to the treasury is not ours to receive");
+        watcher.stop().await.unwrap();
+        sound(&engine).await;
+    }
+
+    async fn logs_answered_empty_for_blocks_the_node_serves_never_move_the_cursor_past_a_payment(db) {
+        let anvil = Anvil::lock().await;
+        let tokens = anvil.tokens().await;
+        let (engine, _clock) = eth_engine(&db, &anvil, &tokens, &fresh_ethereum_xpub(), 1).await;
+        engine.create_topup(&topup("LAGGING", "92", "100")).await.unwrap();
+        let pay = engine.create_payment(&order("LAGGING"), Method::UsdtErc20).await.unwrap().intent;
+        let proxy = RpcProxy::start(&anvil.url, 10_000, 0).await;
+        let start = anvil.head().await;
+        let watcher = watch_ethereum_with(&engine, scanner_settings(&proxy.url, &tokens, start), fast());
+        anvil.wait_synced(&engine).await;
+
+        // A backend behind the provider's balancer lags: its logs and receipts are empty for
+        // the blocks it serves, while the payment is mined and more blocks come.
+        proxy.empty_logs.store(true, Ordering::SeqCst);
+        anvil.send_token(&tokens.usdt, &pay.pay_to, 100_000_000).await;
+        anvil.mine(1).await;
+        let paid_in = anvil.head().await;
+        anvil.mine(3).await;
+        eventually("the watcher to refuse the incomplete answer", || async {
+            matches!(&watcher.status.borrow().state, WatcherState::Retrying { error, .. } if error.contains("incompletely"))
+        }).await;
+        let cursor = engine.watcher_cursor(Network::Ethereum).await.unwrap().unwrap();
+        assert!(cursor.tip.height < paid_in, "the cursor waits before block {paid_in}: {}", cursor.tip.height);
+        assert_eq!(status(&engine, &pay.id).await, IntentStatus::AwaitingPayment);
+
+        // The provider answers honestly again: the payment is found where it was.
+        proxy.empty_logs.store(false, Ordering::SeqCst);
+        wait_status(&engine, &pay.id, IntentStatus::Settled).await;
+        assert_eq!(cents(&engine, "92").await, 10_000);
+        anvil.wait_synced(&engine).await;
+        let incomplete = watcher.status.borrow().incomplete_answers;
+        assert!(incomplete > 0, "watcher health counts the incomplete answers");
+        let metrics = payrecon::test_utils::api::metrics_text(&engine).await.unwrap();
+        assert!(metrics.contains("payrecon_source_incomplete_answers_total{network=\"ethereum\"}"), "{metrics}");
+        watcher.stop().await.unwrap();
+        sound(&engine).await;
+    }
+}
