@@ -19,7 +19,10 @@ use payrecon::config::TronFinality;
 use payrecon::test_utils::clock::Clock;
 use payrecon::test_utils::watcher::WatcherState;
 use payrecon_chain_core::Method;
-use payrecon_chain_tron::testkit::{FakeTron, Fault, reverted_trc20, trc20, trx, unreadable_trx};
+use payrecon_chain_tron::testkit::{
+    FakeTron, Fault, internal_trx, rejected_internal_trx, reverted_trc20, trc20, trx,
+    unreadable_trx,
+};
 
 /// 400 TRX, what a 100 USD top-up costs at 0.25 USD per TRX.
 const TOPUP_SUN: u64 = 400_000_000;
@@ -56,6 +59,36 @@ on_both_databases! {
         let stuck = engine.stuck(&payrecon::StuckOptions::default()).await.unwrap();
         assert!(stuck.iter().any(|item| item.kind == "unreadable_transaction" && item.actions == ["dismiss"]), "{stuck:?}");
         assert!(engine.open_exceptions_by_kind().await.unwrap().contains(&("unreadable_transaction".to_owned(), 1)));
+        sound(&engine).await;
+        watcher.stop().await.unwrap();
+    }
+
+    async fn trx_a_contract_pays_inside_its_call_settles_and_an_undone_call_credits_nothing(db) {
+        // A router pays the intent's address in an internal transaction of the recorded
+        // mainnet swap; another's internal payment was rejected (undone) while its transaction
+        // succeeded. The node first answers the block's transaction infos with `[]`, as a
+        // backend that has not executed the block yet does: the watcher waits there.
+        let node = FakeTron::start(100).await;
+        let tron = tron_config(&node, &fresh_tron_xpub(), 1, TronFinality::Depth);
+        let (engine, _clock) = tron_engine(&db, &tron).await;
+        let mut pays = Vec::new();
+        for (i, reference) in ["INSIDE", "UNDONE"].iter().enumerate() {
+            engine.create_topup(&topup(reference, &format!("3{i}"), "100")).await.unwrap();
+            pays.push(engine.create_payment(&order(reference), Method::Trx).await.unwrap());
+        }
+        let watcher = watch_tron(&engine, &tron, node.head() + 1);
+        wait_synced(&engine, &node).await;
+        node.inject("/wallet/gettransactioninfobyblocknum", [Fault::Status(200, "[]".into())]);
+        node.mine(&[internal_trx(&pays[0].intent.pay_to, TOPUP_SUN), rejected_internal_trx(&pays[1].intent.pay_to, TOPUP_SUN)]);
+        wait_status(&engine, &pays[0].intent.id, IntentStatus::Settled).await;
+        assert_eq!(cents(&engine, "30").await, 10_000);
+        wait_synced(&engine, &node).await;
+        assert_eq!(status(&engine, &pays[1].intent.id).await, IntentStatus::AwaitingPayment);
+        let transfers = engine.transfers_for(&order("INSIDE")).await.unwrap();
+        assert_eq!(transfers.len(), 1);
+        assert!(transfers[0].id.is_internal(), "{}", transfers[0].id);
+        assert!(watcher.status.borrow().incomplete_answers >= 1, "the empty infos were counted");
+        assert!(engine.exceptions(None).await.unwrap().is_empty());
         sound(&engine).await;
         watcher.stop().await.unwrap();
     }

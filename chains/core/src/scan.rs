@@ -221,7 +221,24 @@ pub enum ScanError {
     WrongChain(String),
 }
 
+/// How the errors of [`ScanError::incomplete`] begin.
+const INCOMPLETE: &str = "the source answered incompletely";
+
 impl ScanError {
+    /// An answer about a block that leaves out part of it (a log query that misses what the
+    /// block's bloom holds, fewer receipts than transactions): the scan fails transiently, so
+    /// its cursor stays until the source answers whole.
+    pub fn incomplete(what: impl std::fmt::Display) -> ScanError {
+        ScanError::Transient(format!(
+            "{INCOMPLETE}: {what}; the cursor stays until it answers whole"
+        ))
+    }
+
+    /// Whether this is [`ScanError::incomplete`].
+    pub fn is_incomplete(&self) -> bool {
+        matches!(self, ScanError::Transient(reason) if reason.starts_with(INCOMPLETE))
+    }
+
     /// The same error with `source`'s credentials taken out of its text (an HTTP client's
     /// error names the URL it failed to reach, key and all): what every caller does before an
     /// error is logged, stored or answered.

@@ -158,13 +158,8 @@ pub fn check_receipts(block: &Block, receipts: &[TransactionReceipt]) -> Result<
 
 /// The error of an answer that leaves out part of a block.
 pub fn incomplete(height: u64, what: &str) -> ScanError {
-    ScanError::Transient(format!(
-        "{INCOMPLETE}: block {height}: {what}; the cursor stays until the node answers whole"
-    ))
+    ScanError::incomplete(format!("block {height}: {what}"))
 }
-
-/// How the errors of [`incomplete`] begin.
-pub const INCOMPLETE: &str = "the node answered incompletely";
 
 #[cfg(test)]
 mod tests {

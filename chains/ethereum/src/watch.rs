@@ -447,7 +447,9 @@ impl ChainScanner for EthereumScanner {
                     Some(
                         consistency::verified_receipts(&provider, block)
                             .await
-                            .inspect_err(|_| self.incomplete_answers += 1)?,
+                            .inspect_err(|e| {
+                                self.incomplete_answers += u64::from(e.is_incomplete())
+                            })?,
                     )
                 };
                 let block_logs: Vec<&Log> = match (&receipts, doubted) {

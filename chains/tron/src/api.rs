@@ -145,6 +145,37 @@ pub struct TransactionInfo {
     /// Event logs, absent when none.
     #[serde(default)]
     pub log: Vec<EventLog>,
+    /// The calls the transaction's contracts made, in execution order, absent when none.
+    #[serde(default, rename = "internal_transactions")]
+    pub internal_transactions: Vec<InternalTransaction>,
+}
+
+/// One call a contract made inside a transaction (`internal_transactions[]`).
+#[derive(Clone, Debug, Deserialize)]
+pub struct InternalTransaction {
+    /// The calling contract, hex `41…`.
+    pub caller_address: String,
+    /// The called address, which receives the value, hex `41…`.
+    #[serde(rename = "transferTo_address")]
+    pub transfer_to_address: String,
+    /// What the call carried: `{}` for nothing, `{callValue}` for TRX, `{callValue, tokenId}`
+    /// for a TRC-10 token.
+    #[serde(default, rename = "callValueInfo")]
+    pub call_value_info: Vec<CallValue>,
+    /// Present and true when the call's effects were undone (it, or a call above it, failed).
+    #[serde(default)]
+    pub rejected: bool,
+}
+
+/// One value an internal call carried.
+#[derive(Clone, Debug, Deserialize)]
+pub struct CallValue {
+    /// Sun, or TRC-10 units with `token_id`; absent for a call that carried nothing.
+    #[serde(default, rename = "callValue")]
+    pub call_value: Option<u64>,
+    /// The TRC-10 token's id; absent for TRX.
+    #[serde(default, rename = "tokenId")]
+    pub token_id: Option<String>,
 }
 
 impl TransactionInfo {

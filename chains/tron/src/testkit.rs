@@ -27,6 +27,8 @@ const REVERT_INFO: &str =
     include_str!("../../../fixtures/tron/wallet_gettransactioninfobyid_revert.json");
 const TRX_INFOS: &str =
     include_str!("../../../fixtures/tron/wallet_gettransactioninfobyblocknum_nile.json");
+const INTERNAL_TRX: &str =
+    include_str!("../../../fixtures/tron/wallet_gettransactioninfobyid_internal_trx_mainnet.json");
 const CHAIN_PARAMETERS: &str =
     include_str!("../../../fixtures/tron/wallet_getchainparameters.json");
 
@@ -65,6 +67,17 @@ pub enum TxSpec {
         success: bool,
         /// Sun burned for its energy and bandwidth (the recorded call's when `None`).
         fee: Option<u64>,
+    },
+    /// A contract call (the recorded mainnet swap) whose router pays `sun` TRX to `to` in an
+    /// internal transaction; `rejected` when that call was undone while the transaction
+    /// succeeded.
+    InternalTrx {
+        /// Recipient, base58.
+        to: String,
+        /// Sun.
+        sun: u64,
+        /// The internal call was undone.
+        rejected: bool,
     },
     /// A TRX transfer to `to` (base58) whose amount cannot be read.
     UnreadableTrx {
@@ -133,6 +146,24 @@ pub fn reverted_trc20(contract: &str, to: &str, amount: u128) -> TxSpec {
         amount,
         success: false,
         fee: None,
+    }
+}
+
+/// TRX a contract pays `to` inside its call.
+pub fn internal_trx(to: &str, sun: u64) -> TxSpec {
+    TxSpec::InternalTrx {
+        to: to.to_owned(),
+        sun,
+        rejected: false,
+    }
+}
+
+/// TRX a contract's call paid `to` and then undid.
+pub fn rejected_internal_trx(to: &str, sun: u64) -> TxSpec {
+    TxSpec::InternalTrx {
+        to: to.to_owned(),
+        sun,
+        rejected: true,
     }
 }
 
@@ -344,6 +375,24 @@ fn build_tx(spec: &TxSpec, txid: &str, height: u64, timestamp: i64) -> (Value, V
             value["amount"] = json!(sun);
             (tx, recorded(TRX_INFOS, "response")[0].clone())
         }
+        TxSpec::InternalTrx { to, sun, rejected } => {
+            let tx = recorded(INTERNAL_TRX, "transaction");
+            let mut info = recorded(INTERNAL_TRX, "response");
+            // The recorded router's last payment, the one to the signer, goes to `to`.
+            let calls = info["internal_transactions"]
+                .as_array_mut()
+                .expect("internal transactions");
+            let paying = calls
+                .iter_mut()
+                .rfind(|call| call["callValueInfo"][0]["callValue"].is_number())
+                .expect("a paying call");
+            paying["transferTo_address"] = json!(address_hex(to));
+            paying["callValueInfo"] = json!([{ "callValue": sun }]);
+            if *rejected {
+                paying["rejected"] = json!(true);
+            }
+            (tx, info)
+        }
         TxSpec::UnreadableTrx { to } => {
             let mut tx = recorded(BLOCK, "response")["transactions"][0].clone();
             let value = &mut tx["raw_data"]["contract"][0]["parameter"]["value"];
@@ -384,7 +433,7 @@ fn build_tx(spec: &TxSpec, txid: &str, height: u64, timestamp: i64) -> (Value, V
     };
     let (from, fee) = match spec {
         TxSpec::Trx { from, fee, .. } | TxSpec::Trc20 { from, fee, .. } => (from, fee),
-        TxSpec::UnreadableTrx { .. } => (&None, &None),
+        TxSpec::UnreadableTrx { .. } | TxSpec::InternalTrx { .. } => (&None, &None),
     };
     if let Some(from) = from {
         let from_hex = address_hex(from);

@@ -110,6 +110,8 @@ pub struct TronScanner {
     client: Option<TronClient>,
     /// The watched addresses, kept in step with the view's keys.
     watched: KeyIndex<TronAddress>,
+    /// Answers found incomplete since the scanner was made.
+    incomplete_answers: u64,
 }
 
 impl TronScanner {
@@ -118,6 +120,7 @@ impl TronScanner {
         TronScanner {
             settings,
             client: None,
+            incomplete_answers: 0,
             watched: KeyIndex::default(),
         }
     }
@@ -185,7 +188,8 @@ impl ChainScanner for TronScanner {
                 .map(|height| read_block(&client, height, watched))
                 .buffered(BLOCKS_IN_FLIGHT)
                 .try_collect()
-                .await?;
+                .await
+                .inspect_err(|e| self.incomplete_answers += u64::from(e.is_incomplete()))?;
             for read in fetched {
                 let (block, infos) = (&read.block, &read.infos);
                 let raw = &block.block_header.raw_data;
@@ -216,6 +220,10 @@ impl ChainScanner for TronScanner {
 
     fn reset(&mut self) {
         self.client = None;
+    }
+
+    fn incomplete_answers(&self) -> u64 {
+        self.incomplete_answers
     }
 
     async fn probe(&mut self) -> Result<Probe, ScanError> {
@@ -344,6 +352,15 @@ async fn read_block(
     } else {
         Vec::new()
     };
+    // A node behind its balancer's others answers `[]` for a block it has not executed yet:
+    // every transaction has its info, or the block is not read.
+    if (calls_contracts || !signed.is_empty()) && infos.len() != block.transactions.len() {
+        return Err(ScanError::incomplete(format!(
+            "block {height}: {} transaction infos for {} transactions",
+            infos.len(),
+            block.transactions.len()
+        )));
+    }
     Ok(ReadBlock {
         block,
         infos,
@@ -412,6 +429,16 @@ fn outflows(
                     .ok()
                     .map(|a| a.to_string());
                 (if tx.succeeded() { value.amount } else { 0 }, to)
+            }
+            // TRX sent with a contract call (a sweep through a batching contract).
+            "TriggerSmartContract" => {
+                let value = &contract.parameter.value;
+                let sent = value["call_value"].as_u64().unwrap_or(0);
+                let to = value["contract_address"]
+                    .as_str()
+                    .and_then(|hex| TronAddress::from_hex(hex).ok())
+                    .map(|a| a.to_string());
+                (if tx.succeeded() { sent } else { 0 }, to)
             }
             _ => (0, None),
         };
@@ -512,6 +539,7 @@ fn transfers(
         }
         if info.succeeded() && succeeded.contains(info.id.as_str()) {
             log_transfers(settings, height, info, watched, &mut found)?;
+            internal_transfers(height, info, watched, &mut found)?;
         }
     }
     Ok((found, unreadable))
@@ -670,6 +698,64 @@ fn log_transfers(
     Ok(())
 }
 
+/// TRX (and TRC-10 tokens, never credited) that a contract paid a watched address inside one
+/// successful transaction: each internal call not rejected, at the internal position of its
+/// ordinal among the transaction's value-carrying calls (rejected ones included, so the
+/// numbering never shifts).
+fn internal_transfers(
+    height: u64,
+    info: &TransactionInfo,
+    watched: &impl WatchedLookup<TronAddress>,
+    found: &mut Vec<Transfer>,
+) -> Result<(), ScanError> {
+    let values = info.internal_transactions.iter().flat_map(|call| {
+        call.call_value_info
+            .iter()
+            .filter(|value| value.call_value.unwrap_or(0) > 0)
+            .map(move |value| (call, value))
+    });
+    for (ordinal, (call, value)) in values.enumerate() {
+        if call.rejected {
+            continue;
+        }
+        let Some(key) = TronAddress::from_hex(&call.transfer_to_address)
+            .ok()
+            .and_then(|to| watched.watch_key(&to))
+        else {
+            continue;
+        };
+        let from = TronAddress::from_hex(&call.caller_address).map_err(|e| {
+            ScanError::Fatal(format!(
+                "block {height}: an internal call of {} names caller {:?}: {e}",
+                info.id, call.caller_address
+            ))
+        })?;
+        let position = TransferId::internal_position(ordinal).ok_or_else(|| {
+            ScanError::Fatal(format!(
+                "block {height}: too many internal calls in {}",
+                info.id
+            ))
+        })?;
+        let asset = match &value.token_id {
+            None => ReceivedAsset::Method {
+                method: Method::Trx,
+            },
+            Some(token) => ReceivedAsset::OtherToken {
+                contract: format!("trc10:{token}"),
+            },
+        };
+        let amount = Amount::from_base_units(u128::from(value.call_value.unwrap_or(0)));
+        found.push(tron_transfer(
+            &info.id,
+            position,
+            (&from, key),
+            asset,
+            amount,
+        ));
+    }
+    Ok(())
+}
+
 /// A TRC-20 `Transfer` log decoded.
 struct TokenTransfer {
     from: TronAddress,
@@ -738,6 +824,64 @@ mod tests {
         );
         let huge = format!("{}{}", "1".repeat(32), "0".repeat(32));
         assert_eq!(trc20_transfer(&topics, &huge).unwrap().value, None);
+    }
+
+    fn recorded_info(text: &str) -> TransactionInfo {
+        let envelope: serde_json::Value = serde_json::from_str(text).unwrap();
+        serde_json::from_value(envelope["response"].clone()).unwrap()
+    }
+
+    #[test]
+    fn trx_a_router_paid_inside_a_recorded_mainnet_swap_is_a_receipt_of_its_signer() {
+        let info = recorded_info(include_str!(
+            "../../../fixtures/tron/wallet_gettransactioninfobyid_internal_trx_mainnet.json"
+        ));
+        let signer = TronAddress::from_hex("4197b779963e3778985b4429d30169aa88e7c7d91f").unwrap();
+        let watched: HashMap<TronAddress, &str> = [(signer, "signer")].into_iter().collect();
+        let mut found = Vec::new();
+        internal_transfers(83_506_570, &info, &watched, &mut found).unwrap();
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].to_address, "signer");
+        assert_eq!(found[0].amount.base_units(), 3_111_255);
+        assert_eq!(
+            found[0].asset,
+            ReceivedAsset::Method {
+                method: Method::Trx
+            }
+        );
+        assert_eq!(
+            found[0].id.position,
+            TransferId::INTERNAL_POSITIONS + 1,
+            "the second value-carrying call of the transaction"
+        );
+        assert_eq!(
+            found[0].from_address.as_deref(),
+            Some(
+                TronAddress::from_hex("41a31d689a84244bc01be56e07aeafb7686f56bb89")
+                    .unwrap()
+                    .to_string()
+                    .as_str()
+            )
+        );
+    }
+
+    #[test]
+    fn rejected_internal_calls_of_a_failed_recorded_transaction_pay_nobody() {
+        let info = recorded_info(include_str!(
+            "../../../fixtures/tron/wallet_gettransactioninfobyid_failed_rejected_internals_mainnet.json"
+        ));
+        assert!(!info.succeeded());
+        let every: HashMap<TronAddress, String> = info
+            .internal_transactions
+            .iter()
+            .map(|call| {
+                let to = TronAddress::from_hex(&call.transfer_to_address).unwrap();
+                (to, to.to_string())
+            })
+            .collect();
+        let mut found = Vec::new();
+        internal_transfers(81_512_025, &info, &every, &mut found).unwrap();
+        assert!(found.is_empty(), "every call was rejected: {found:?}");
     }
 
     /// A recorded block with its TRX transfer, plus the recorded USDT call as one more
