@@ -108,15 +108,19 @@ pub enum SuspenseReason {
     Unmatched,
     /// A credit taken back by a reorg that the balance could not cover.
     Reversed,
+    /// Dust at an address payrecon handed out: below the method's dust limit, what address
+    /// poisoning and spam send. Part of the holdings, never any intent's, no exception.
+    Dust,
 }
 
 impl SuspenseReason {
-    const ALL: [SuspenseReason; 5] = [
+    const ALL: [SuspenseReason; 6] = [
         SuspenseReason::Overpaid,
         SuspenseReason::Late,
         SuspenseReason::WrongAsset,
         SuspenseReason::Unmatched,
         SuspenseReason::Reversed,
+        SuspenseReason::Dust,
     ];
 
     /// As written in account names.
@@ -127,6 +131,7 @@ impl SuspenseReason {
             SuspenseReason::WrongAsset => "wrong_asset",
             SuspenseReason::Unmatched => "unmatched",
             SuspenseReason::Reversed => "reversed",
+            SuspenseReason::Dust => "dust",
         }
     }
 }

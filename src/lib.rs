@@ -137,7 +137,7 @@ pub use tokens::Role;
 pub use wallet::{
     GAP_MARGIN, Holding, HoldingDifference, HoldingKeyTotal, HoldingTotal, HoldingsRollForward,
     HoldingsSort, HoldingsVerification, HoldingsView, MAX_HOLDINGS_PAGE, SweepAddress, SweepList,
-    UtxoWallet, UtxoWallets, WalletExport, derivation_path,
+    UnknownToken, UtxoWallet, UtxoWallets, WalletExport, derivation_path,
 };
 pub use webhooks::{EVENT_ID_HEADER, SIGNATURE_HEADER, SIGNATURE_TOLERANCE, verify_signature};
 

@@ -18,7 +18,7 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use crate::error::Error;
 use crate::ledger::TrialBalance;
-use crate::ledger::{Account, Currency};
+use crate::ledger::{Account, Currency, SuspenseReason};
 use crate::records::ExceptionRecord;
 use crate::store::Store;
 use crate::store::reports::{self, ReportTransfer};
@@ -141,6 +141,10 @@ pub struct MethodSummary {
     /// The merchant's own crypto among what arrived: fee top-ups from its treasury, and money
     /// operators marked as its own.
     pub own_funds: String,
+    /// Dust that reached the shop's addresses in the period (below the method's dust limit:
+    /// address poisoning and spam), held in `suspense:dust` and part of `held`: one line,
+    /// however many transfers, each of which opens no exception.
+    pub dust: String,
     /// USD credited to orders and balances in the period.
     pub usd_credited: String,
     /// Received minus credited.
@@ -162,6 +166,7 @@ struct Sums {
     held: i128,
     refunded: i128,
     own_funds: i128,
+    dust: i128,
     usd_cents: i128,
 }
 
@@ -278,7 +283,12 @@ pub(crate) async fn fold_period(store: &Store, query: &ReportQuery) -> Result<Fo
             (Account::Custody(_), _) => sums.booked += amount,
             (Account::Fx(_), Currency::Crypto(_)) => sums.credited -= amount,
             (Account::Fx(_), Currency::Usd) => sums.usd_cents += amount,
-            (Account::Suspense(_), Currency::Crypto(_)) => sums.held -= amount,
+            (Account::Suspense(reason), Currency::Crypto(_)) => {
+                sums.held -= amount;
+                if *reason == SuspenseReason::Dust {
+                    sums.dust -= amount;
+                }
+            }
             (Account::Treasury(_), Currency::Crypto(_)) => sums.own_funds -= amount,
             _ => {}
         }
@@ -293,11 +303,13 @@ pub(crate) async fn fold_period(store: &Store, query: &ReportQuery) -> Result<Fo
         summary.held = currency.format(s.held);
         summary.refunded = currency.format(s.refunded);
         summary.own_funds = currency.format(s.own_funds);
+        summary.dust = currency.format(s.dust);
         summary.usd_credited = Currency::Usd.format(s.usd_cents);
         summary.difference = currency.format(s.received as i128 - s.credited);
         summary.why = format!(
-            "{} held in suspense, {} not booked yet (confirming, underpaid or unmatched), {} refunded, {} the merchant's own (fee top-ups)",
+            "{} held in suspense ({} of it dust), {} not booked yet (confirming, underpaid or unmatched), {} refunded, {} the merchant's own (fee top-ups)",
             currency.format(s.held),
+            currency.format(s.dust),
             currency.format(s.unbooked as i128),
             currency.format(s.refunded),
             currency.format(s.own_funds)
@@ -552,7 +564,7 @@ const TRANSFER_SHOWN: [Shown; 15] = {
     ]
 };
 
-const SUMMARY_COLUMNS: [&str; 16] = [
+const SUMMARY_COLUMNS: [&str; 17] = [
     "method",
     "asset",
     "intents_created",
@@ -566,17 +578,18 @@ const SUMMARY_COLUMNS: [&str; 16] = [
     "held",
     "refunded",
     "own_funds",
+    "dust",
     "usd_credited",
     "difference",
     "why",
 ];
 
 /// How the HTML report shows each summary column.
-const SUMMARY_SHOWN: [Shown; 16] = {
+const SUMMARY_SHOWN: [Shown; 17] = {
     use Shown::{Amount, Text};
     [
         Text, Text, Text, Text, Text, Text, Amount, Amount, Amount, Amount, Amount, Amount, Amount,
-        Text, Amount, Text,
+        Amount, Text, Amount, Text,
     ]
 };
 
@@ -645,6 +658,7 @@ fn transfer_state(t: &ReportTransfer) -> &'static str {
         (false, Some("wrong-asset")) => "wrong_asset",
         (false, Some("top-up")) => "fee_top_up",
         (false, Some("unmatched")) => "unmatched",
+        (false, Some("dust")) => "dust",
         (false, Some("resolve")) => "resolved_by_operator",
         (false, Some(_)) => "accounted",
         (false, None) if t.confirmations == 0 => "unconfirmed",
@@ -668,6 +682,7 @@ fn summary_cells(s: &MethodSummary) -> Vec<String> {
         s.held.clone(),
         s.refunded.clone(),
         s.own_funds.clone(),
+        s.dust.clone(),
         s.usd_credited.clone(),
         s.difference.clone(),
         s.why.clone(),

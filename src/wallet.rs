@@ -286,6 +286,23 @@ pub struct HoldingsView {
     /// from elsewhere). Left out of the totals, never hidden: `report holdings --verify`
     /// says what the chain holds.
     pub overdrawn: Vec<Holding>,
+    /// Tokens of contracts payrecon does not accept (fake "USDT", airdrop spam, poisoning),
+    /// one row per contract: left out of the totals and the addresses, never beside real
+    /// assets.
+    pub unknown_tokens: Vec<UnknownToken>,
+}
+
+/// One token contract payrecon does not accept, as the shop's addresses received it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct UnknownToken {
+    /// The network.
+    pub network: String,
+    /// The contract (`token:` taken off).
+    pub contract: String,
+    /// Addresses that received some.
+    pub addresses: u64,
+    /// What they received, in the token's base units as it claims them, as text.
+    pub amount: String,
 }
 
 /// A holding's amount can never fall below zero: an outflow spends what arrived.
@@ -312,7 +329,23 @@ pub(crate) fn holdings_view(
     let mut key_totals: BTreeMap<(String, String, String), (u128, u64)> = BTreeMap::new();
     let mut held = Vec::new();
     let mut overdrawn = Vec::new();
+    let mut unknown: BTreeMap<(String, String), (u128, u64)> = BTreeMap::new();
     for row in rows {
+        if let Some(contract) = row.asset.strip_prefix("token:").filter(|contract| {
+            payrecon_chain_core::ReceivedAsset::OtherToken {
+                contract: (*contract).to_owned(),
+            }
+            .is_unknown_token()
+        }) {
+            let token = unknown
+                .entry((row.network.clone(), contract.to_owned()))
+                .or_default();
+            token.0 = token
+                .0
+                .saturating_add(u128::try_from(row.amount).unwrap_or(0));
+            token.1 += 1;
+            continue;
+        }
         if row.amount < 0 {
             let mut shown = holding(0, row.clone(), keys);
             shown.amount = row.amount.to_string();
@@ -393,6 +426,15 @@ pub(crate) fn holdings_view(
         address_count,
         next_offset,
         overdrawn,
+        unknown_tokens: unknown
+            .into_iter()
+            .map(|((network, contract), (amount, addresses))| UnknownToken {
+                network,
+                contract,
+                addresses,
+                amount: amount.to_string(),
+            })
+            .collect(),
     })
 }
 

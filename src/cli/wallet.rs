@@ -111,6 +111,15 @@ pub(super) async fn holdings(
                 holding.amount.trim_start_matches('-'),
             ));
         }
+        if !view.unknown_tokens.is_empty() {
+            out.push_str("\ntokens payrecon does not accept (never credited, not in the totals)\n");
+        }
+        for token in &view.unknown_tokens {
+            out.push_str(&format!(
+                "{:<9} {} at {} addresses ({} base units as the token claims them)\n",
+                token.network, token.contract, token.addresses, token.amount,
+            ));
+        }
         out.trim_end().to_owned()
     })
 }

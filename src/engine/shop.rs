@@ -18,7 +18,7 @@ use crate::store;
 use crate::store::feed::{ChangedIntents, LivePosition};
 use crate::store::{feed, payments};
 use chrono::{DateTime, Utc};
-use payrecon_chain_core::Method;
+use payrecon_chain_core::{Method, ReceivedAsset};
 use std::sync::Arc;
 
 impl Engine {
@@ -152,11 +152,15 @@ impl Engine {
     pub async fn checkout(&self, key: &str) -> Result<Checkout, Error> {
         let mut conn = self.db().pool().acquire().await?;
         let intent = intent_by_key(&mut conn, key).await?;
-        let transfers = payments::transfers_of_intent(&mut conn, &intent.id).await?;
+        let mut transfers = payments::transfers_of_intent(&mut conn, &intent.id).await?;
         drop(conn);
-        let required = self
-            .payment_settings()
-            .policy
+        let policy = &self.payment_settings().policy;
+        // Dust is nobody's payment: the customer never reads of it.
+        transfers.retain(|t| match &t.asset {
+            ReceivedAsset::Method { method } => !policy.is_dust(*method, t.amount),
+            ReceivedAsset::OtherToken { .. } => true,
+        });
+        let required = policy
             .confirmations
             .get(&intent.network())
             .map_or(1, |rule| rule.required(intent.usd));

@@ -42,6 +42,12 @@ pub enum Step {
         /// The settlement's key.
         key: String,
     },
+    /// A token of a contract payrecon does not accept reached the intent's address: one
+    /// exception per contract, however many transfers and addresses (`unknown_token:`).
+    UnknownToken {
+        /// The transfer, as an index into the decision's transfers.
+        transfer: usize,
+    },
 }
 
 /// An entry the decision posts and the transfers it credits.
@@ -103,7 +109,11 @@ pub fn decide(
             transfer,
             confirmed: transfer.confirmations >= required,
         };
-        if transfer.asset != own {
+        if step.is_dust() {
+            step.dust(&mut decision.steps, &mut credited);
+        } else if transfer.asset.is_unknown_token() {
+            decision.steps.push(Step::UnknownToken { transfer: index });
+        } else if transfer.asset != own {
             if step.is_fee_top_up() {
                 step.fee_top_up(&mut decision.steps, &mut credited);
             } else {
@@ -124,6 +134,7 @@ pub fn decide(
 
     let good: Vec<usize> = (0..transfers.len())
         .filter(|i| !transfers[*i].removed && transfers[*i].asset == own)
+        .filter(|i| !is_dust(policy, &transfers[*i]))
         .collect();
     decision.intent.first_seen_at = good
         .iter()
@@ -329,6 +340,40 @@ impl Side<'_> {
             entry,
             credits: vec![self.index],
         })
+    }
+
+    /// Below its method's dust limit, and not the merchant's own fee top-up.
+    fn is_dust(&self) -> bool {
+        is_dust(self.policy, self.transfer) && !self.is_fee_top_up()
+    }
+
+    /// Dust is no payment: it never counts toward the intent, opens no exception and sends no
+    /// webhook; once confirmed it is held in `suspense:dust`, part of the holdings, and the
+    /// reconciliation report sums it in one line per method and period.
+    fn dust(&self, steps: &mut Vec<Step>, credited: &mut Vec<usize>) {
+        let ReceivedAsset::Method { method } = &self.transfer.asset else {
+            return;
+        };
+        if !self.confirmed || self.transfer.credited_entry.is_some() {
+            return;
+        }
+        let base = format!("dust:{}", self.transfer.id);
+        let entry = hold_entry(
+            &base,
+            *method,
+            self.transfer.amount,
+            SuspenseReason::Dust,
+            Some(self.intent),
+        );
+        steps.push(Step::Booking(Booking {
+            key: BookingKey::Next {
+                base,
+                rebooking_kind: None,
+            },
+            entry,
+            credits: vec![self.index],
+        }));
+        credited.push(self.index);
     }
 
     /// The native coin from one of the merchant's treasury addresses to an intent that asked
@@ -560,6 +605,14 @@ pub(super) fn hold_entry(
             Posting::debit(Account::Custody(method), crypto, units),
             Posting::credit(Account::Suspense(reason), crypto, units),
         ],
+    }
+}
+
+/// Whether a transfer is of one of the shop's methods and below that method's dust limit.
+fn is_dust(policy: &MatchPolicy, transfer: &StoredTransfer) -> bool {
+    match &transfer.asset {
+        ReceivedAsset::Method { method } => policy.is_dust(*method, transfer.amount),
+        ReceivedAsset::OtherToken { .. } => false,
     }
 }
 

@@ -109,9 +109,11 @@ pub struct MatchPolicy {
     pub late_payment: CreditPolicy,
     /// Per network.
     pub confirmations: BTreeMap<Network, ConfirmationRule>,
-    /// Per method, the amount below which money to no payment instructions is dust: it is
-    /// booked like any unmatched receipt, but counted in one exception per network and day
-    /// instead of one each (address-poisoning and spam transfers come by the thousand).
+    /// Per method, the amount below which a receipt is dust (`payments.dust`): at an intent's
+    /// address it never counts toward the intent and opens no exception, held in
+    /// `suspense:dust`; to no payment instructions it is booked like any unmatched receipt,
+    /// but counted in one exception per network and day instead of one each
+    /// (address-poisoning and spam transfers come by the thousand).
     pub dust: BTreeMap<Method, Amount>,
     /// The merchant's own addresses per network (`treasury_addresses`): native coin from one
     /// of them to a token payment's address is the fee its sweep needs, not a payment, and
@@ -151,7 +153,7 @@ impl MatchPolicy {
     }
 
     /// Whether `amount` of `method` to no payment instructions is dust.
-    fn is_dust(&self, method: Method, amount: Amount) -> bool {
+    pub(crate) fn is_dust(&self, method: Method, amount: Amount) -> bool {
         self.dust.get(&method).is_some_and(|limit| amount < *limit)
     }
 

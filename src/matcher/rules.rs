@@ -181,6 +181,9 @@ async fn account_unmatched<S: MatchStore>(
     if transfer.removed {
         return Ok(());
     }
+    if transfer.asset.is_unknown_token() {
+        return open_unknown_token_exception(store, &transfer, now).await;
+    }
     let dust = match &transfer.asset {
         ReceivedAsset::Method { method } => policy.is_dust(*method, transfer.amount),
         ReceivedAsset::OtherToken { .. } => false,
@@ -315,6 +318,9 @@ async fn apply<S: MatchStore>(
                 entries.push(entry);
             }
             Step::SettleOrder { key } => store.mark_settled(&order.reference, &key).await?,
+            Step::UnknownToken { transfer } => {
+                open_unknown_token_exception(store, &transfers[transfer], now).await?
+            }
         }
     }
     post(store, entries).await?;
@@ -554,6 +560,31 @@ impl Concerns<'_> {
             resolution: None,
         }
     }
+}
+
+/// The one exception for a token contract payrecon does not accept (a fake "USDT", airdrop
+/// spam, a poisoning token): opened by its first transfer to a watched address, and standing
+/// for every later one; `payrecon holdings` counts them per contract, apart from real assets.
+/// Nothing of it is ever booked.
+async fn open_unknown_token_exception<S: MatchStore>(
+    store: &mut S,
+    transfer: &StoredTransfer,
+    now: DateTime<Utc>,
+) -> Result<(), Error> {
+    let network = transfer.id.network;
+    let ReceivedAsset::OtherToken { contract } = &transfer.asset else {
+        return Ok(());
+    };
+    let detail = format!(
+        "transfers of the token contract {contract} on {network}, which payrecon does not \
+         accept, reach the shop's addresses (the first: {} to {}); never credited, never \
+         booked. `payrecon holdings` counts them per contract; dismiss once looked at",
+        describe(transfer),
+        transfer.to_address
+    );
+    let id = format!("unknown_token:{network}:{contract}");
+    let record = Concerns::default().exception(id, "unknown_token", detail, now);
+    store.open_exception(record).await
 }
 
 /// The one exception for a network's dust on one day (UTC, by when it was first seen): opened

@@ -143,9 +143,16 @@ on_both_databases! {
         wait_status(&engine, &pay[0].intent.id, IntentStatus::Settled).await;
         wait_status(&engine, &pay[1].intent.id, IntentStatus::Settled).await;
         anvil.wait_synced(&engine).await;
-        for reference in ["WRONG", "FAKE", "ETHTOTOKEN"] {
+        for reference in ["WRONG", "ETHTOTOKEN"] {
             eventually("a wrong_asset exception", || async { kinds(&engine, reference).await == ["wrong_asset"] }).await;
         }
+        // A token payrecon does not accept is one exception per contract, not per order.
+        let fake = format!("unknown_token:ethereum:{}", payrecon::chain::ReceivedAsset::OtherToken { contract: tokens.fake.clone() }.to_string().trim_start_matches("token:"));
+        let unknown: Vec<_> = engine.exceptions(None).await.unwrap().into_iter().filter(|e| e.kind == "unknown_token").collect();
+        assert_eq!(unknown.len(), 1, "{unknown:?}");
+        assert_eq!(unknown[0].id.to_lowercase(), fake.to_lowercase());
+        assert!(kinds(&engine, "FAKE").await.is_empty());
+        assert_eq!(engine.transfers_for(&order("FAKE")).await.unwrap().len(), 1, "support still finds the transfer by the order");
         for (i, pay) in pay.iter().enumerate().skip(2) {
             assert_eq!(status(&engine, &pay.intent.id).await, IntentStatus::AwaitingPayment, "intent {i} is not paid by the wrong asset");
         }

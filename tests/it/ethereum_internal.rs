@@ -17,6 +17,7 @@ use common::outflows::held_per_asset;
 use common::regtest::{eventually, fast};
 use common::topup;
 use payrecon::IntentStatus;
+use payrecon::test_utils::clock::Clock;
 use payrecon::test_utils::watcher::WatcherState;
 use payrecon_chain_core::{Method, Network, TransferId};
 
@@ -173,6 +174,101 @@ on_both_databases! {
         assert!(incomplete > 0, "watcher health counts the incomplete answers");
         let metrics = payrecon::test_utils::api::metrics_text(&engine).await.unwrap();
         assert!(metrics.contains("payrecon_source_incomplete_answers_total{network=\"ethereum\"}"), "{metrics}");
+        watcher.stop().await.unwrap();
+        sound(&engine).await;
+    }
+}
+
+on_both_databases! {
+    async fn zero_value_transfers_and_dust_change_nothing_anyone_reads(db) {
+        let anvil = Anvil::lock().await;
+        let tokens = anvil.tokens().await;
+        let (engine, clock) = eth_engine(&db, &anvil, &tokens, &fresh_ethereum_xpub(), 1).await;
+        let mut pays = Vec::new();
+        for (i, (reference, method)) in [("WAITING", Method::UsdtErc20), ("PAID-USDT", Method::UsdtErc20), ("PAID-ETH", Method::Eth)].iter().enumerate() {
+            engine.create_topup(&topup(reference, &format!("9{i}"), "100")).await.unwrap();
+            pays.push(engine.create_payment(&order(reference), *method).await.unwrap().intent);
+        }
+        let watcher = watch_ethereum(&engine, &anvil, &tokens, anvil.head().await);
+        anvil.send_token(&tokens.usdt, &pays[1].pay_to, 100_000_000).await;
+        anvil.send_eth(&pays[2].pay_to, TOPUP_WEI).await;
+        anvil.mine(1).await;
+        wait_status(&engine, &pays[1].id, IntentStatus::Settled).await;
+        wait_status(&engine, &pays[2].id, IntentStatus::Settled).await;
+        anvil.wait_synced(&engine).await;
+        let events_before = engine.events_after(0, 1000).await.unwrap().len();
+        let exceptions_before = engine.exceptions(None).await.unwrap();
+        let checkouts = || async {
+            let mut pages = Vec::new();
+            for pay in &pays {
+                pages.push(format!("{:?}", engine.checkout(&pay.checkout_key).await.unwrap()));
+            }
+            pages
+        };
+        let pages_before = checkouts().await;
+
+        // A poisoner makes the real USDT log zero-value transfers from a lookalike of the
+        // customer's address (transferFrom with an allowance of 0), and sends dust: 1 wei of
+        // ETH to an ETH and to a USDT address, a millionth of a USDT after settlement.
+        let lookalike = format!("{}{}", &pays[1].pay_to[..8], "0".repeat(34));
+        for pay in &pays[..2] {
+            let call = format!(
+                "23b872dd{:0>64}{:0>64}{:064x}",
+                lookalike.trim_start_matches("0x").to_lowercase(),
+                pay.pay_to.trim_start_matches("0x").to_lowercase(),
+                0
+            );
+            let tx = serde_json::json!({"from": anvil.other, "to": tokens.usdt, "data": format!("0x{call}"), "gas": "0x30000"});
+            anvil.call("eth_sendTransaction", serde_json::json!([tx])).await;
+        }
+        anvil.send_eth(&pays[2].pay_to, 1).await;
+        anvil.send_eth(&pays[0].pay_to, 1).await;
+        anvil.send_token(&tokens.usdt, &pays[1].pay_to, 1).await;
+        anvil.mine(1).await;
+        anvil.wait_synced(&engine).await;
+        anvil.mine(1).await;
+        anvil.wait_synced(&engine).await;
+
+        assert_eq!(
+            [status(&engine, &pays[0].id).await, status(&engine, &pays[1].id).await, status(&engine, &pays[2].id).await],
+            [IntentStatus::AwaitingPayment, IntentStatus::Settled, IntentStatus::Settled]
+        );
+        assert_eq!(checkouts().await, pages_before, "the checkout pages read as before");
+        assert!(!pages_before.iter().any(|page| page.to_lowercase().contains(&lookalike.to_lowercase())));
+        assert_eq!(engine.events_after(0, 1000).await.unwrap().len(), events_before, "no webhook");
+        assert_eq!(engine.exceptions(None).await.unwrap(), exceptions_before, "no exception");
+        assert_eq!(watcher.status.borrow().zero_value_ignored, 2);
+        for pay in &pays[..2] {
+            assert!(engine.transfers_for(&order(if pay.id == pays[0].id { "WAITING" } else { "PAID-USDT" })).await.unwrap().iter().all(|t| t.amount.base_units() > 0), "no zero-value transfer is recorded");
+        }
+        // The dust is held, part of the holdings, and the month's report sums it in one line.
+        assert_eq!(
+            held_per_asset(&engine, Network::Ethereum).await,
+            [("eth".into(), TOPUP_WEI + 2), ("usdt-erc20".into(), 100_000_001)]
+        );
+        let query = payrecon::ReportQuery { from: clock.now() - chrono::Duration::hours(1), to: clock.now() + chrono::Duration::hours(1), method: None };
+        let mut out = Vec::new();
+        engine.write_reconciliation(&query, payrecon::ReportFormat::Json, payrecon::CsvSection::Transfers, &mut out).await.unwrap();
+        let report: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        let dust = |method: &str| report["summary"].as_array().unwrap().iter().find(|s| s["method"] == method).unwrap()["dust"].clone();
+        assert_eq!((dust("eth"), dust("usdt-erc20")), (serde_json::json!("0.000000000000000002"), serde_json::json!("0.000001")));
+        let metrics = payrecon::test_utils::api::metrics_text(&engine).await.unwrap();
+        assert!(metrics.contains("payrecon_zero_value_transfers_total{network=\"ethereum\"} 2"), "{metrics}");
+
+        // A fake token reaching two addresses is one exception for operators, and one row of
+        // the holdings apart from the real assets.
+        anvil.send_token(&tokens.fake, &pays[0].pay_to, 5).await;
+        anvil.send_token(&tokens.fake, &pays[1].pay_to, 5).await;
+        anvil.mine(1).await;
+        anvil.wait_synced(&engine).await;
+        let opened: Vec<_> = engine.exceptions(None).await.unwrap().into_iter().filter(|e| !exceptions_before.contains(e)).collect();
+        assert_eq!(opened.len(), 1, "{opened:?}");
+        assert_eq!(opened[0].kind, "unknown_token");
+        let holdings = engine.holdings(Some(Network::Ethereum), payrecon::HoldingsSort::Address, false, 0, 10).await.unwrap();
+        assert_eq!(holdings.totals.len(), 2, "the fake token is no total beside ETH and USDT");
+        assert_eq!(holdings.unknown_tokens.len(), 1);
+        assert_eq!(holdings.unknown_tokens[0].addresses, 2);
+        assert_eq!(status(&engine, &pays[0].id).await, IntentStatus::AwaitingPayment);
         watcher.stop().await.unwrap();
         sound(&engine).await;
     }

@@ -212,7 +212,9 @@ on_both_databases! {
         let intent = engine.payment(&pay.intent.id).await.unwrap().intent;
         assert_eq!(intent.status, IntentStatus::AwaitingPayment);
         assert_eq!(engine.available_balance(&account("42")).await.unwrap().cents(), 0);
-        assert_eq!(kinds(&engine.exceptions(Some(&order("T1"))).await.unwrap()), ["wrong_asset", "wrong_asset", "wrong_asset"]);
+        assert_eq!(kinds(&engine.exceptions(Some(&order("T1"))).await.unwrap()), ["wrong_asset", "wrong_asset"]);
+        let unknown: Vec<String> = engine.exceptions(None).await.unwrap().into_iter().filter(|e| e.kind == "unknown_token").map(|e| e.id).collect();
+        assert_eq!(unknown, ["unknown_token:ethereum:0x000000000000000000000000000000000000dead"], "a token of another contract: one exception per contract");
         assert_eq!(suspense(&engine, SuspenseReason::WrongAsset, Method::UsdcErc20).await, -500_000_000);
         assert_eq!(suspense(&engine, SuspenseReason::WrongAsset, Method::Eth).await, -(10i128.pow(17)));
         assert_eq!(engine.account_balance(&Account::Custody(Method::UsdtErc20), Currency::Crypto(Method::UsdtErc20)).await.unwrap(), 0, "a fake token is no USDT");

@@ -115,7 +115,7 @@ on_both_databases! {
         assert!(lines[0].starts_with("seen_at,network,txid,position,to_address,asset,amount,"));
         assert!(lines.iter().any(|l| l.contains(",BTC,0.006,") && l.contains(",t2,")), "{csv}");
         let summary = report(engine, &period(), ReportFormat::Csv, CsvSection::Summary).await;
-        assert!(summary.lines().any(|l| l.starts_with("btc,BTC,7,2,1,4,0.04375,0.03185,0.0196,0.0125,0.0071,0,0,1000.00,0.01935,")), "{summary}");
+        assert!(summary.lines().any(|l| l.starts_with("btc,BTC,7,2,1,4,0.04375,0.03185,0.0196,0.0125,0.0071,0,0,0,1000.00,0.01935,")), "{summary}");
         let balances = report(engine, &period(), ReportFormat::Csv, CsvSection::Balances).await;
         assert!(balances.lines().any(|l| l == "total,USD,0.00"), "{balances}");
 

@@ -64,6 +64,27 @@ pub enum ReceivedAsset {
     },
 }
 
+/// How a misdirected payment's description ends (see [`ReceivedAsset::misdirected`]).
+const MISDIRECTED: &str = ", not the recipient";
+
+impl ReceivedAsset {
+    /// The shop's coin sent under an intent's reference to another recipient than the shop's
+    /// (Solana Pay): the customer paid, to the wrong place. Never credited; an exception of
+    /// the intent's own. Kept as an [`ReceivedAsset::OtherToken`] whose text says what
+    /// happened, as recorded since payrecon first told it apart.
+    pub fn misdirected(method: Method, elsewhere: &str) -> ReceivedAsset {
+        ReceivedAsset::OtherToken {
+            contract: format!("{} paid to {elsewhere}{MISDIRECTED}", method.asset()),
+        }
+    }
+
+    /// A token of a contract payrecon does not accept (a fake "USDT", airdrop spam, a
+    /// poisoning token, a TRC-10 asset), as opposed to a method or a misdirected payment.
+    pub fn is_unknown_token(&self) -> bool {
+        matches!(self, ReceivedAsset::OtherToken { contract } if !contract.ends_with(MISDIRECTED))
+    }
+}
+
 /// `eth`, `usdt-erc20`, … for a method; `token:<contract>` for any other token: the text
 /// reports, the store and support lookups show.
 impl std::fmt::Display for ReceivedAsset {

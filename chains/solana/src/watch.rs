@@ -86,15 +86,17 @@ pub struct SolanaScanner {
     settings: SolanaSettings,
     client: Option<Arc<RpcClient>>,
     /// The newest signature listed per address (the recipient and each reference) this
-    /// session: the next listing stops there. A reset forgets them and lists afresh; what the
-    /// engine already knows is not reported twice.
-    newest: HashMap<Pubkey, Signature>,
+    /// session, with its slot when listed in it: the next listing stops there. A reset forgets
+    /// them and lists afresh; what the engine already knows is not reported twice.
+    newest: HashMap<Pubkey, (Signature, Option<u64>)>,
     /// The open references, kept in step with the view's keys.
     references: KeyIndex<Pubkey>,
     /// The same, in the order the sweep visits them.
     sweep_order: BTreeSet<Pubkey>,
     /// Where the reference sweep continues.
     next_swept: Option<Pubkey>,
+    /// Answers found incomplete since the scanner was made.
+    incomplete_answers: u64,
 }
 
 impl SolanaScanner {
@@ -225,6 +227,7 @@ impl SolanaScanner {
             settings,
             client: None,
             newest: HashMap::new(),
+            incomplete_answers: 0,
             references: KeyIndex::default(),
             sweep_order: BTreeSet::new(),
             next_swept: None,
@@ -255,7 +258,8 @@ impl SolanaScanner {
         address: &Pubkey,
         oldest_slot: Option<u64>,
     ) -> Result<Vec<RpcConfirmedTransactionStatusWithSignature>, ScanError> {
-        let until = self.newest.get(address).copied();
+        let newest = self.newest.get(address).copied();
+        let until = newest.map(|(signature, _)| signature);
         let mut all = Vec::new();
         let mut before = None;
         loop {
@@ -271,6 +275,20 @@ impl SolanaScanner {
                 )
                 .await
                 .map_err(|e| classify("getSignaturesForAddress", e))?;
+            // A node that does not know the `until` signature (it is behind the one that
+            // listed it) ignores it and answers its newest signatures (solana issue 24620):
+            // older than what was handled, and believing them would move the listing back.
+            if let Some((until, Some(until_slot))) = newest
+                && let Some(older) = page.iter().find(|listed| {
+                    listed.slot < until_slot || listed.signature == until.to_string()
+                })
+            {
+                return Err(ScanError::incomplete(format!(
+                    "getSignaturesForAddress({address}) listed {} of slot {} past its `until` \
+                     {until} of slot {until_slot}: the node does not know that signature yet",
+                    older.signature, older.slot
+                )));
+            }
             let full = page.len() == SIGNATURES_PER_PAGE;
             let reached_oldest = page
                 .last()
@@ -313,11 +331,14 @@ impl ChainScanner for SolanaScanner {
                 .map(|newest| (newest, cursor.tip.height))
         });
         if let Some((newest, _)) = resumed {
-            self.newest.entry(recipient).or_insert(newest);
+            self.newest.entry(recipient).or_insert((newest, None));
         }
         let oldest_slot = resumed.map(|(_, slot)| slot.saturating_sub(RESUME_MARGIN_SLOTS));
 
-        let (listed, next_swept) = self.listings(&client, oldest_slot).await?;
+        let (listed, next_swept) = self
+            .listings(&client, oldest_slot)
+            .await
+            .inspect_err(|e| self.incomplete_answers += u64::from(e.is_incomplete()))?;
         let found = self.verified(&client, view, &listed).await?;
         // Transactions listed after `getSlot` answered may sit in newer slots: the tip is at
         // least the newest slot seen in this round.
@@ -360,7 +381,8 @@ impl ChainScanner for SolanaScanner {
         // References of closed intents are not listed any more: forget them.
         for (address, signatures) in &listed {
             if let Some(newest) = signatures.first() {
-                self.newest.insert(*address, signature(&newest.signature)?);
+                self.newest
+                    .insert(*address, (signature(&newest.signature)?, Some(newest.slot)));
             }
         }
         let references = &self.references;
@@ -368,7 +390,7 @@ impl ChainScanner for SolanaScanner {
             .retain(|address, _| *address == recipient || references.contains(address));
         self.next_swept = next_swept;
         let hash = match self.newest.get(&recipient) {
-            Some(newest) => newest.to_string(),
+            Some((newest, _)) => newest.to_string(),
             None => format!("slot:{tip}"),
         };
         Ok(ScanBatch {
@@ -410,6 +432,10 @@ impl ChainScanner for SolanaScanner {
     fn reset(&mut self) {
         self.client = None;
         self.newest.clear();
+    }
+
+    fn incomplete_answers(&self) -> u64 {
+        self.incomplete_answers
     }
 
     async fn probe(&mut self) -> Result<Probe, ScanError> {
@@ -510,9 +536,7 @@ fn verify(
             Some(Transfer {
                 id,
                 to_address: reference,
-                asset: ReceivedAsset::OtherToken {
-                    contract: format!("SOL paid to {elsewhere}, not the recipient"),
-                },
+                asset: ReceivedAsset::misdirected(Method::Sol, &elsewhere.to_string()),
                 amount: sol(amount),
                 from_address: None,
             })
