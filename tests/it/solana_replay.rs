@@ -21,6 +21,42 @@ use payrecon_chain_solana::testkit::{FakeSolana, Fault, random_pubkey};
 const TOPUP_LAMPORTS: u64 = 1_000_000_000;
 
 on_both_databases! {
+    async fn a_node_behind_that_ignores_its_until_is_refused_and_loses_nothing(db) {
+        // A provider's node behind the others does not know the newest signature the watcher
+        // listed, ignores it as `until` and answers its own newest, older ones (solana issue
+        // 24620): an incomplete answer, counted, and nothing is lost or doubled.
+        let node = FakeSolana::start().await;
+        let solana = solana_config(&node);
+        let (engine, clock) = solana_engine(&db, &solana).await;
+        let mut pays = Vec::new();
+        for (i, reference) in ["FIRST", "SECOND", "THIRD"].iter().enumerate() {
+            engine.create_topup(&topup(reference, &format!("3{i}"), "100")).await.unwrap();
+            pays.push(engine.create_payment(&order(reference), Method::Sol).await.unwrap());
+        }
+        let watcher = watch_solana(&engine, &solana);
+        let now = clock.now().timestamp();
+        node.pay(&solana.recipient, TOPUP_LAMPORTS, Some(&pays[0].intent.watch_key), now, false);
+        let behind = node.listings_behind(None);
+        node.pay(&solana.recipient, TOPUP_LAMPORTS, Some(&pays[1].intent.watch_key), now, false);
+        wait_status(&engine, &pays[1].intent.id, IntentStatus::Seen).await;
+        node.listings_behind(Some(behind));
+        node.pay(&solana.recipient, TOPUP_LAMPORTS, Some(&pays[2].intent.watch_key), now, false);
+        eventually("the watcher to refuse the listing past its until", || async {
+            watcher.status.borrow().incomplete_answers > 0
+        }).await;
+        node.listings_behind(None);
+        node.finalize_all();
+        for pay in &pays {
+            wait_status(&engine, &pay.intent.id, IntentStatus::Settled).await;
+        }
+        for (i, reference) in ["FIRST", "SECOND", "THIRD"].iter().enumerate() {
+            assert_eq!(engine.transfers_for(&order(reference)).await.unwrap().len(), 1);
+            assert_eq!(cents(&engine, &format!("3{i}")).await, 10_000);
+        }
+        watcher.stop().await.unwrap();
+        sound(&engine).await;
+    }
+
     async fn sol_exact_under_over_and_late(db) {
         let node = FakeSolana::start().await;
         let solana = solana_config(&node);

@@ -73,6 +73,8 @@ struct Node {
     slot: u64,
     txs: Vec<Tx>,
     faults: VecDeque<Fault>,
+    /// The signature listings answer as a node behind the others: nothing past this slot.
+    listings_behind: Option<u64>,
 }
 
 /// A running fake node.
@@ -95,6 +97,7 @@ impl FakeSolana {
             slot: 1000,
             txs: Vec::new(),
             faults: VecDeque::new(),
+            listings_behind: None,
         }));
         let app = Router::new()
             .route("/", axum::routing::post(answer))
@@ -199,6 +202,15 @@ impl FakeSolana {
                 tx.commitment = Commitment::Dropped;
             }
         }
+    }
+
+    /// Signature listings answer as a node behind the cluster, which knows nothing after
+    /// `slot` (and so ignores an `until` it does not know, solana issue 24620); `None`: as the
+    /// cluster. Returns the current slot.
+    pub fn listings_behind(&self, slot: Option<u64>) -> u64 {
+        let mut node = self.node.lock().expect("node");
+        node.listings_behind = slot;
+        node.slot
     }
 
     /// Queues faults for the next requests.
@@ -311,6 +323,7 @@ fn respond(node: &Node, request: &Value) -> Result<Value, (i64, String)> {
                 .iter()
                 .rev()
                 .filter(|t| visible(t, commitment) && t.keys().contains(&address))
+                .filter(|t| node.listings_behind.is_none_or(|behind| t.slot <= behind))
                 .collect();
             if let Some(before) = config["before"].as_str() {
                 let at = newest_first.iter().position(|t| t.signature == before);
