@@ -876,6 +876,30 @@ pub async fn metrics_text(engine: &Engine) -> Result<String, Error> {
             .map(|((category, kind), n)| (format!("category=\"{category}\",kind=\"{kind}\""), n))
             .collect(),
     );
+    let checks = engine.holdings_checks().await?;
+    family(
+        &mut text,
+        "payrecon_holdings_check_unexplained",
+        "Balances the last holdings check found that no receipt explains, by network.",
+        "gauge",
+        checks
+            .iter()
+            .map(|c| (format!("network=\"{}\"", c.network), c.unexplained))
+            .collect(),
+    );
+    family(
+        &mut text,
+        "payrecon_holdings_check_timestamp_seconds",
+        "When the last holdings check ran, by network (Unix seconds).",
+        "gauge",
+        checks
+            .iter()
+            .map(|c| {
+                let at = u64::try_from(c.checked_at.timestamp()).unwrap_or(0);
+                (format!("network=\"{}\"", c.network), at)
+            })
+            .collect(),
+    );
     let (unvalued, oldest) = engine.unvalued_overdue().await?;
     family(
         &mut text,

@@ -173,6 +173,22 @@ impl Rechecker {
         found.map_err(|e| e.scrubbed(self.source()))
     }
 
+    /// What each address held of its method's asset at the block at `height`.
+    pub(crate) async fn balances_at_height(
+        &mut self,
+        holdings: &[(String, Method)],
+        height: u64,
+    ) -> Result<(BlockId, Vec<Amount>), ScanError> {
+        let found = match self {
+            Rechecker::Electrum(s) => s.balances_at_height(holdings, height).await,
+            Rechecker::Node(s) => s.balances_at_height(holdings, height).await,
+            Rechecker::Ethereum(s) => s.balances_at_height(holdings, height).await,
+            Rechecker::Tron(s) => s.balances_at_height(holdings, height).await,
+            Rechecker::Solana(s) => s.balances_at_height(holdings, height).await,
+        };
+        found.map_err(|e| e.scrubbed(self.source()))
+    }
+
     /// What sweeping an address costs now, at the node's prices.
     pub(crate) async fn sweep_fees(&mut self) -> Result<SweepFees, ScanError> {
         let found = match self {

@@ -332,10 +332,16 @@ pub struct PaymentsConfig {
     pub late_payment_policy: CreditPolicy,
     /// Label wallets show in payment URIs.
     pub label: String,
-    /// Per method, in the asset's units (`sol = "0.00001"`): money to no payment instructions
-    /// below it is dust, counted in one exception per network and day. Overrides the defaults
-    /// method by method; `"0"` turns it off.
+    /// Per method, in the asset's units (`sol = "0.00001"`): a receipt below it is dust
+    /// (address poisoning, spam). At an intent's address it never counts toward the intent and
+    /// opens no exception, held in `suspense:dust`; to no payment instructions it is counted
+    /// in one exception per network and day. Overrides the defaults method by method; `"0"`
+    /// turns it off.
     pub dust: BTreeMap<Method, String>,
+    /// Minutes between two holdings checks of `payrecon serve`: every address payrecon
+    /// watches on Ethereum read on the chain at the watcher's cursor, and money there that no
+    /// receipt explains an `unexplained_balance` exception. `0` turns it off.
+    pub holdings_check_minutes: u32,
 }
 
 impl Default for PaymentsConfig {
@@ -350,6 +356,7 @@ impl Default for PaymentsConfig {
             late_payment_policy: CreditPolicy::Hold,
             label: "payrecon".to_owned(),
             dust: BTreeMap::new(),
+            holdings_check_minutes: 60,
         }
     }
 }

@@ -125,8 +125,8 @@ pub use order::{
 };
 pub use payments::{PaymentInstructions, PaymentSettings};
 pub use records::{
-    AssetRollForward, CryptoRate, ExceptionRecord, FailingEndpoint, FundedIndexes, IntentEvent,
-    OperatorAction, ReportingRate, StoredTransfer, Valuation, WatcherHealth,
+    AssetRollForward, CryptoRate, ExceptionRecord, FailingEndpoint, FundedIndexes, HoldingsCheck,
+    IntentEvent, OperatorAction, ReportingRate, StoredTransfer, Valuation, WatcherHealth,
 };
 pub use report::{CsvSection, ReportFormat, ReportQuery, ReportTotals};
 pub use serve::serve;

@@ -59,6 +59,24 @@ pub struct WatcherHealth {
     pub updated_at: DateTime<Utc>,
 }
 
+/// The last holdings check of one network: `payrecon stuck` and `/metrics` show it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct HoldingsCheck {
+    /// The network.
+    pub network: String,
+    /// When it ran.
+    pub checked_at: DateTime<Utc>,
+    /// The block it read the chain at (the watcher's cursor); `None` when it could not run.
+    pub block_height: Option<u64>,
+    /// Addresses read.
+    pub addresses_checked: u64,
+    /// Balances that no receipt or outflow payrecon recorded explains: each an
+    /// `unexplained_balance` exception.
+    pub unexplained: u64,
+    /// Why it could not run, if it could not.
+    pub error: Option<String>,
+}
+
 /// An endpoint whose deliveries fail: what the stuck view and the metrics show.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct FailingEndpoint {

@@ -119,6 +119,15 @@ pub async fn serve(
         tasks.spawn(sender.run(shutdown.clone()));
     }
     tasks.spawn(value_until(engine.clone(), shutdown.clone()));
+    if config.payments.holdings_check_minutes > 0 {
+        let every = Duration::from_secs(60 * u64::from(config.payments.holdings_check_minutes));
+        tasks.spawn(check_holdings_every(
+            engine.clone(),
+            config.clone(),
+            every,
+            shutdown.clone(),
+        ));
+    }
     tasks.spawn(tick_until(engine, shutdown));
     while let Some(joined) = tasks.join_next().await {
         match joined {
@@ -254,6 +263,38 @@ async fn value_until(engine: Engine, mut shutdown: watch::Receiver<bool>) -> Res
             _ = tokio::time::sleep(VALUATION_INTERVAL) => {}
             _ = shutdown.changed() => {}
         }
+    }
+}
+
+/// Runs the holdings check every `every`, the first a minute after start (the watchers have
+/// read their first rounds by then).
+async fn check_holdings_every(
+    engine: Engine,
+    config: Config,
+    every: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), Error> {
+    let mut wait = every.min(Duration::from_secs(60));
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = shutdown.changed() => {}
+        }
+        if *shutdown.borrow() {
+            return Ok(());
+        }
+        match engine.check_holdings(&config).await {
+            Ok(checks) => {
+                for check in checks
+                    .iter()
+                    .filter(|c| c.unexplained > 0 || c.error.is_some())
+                {
+                    tracing::warn!(network = %check.network, unexplained = check.unexplained, error = ?check.error, "the holdings check found money no receipt explains, or could not run");
+                }
+            }
+            Err(error) => tracing::warn!(%error, "holdings check failed; retrying at the next"),
+        }
+        wait = every;
     }
 }
 

@@ -299,6 +299,33 @@ pub(crate) fn webhook_item(failing: FailingEndpoint, now: DateTime<Utc>) -> Stuc
     }
 }
 
+/// The last holdings check of a network, when it found money no receipt explains or could not
+/// run; `None` when it found the chain and the records agreeing.
+pub(crate) fn holdings_check_item(check: crate::records::HoldingsCheck) -> Option<StuckItem> {
+    let what = match (&check.error, check.unexplained) {
+        (Some(error), _) => format!("the holdings check could not read the chain: {error}"),
+        (None, 0) => return None,
+        (None, found) => format!(
+            "the holdings check read {} addresses at block {} and found {found} balances no \
+             receipt explains: each an unexplained_balance exception",
+            check.addresses_checked,
+            check.block_height.unwrap_or_default()
+        ),
+    };
+    Some(StuckItem {
+        category: "wallet",
+        kind: "holdings_check".into(),
+        subject: check.network,
+        order_ref: None,
+        what,
+        since: check.checked_at,
+        actions: vec![
+            "look each unexplained_balance exception up in a block explorer: a payment made while nothing watched the address, or a withdrawal or block reward",
+            "check that the network's node serves eth_call at past blocks (payrecon doctor)",
+        ],
+    })
+}
+
 /// What an operator can do about an exception of `kind`.
 pub(crate) fn exception_actions(kind: &str) -> Vec<&'static str> {
     match kind {

@@ -295,7 +295,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Period(command) => books::period(command, &engine, json).await,
         Command::Export(command) => books::export(command, &engine).await,
         Command::Books(command) => books::books(command, &engine, json).await,
-        Command::Holdings(args) => wallet::holdings(args, &engine, json).await,
+        Command::Holdings(args) => wallet::holdings(args, &engine, &config, json).await,
         Command::Wallet(command) => wallet::wallet(command, &engine, &config, json).await,
         Command::Stuck {
             marked_paid_minutes,

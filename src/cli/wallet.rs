@@ -52,13 +52,36 @@ pub(super) struct HoldingsArgs {
     /// Addresses on the page.
     #[arg(long, default_value_t = 100)]
     limit: usize,
+    /// First run the holdings check: every address payrecon watches on Ethereum read on the
+    /// chain at the watcher's cursor, money no receipt explains an exception (what `serve`
+    /// runs every payments.holdings_check_minutes).
+    #[arg(long)]
+    check: bool,
 }
 
 pub(super) async fn holdings(
     args: HoldingsArgs,
     engine: &Engine,
+    config: &Config,
     json: bool,
 ) -> anyhow::Result<()> {
+    if args.check {
+        for check in engine.check_holdings(config).await? {
+            match &check.error {
+                Some(error) => eprintln!(
+                    "holdings check of {}: could not run: {error}",
+                    check.network
+                ),
+                None => eprintln!(
+                    "holdings check of {}: {} addresses at block {}, {} balances no receipt explains",
+                    check.network,
+                    check.addresses_checked,
+                    check.block_height.unwrap_or_default(),
+                    check.unexplained
+                ),
+            }
+        }
+    }
     let view = engine
         .holdings(args.network, args.sort, args.all, args.offset, args.limit)
         .await?;

@@ -305,6 +305,9 @@ impl Engine {
                 let export = self.wallet_export(*network).await?;
                 few.extend(wallet_gap_item(&export, wallet.gap_limit_warning, now));
             }
+            for check in self.holdings_checks().await? {
+                few.extend(crate::stuck::holdings_check_item(check));
+            }
             if let (count, Some(oldest)) = self.unvalued_overdue().await? {
                 few.push(crate::stuck::unvalued_item(count, oldest));
             }

@@ -142,7 +142,7 @@ impl Engine {
         crate::outflows::apply(&mut tx, &settings.policy, outflows, now).await?;
         if let Some((network, cursor, _)) = cursor {
             quarantine(tx.conn(), network, quarantined.unreadable, now).await?;
-            open_unexplained(tx.conn(), network, quarantined.unexplained, now).await?;
+            open_unexplained(tx.conn(), network, quarantined.unexplained, now, true).await?;
             crate::store::cursors::put(tx.conn(), network, cursor, now).await?;
         }
         crash_point("apply.before_commit");
@@ -291,14 +291,18 @@ impl Quarantined<'_> {
     };
 }
 
-/// Opens one exception per balance change of a watched address that no transaction explains
-/// (`unexplained_balance:<network>:<address>:<block hash>`), naming the address's key and
-/// index and its intent when it has one: nothing is booked, as nobody can say whose it is.
+/// Opens one exception per balance change of a watched address that no transaction explains,
+/// naming the address's key and index and its intent when it has one: nothing is booked, as
+/// nobody can say whose it is. A scan's are one per block
+/// (`unexplained_balance:<network>:<address>:<block hash>`); the holdings check's one per
+/// address and asset while open (`unexplained_balance:<network>:<address>:<method>`), however
+/// often it runs.
 pub(crate) async fn open_unexplained(
     conn: &mut sqlx::AnyConnection,
     network: Network,
     unexplained: &[Unexplained],
     now: DateTime<Utc>,
+    per_block: bool,
 ) -> Result<(), Error> {
     for item in unexplained {
         let intent = match payments::intent_id_by_watch_key(conn, network, &item.address).await? {
@@ -314,10 +318,17 @@ pub(crate) async fn open_unexplained(
         };
         let direction = if item.arrived { "arrived at" } else { "left" };
         let record = crate::records::ExceptionRecord {
-            id: format!(
-                "unexplained_balance:{network}:{}:{}",
-                item.address, item.block.hash
-            ),
+            id: if per_block {
+                format!(
+                    "unexplained_balance:{network}:{}:{}",
+                    item.address, item.block.hash
+                )
+            } else {
+                format!(
+                    "unexplained_balance:{network}:{}:{}",
+                    item.address, item.method
+                )
+            },
             kind: "unexplained_balance".into(),
             intent_id: intent.as_ref().map(|i| i.id.clone()),
             order_ref: intent.as_ref().map(|i| i.order_ref.to_string()),

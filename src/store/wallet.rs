@@ -2,8 +2,10 @@
 
 use sqlx::{AnyConnection, Row};
 
+use payrecon_chain_core::Network;
+
 use super::StoreError;
-use crate::records::FundedIndexes;
+use crate::records::{FundedIndexes, HoldingsCheck};
 
 /// How `network`'s account `key_id` handed out and was paid: the longest run of unpaid
 /// indexes comes from one window function over the paid ones (each paid index minus the one
@@ -231,6 +233,74 @@ pub(crate) async fn holding_movements(
                 asset: row.try_get(1)?,
                 kind: row.try_get(2)?,
                 amount: super::decode_exact_sum(row, 3, backend)?,
+            })
+        })
+        .collect()
+}
+
+/// What payrecon recorded for `network` and how far its watcher read, as of one moment: both
+/// in one read transaction (a snapshot; PostgreSQL's repeatable read), so a watcher's commit
+/// in between cannot make the holdings and the cursor disagree.
+pub(crate) async fn holdings_at_cursor(
+    pool: &sqlx::AnyPool,
+    network: Network,
+) -> Result<(Option<u64>, Vec<HoldingRow>), StoreError> {
+    let mut tx = pool.begin().await?;
+    if super::backend_of_conn(&mut tx) == super::Backend::Postgres {
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            .execute(&mut *tx)
+            .await?;
+    }
+    let cursor = super::cursors::get(&mut tx, network).await?;
+    let rows = holdings(&mut tx, Some(network.as_str()), i64::MAX).await?;
+    tx.commit().await?;
+    Ok((cursor.map(|c| c.tip.height), rows))
+}
+
+/// Records a network's holdings check, replacing the one before.
+pub(crate) async fn put_holdings_check(
+    conn: &mut AnyConnection,
+    check: &HoldingsCheck,
+) -> Result<(), StoreError> {
+    let signed = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    sqlx::query(
+        "INSERT INTO holdings_checks (network, checked_at_ms, block_height, addresses_checked, unexplained, error) \
+         VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (network) DO UPDATE SET \
+         checked_at_ms = excluded.checked_at_ms, block_height = excluded.block_height, \
+         addresses_checked = excluded.addresses_checked, unexplained = excluded.unexplained, \
+         error = excluded.error",
+    )
+    .bind(check.network.as_str())
+    .bind(check.checked_at.timestamp_millis())
+    .bind(check.block_height.map(signed))
+    .bind(signed(check.addresses_checked))
+    .bind(signed(check.unexplained))
+    .bind(check.error.as_deref())
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Every network's last holdings check.
+pub(crate) async fn holdings_checks(
+    conn: &mut AnyConnection,
+) -> Result<Vec<HoldingsCheck>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT network, checked_at_ms, block_height, addresses_checked, unexplained, error \
+         FROM holdings_checks ORDER BY network",
+    )
+    .fetch_all(conn)
+    .await?;
+    let unsigned = |n: i64| u64::try_from(n).unwrap_or(0);
+    rows.iter()
+        .map(|row| {
+            Ok(HoldingsCheck {
+                network: row.try_get("network")?,
+                checked_at: super::orders::millis(row.try_get("checked_at_ms")?)?,
+                block_height: row.try_get::<Option<i64>, _>("block_height")?.map(unsigned),
+                addresses_checked: unsigned(row.try_get("addresses_checked")?),
+                unexplained: unsigned(row.try_get("unexplained")?),
+                error: row.try_get("error")?,
             })
         })
         .collect()

@@ -273,3 +273,43 @@ on_both_databases! {
         sound(&engine).await;
     }
 }
+
+on_both_databases! {
+    async fn the_holdings_check_finds_eth_no_watcher_saw(db) {
+        // ETH reaches an intent's address in a block its watcher never reads (it started
+        // after it): the check reads every watched address at the watcher's cursor and names
+        // the money in an exception.
+        let anvil = Anvil::lock().await;
+        let tokens = anvil.tokens().await;
+        let section = ethereum(&anvil, &tokens, &fresh_ethereum_xpub(), 1);
+        let config = eth_config(section);
+        let (engine, _clock) = eth_engine_of(&db, config.clone()).await;
+        engine.create_topup(&topup("UNSEEN", "99", "100")).await.unwrap();
+        let pay = engine.create_payment(&order("UNSEEN"), Method::Eth).await.unwrap().intent;
+        anvil.send_eth(&pay.pay_to, TOPUP_WEI).await;
+        anvil.mine(1).await;
+        let watcher = watch_ethereum(&engine, &anvil, &tokens, anvil.head().await + 1);
+        anvil.mine(1).await;
+        anvil.wait_synced(&engine).await;
+        assert_eq!(status(&engine, &pay.id).await, IntentStatus::AwaitingPayment, "the watcher never read the payment's block");
+
+        let checks = engine.check_holdings(&config).await.unwrap();
+        assert_eq!(checks.len(), 1);
+        assert_eq!((checks[0].unexplained, checks[0].error.as_deref()), (1, None), "{checks:?}");
+        assert!(checks[0].addresses_checked >= 1);
+        let found: Vec<_> = engine.exceptions(None).await.unwrap().into_iter().filter(|e| e.kind == "unexplained_balance").collect();
+        assert_eq!(found.len(), 1, "{found:?}");
+        let detail = &found[0].detail;
+        assert!(detail.contains(&pay.pay_to) && detail.contains("0.05 ETH") && detail.contains(&format!("index {}", pay.derivation_index)) && detail.contains(&pay.key_id), "{detail}");
+        assert_eq!(found[0].order_ref.as_deref(), Some("UNSEEN"));
+        // Run again: the same money is the same exception.
+        engine.check_holdings(&config).await.unwrap();
+        assert_eq!(engine.exceptions(None).await.unwrap().iter().filter(|e| e.kind == "unexplained_balance").count(), 1);
+        let stuck = engine.stuck(&payrecon::StuckOptions::default()).await.unwrap();
+        assert!(stuck.iter().any(|item| item.kind == "holdings_check" && item.subject == "ethereum"), "{stuck:?}");
+        let metrics = payrecon::test_utils::api::metrics_text(&engine).await.unwrap();
+        assert!(metrics.contains("payrecon_holdings_check_unexplained{network=\"ethereum\"} 1"), "{metrics}");
+        watcher.stop().await.unwrap();
+        sound(&engine).await;
+    }
+}

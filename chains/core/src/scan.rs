@@ -327,6 +327,23 @@ pub trait ChainScanner: Send {
         }
     }
 
+    /// What each address held of its method's asset at the block at `height` (the height a
+    /// watcher's cursor reached), and that block: the holdings check, which compares the
+    /// chain with what payrecon read up to exactly there. Batched: one request per few hundred
+    /// addresses. A source that cannot read balances at a given block says so.
+    fn balances_at_height(
+        &mut self,
+        holdings: &[(String, Method)],
+        height: u64,
+    ) -> impl Future<Output = Result<(BlockId, Vec<Amount>), ScanError>> + Send {
+        let _ = (holdings, height);
+        async {
+            Err(ScanError::Fatal(
+                "this source cannot tell balances at a given block".into(),
+            ))
+        }
+    }
+
     /// Connects as a scan does (the chain checked), and reads the tip and what the chain's
     /// configuration depends on: `payrecon doctor`. Watchers never call it.
     fn probe(&mut self) -> impl Future<Output = Result<Probe, ScanError>> + Send;

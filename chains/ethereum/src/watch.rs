@@ -575,8 +575,7 @@ impl ChainScanner for EthereumScanner {
         Ok(found)
     }
 
-    /// ETH by `eth_getBalance` and the tokens by `balanceOf`, both at the block, so the
-    /// answers hold still however the chain moves meanwhile.
+    /// The balances at the last block before `until_ms` (see [`Self::balances_at_height`]).
     async fn balances_at(
         &mut self,
         holdings: &[(String, Method)],
@@ -589,27 +588,43 @@ impl ChainScanner for EthereumScanner {
             async move { block_time(&provider, height).await }
         })
         .await?;
+        self.balances_at_height(holdings, height).await
+    }
+
+    /// ETH through the deployless balance reader and the tokens by `balanceOf` in JSON-RPC
+    /// batches, all pinned to the block's hash, so the answers hold still however the chain
+    /// moves meanwhile.
+    async fn balances_at_height(
+        &mut self,
+        holdings: &[(String, Method)],
+        height: u64,
+    ) -> Result<(BlockId, Vec<Amount>), ScanError> {
+        let provider = self.provider().await?;
         let hash = block_hash(&provider, height)
             .await?
             .ok_or_else(|| blocks_moved(height))?;
-        let at = alloy::eips::BlockId::hash(hash);
-        let mut balances = Vec::with_capacity(holdings.len());
-        for (address, method) in holdings {
+        let mut owners: HashMap<Method, Vec<(usize, Address)>> = HashMap::new();
+        for (index, (address, method)) in holdings.iter().enumerate() {
             let owner: Address = address.parse().map_err(|e| {
                 ScanError::Fatal(format!("{address:?} is not an Ethereum address: {e}"))
             })?;
-            let balance = match (method, self.settings.contract_of(*method)) {
-                (Method::Eth, _) => provider
-                    .get_balance(owner)
-                    .block_id(at)
-                    .await
-                    .map_err(classify)?,
-                (_, Some(contract)) => token_balance(&provider, contract, owner, at).await?,
-                (other, None) => {
-                    return Err(ScanError::Fatal(format!("{other} is not paid on Ethereum")));
-                }
+            if *method != Method::Eth && self.settings.contract_of(*method).is_none() {
+                return Err(ScanError::Fatal(format!(
+                    "{method} is not paid on Ethereum"
+                )));
+            }
+            owners.entry(*method).or_default().push((index, owner));
+        }
+        let mut balances = vec![Amount::ZERO; holdings.len()];
+        for (method, asked) in owners {
+            let addresses: Vec<Address> = asked.iter().map(|(_, a)| *a).collect();
+            let found = match self.settings.contract_of(method) {
+                None => crate::internal::balances(&provider, &addresses, hash).await?,
+                Some(contract) => token_balances(&provider, contract, &addresses, hash).await?,
             };
-            balances.push(base_units(balance, "balance")?);
+            for ((index, _), balance) in asked.into_iter().zip(found) {
+                balances[index] = base_units(balance, "balance")?;
+            }
         }
         Ok((
             BlockId {
@@ -821,27 +836,45 @@ pub(crate) fn native_row(hash: B256) -> TransferId {
     }
 }
 
-/// What `owner` held of the token at `contract` at block `at`: ERC-20 `balanceOf` by
-/// `eth_call`.
-async fn token_balance(
+/// `balanceOf` calls sent in one JSON-RPC batch.
+const BALANCE_CALLS_PER_BATCH: usize = 500;
+
+/// What each of `owners` held of the token at `contract` at the block `at`: ERC-20
+/// `balanceOf` by `eth_call`, a batch of [`BALANCE_CALLS_PER_BATCH`] per request.
+async fn token_balances(
     provider: &RootProvider,
     contract: Address,
-    owner: Address,
-    at: alloy::eips::BlockId,
-) -> Result<U256, ScanError> {
-    let mut call = BALANCE_OF.to_vec();
-    call.extend_from_slice(owner.into_word().as_slice());
-    let request = TransactionRequest::default()
-        .to(contract)
-        .input(Bytes::from(call).into());
-    let answer = provider.call(request).block(at).await.map_err(classify)?;
-    if answer.len() != 32 {
-        return Err(ScanError::Fatal(format!(
-            "balanceOf on {contract} answered {} bytes, not 32",
-            answer.len()
-        )));
+    owners: &[Address],
+    at: B256,
+) -> Result<Vec<U256>, ScanError> {
+    let mut balances = Vec::with_capacity(owners.len());
+    for chunk in owners.chunks(BALANCE_CALLS_PER_BATCH) {
+        let mut batch = alloy::rpc::client::BatchRequest::new(provider.client());
+        let mut waiters = Vec::with_capacity(chunk.len());
+        for owner in chunk {
+            let mut call = BALANCE_OF.to_vec();
+            call.extend_from_slice(owner.into_word().as_slice());
+            let request = TransactionRequest::default()
+                .to(contract)
+                .input(Bytes::from(call).into());
+            let waiter = batch
+                .add_call::<_, Bytes>("eth_call", &(request, alloy::eips::BlockId::hash(at)))
+                .map_err(classify)?;
+            waiters.push(waiter);
+        }
+        batch.send().await.map_err(classify)?;
+        for waiter in waiters {
+            let answer = waiter.await.map_err(classify)?;
+            if answer.len() != 32 {
+                return Err(ScanError::Fatal(format!(
+                    "balanceOf on {contract} answered {} bytes, not 32",
+                    answer.len()
+                )));
+            }
+            balances.push(U256::from_be_slice(&answer));
+        }
     }
-    Ok(U256::from_be_slice(&answer))
+    Ok(balances)
 }
 
 /// ERC-20 `symbol()` and `decimals()`.
