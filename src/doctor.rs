@@ -312,10 +312,15 @@ fn findings(config: &Config, network: Network, probe: &Probe) -> Vec<DoctorCheck
             let check = format!("{} {}", f.method, f.what);
             match &f.outcome {
                 Ok(found) => line(check, Verdict::Ok, found.clone()),
-                Err(wrong) => line(
+                Err(wrong) if f.essential => line(
                     check,
                     Verdict::Fail,
                     format!("{wrong}; fix networks.{network} in the configuration"),
+                ),
+                Err(lacking) => line(
+                    check,
+                    Verdict::Warn,
+                    format!("{lacking}; see the deployment guide's node APIs"),
                 ),
             }
         })

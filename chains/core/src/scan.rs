@@ -282,6 +282,9 @@ pub struct Finding {
     pub what: String,
     /// What the chain holds there, or what is wrong with it.
     pub outcome: Result<String, String>,
+    /// Whether payments are lost or stall without it (a failure of `payrecon doctor`), rather
+    /// than only handled less well (a warning).
+    pub essential: bool,
 }
 
 /// A chain's scanner, driven by the engine's watcher loop.

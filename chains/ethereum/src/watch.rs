@@ -534,8 +534,10 @@ impl ChainScanner for EthereumScanner {
                 method,
                 what: format!("{symbol} contract {contract}"),
                 outcome: token_identity(&provider, contract, mainnet.then_some(symbol)).await?,
+                essential: true,
             });
         }
+        findings.extend(node_api_findings(&provider, head).await?);
         Ok(Probe {
             tip_height: head,
             tip_time_ms: block_time(&provider, head).await?,
@@ -662,6 +664,61 @@ impl ChainScanner for EthereumScanner {
             }
         }
     }
+}
+
+/// What the scanner needs of the node beyond the standard calls, tried on the head block:
+/// `eth_getBlockReceipts` (a block's receipts whole, to read a block whose log answer was
+/// incomplete), `eth_call` of creation code at a block (the balance reader), and a tracer
+/// (`debug_traceBlockByHash` or `trace_block`, to say which call paid ETH inside a
+/// transaction). Hosted providers differ here: `payrecon doctor` says which are served.
+async fn node_api_findings(provider: &RootProvider, head: u64) -> Result<Vec<Finding>, ScanError> {
+    let hash = block_hash(provider, head)
+        .await?
+        .ok_or_else(|| blocks_moved(head))?;
+    let served = |answer: Result<(), RpcError<TransportErrorKind>>| match answer {
+        Ok(()) => Ok("served".to_owned()),
+        Err(RpcError::ErrorResp(payload)) => Err(format!(
+            "refused: {}",
+            payrecon_chain_core::excerpt(&payload.message)
+        )),
+        Err(other) => Err(format!(
+            "failed: {}",
+            payrecon_chain_core::excerpt(&other.to_string())
+        )),
+    };
+    let receipts = provider.get_block_receipts(hash.into()).await.map(|_| ());
+    let reader = crate::internal::balances(provider, &[Address::ZERO], hash)
+        .await
+        .map(|_| ())
+        .map_err(|e| RpcError::local_usage_str(&e.to_string()));
+    let tracer = match crate::internal::trace_block(provider, head, hash, None).await? {
+        Ok((_, tracer)) => Ok(format!("served ({tracer:?})")),
+        Err(crate::internal::NoTraces(why)) => Err(format!(
+            "neither debug_traceBlockByHash nor trace_block is served ({why}): ETH paid inside \
+             a contract's call is still found by balance, but becomes an exception instead of \
+             a receipt"
+        )),
+    };
+    Ok(vec![
+        Finding {
+            method: Method::UsdtErc20,
+            what: "eth_getBlockReceipts (reading a block whose log answer was incomplete)".into(),
+            outcome: served(receipts),
+            essential: true,
+        },
+        Finding {
+            method: Method::Eth,
+            what: "eth_call of creation code at a block (the balance reader)".into(),
+            outcome: served(reader),
+            essential: true,
+        },
+        Finding {
+            method: Method::Eth,
+            what: "a tracer (ETH paid inside contract calls)".into(),
+            outcome: tracer,
+            essential: false,
+        },
+    ])
 }
 
 /// The newest finalized block with `finalized` finality; `None` with depth finality.

@@ -466,6 +466,7 @@ impl ChainScanner for SolanaScanner {
                 method: Method::Sol,
                 what: format!("recipient {recipient}"),
                 outcome,
+                essential: true,
             }],
         })
     }

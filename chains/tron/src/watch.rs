@@ -244,6 +244,7 @@ impl ChainScanner for TronScanner {
                 method: Method::UsdtTrc20,
                 what: format!("USDT contract {usdt}"),
                 outcome,
+                essential: true,
             }],
         })
     }
