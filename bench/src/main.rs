@@ -1461,54 +1461,117 @@ async fn ethereum(
         checkpoints: Vec::new(),
     };
     let settings = EthereumSettings::new(url, chain_id, token.parse()?, token.parse()?);
-    let (batch, medians) = ethereum_scans_off_and_on(settings, watched, cursor, blocks).await?;
+    // What each part of a scan costs: the same blocks and watch set scanned without outflow
+    // tracking or the internal-transfer check, with outflows, and with both; once as one
+    // catch-up scan of every block, once as rounds of one block each (a watcher at the head).
+    let variants = [(false, false), (true, false), (true, true)];
+    let mut catch_up = [Duration::ZERO; 3];
+    let mut last = None;
+    for (median, (outflows, internal)) in catch_up.iter_mut().zip(variants) {
+        let (batch, elapsed) = ethereum_median(
+            &settings,
+            (outflows, internal),
+            &watched,
+            &cursor,
+            blocks,
+            blocks,
+        )
+        .await?;
+        *median = elapsed;
+        last = Some(batch);
+    }
+    let batch = last.context("a scan ran")?;
+    let mut rounds = [Duration::ZERO; 2];
+    for (median, internal) in rounds.iter_mut().zip([false, true]) {
+        *median = ethereum_median(&settings, (true, internal), &watched, &cursor, blocks, 1)
+            .await?
+            .1;
+    }
     let mut lines = scan_lines(
         addresses,
         blocks,
         transfers_per_block * 2,
         &batch,
-        medians[1],
+        catch_up[2],
     );
-    let mut off = line(
-        &format!("blocks scanned, {addresses} watched, outflow tracking off"),
-        blocks,
-        medians[0],
-    );
-    off.note = Some("median of 3".into());
-    lines.extend([off, outflow_cost(blocks, medians[1], medians[0])]);
+    let median_of = |workload: String, elapsed: Duration| {
+        let mut shown = line(&workload, blocks, elapsed);
+        shown.note = Some("median of 3".into());
+        shown
+    };
+    lines.extend([
+        median_of(
+            format!("blocks scanned, {addresses} watched, outflows and internal transfers off"),
+            catch_up[0],
+        ),
+        median_of(
+            format!("blocks scanned, {addresses} watched, internal transfers off"),
+            catch_up[1],
+        ),
+        cost_line(
+            "cost per block, outflow tracking on / off",
+            blocks,
+            catch_up[1],
+            catch_up[0],
+        ),
+        cost_line(
+            "cost per block, internal-transfer check on / off, one catch-up scan",
+            blocks,
+            catch_up[2],
+            catch_up[1],
+        ),
+        median_of(
+            format!("one-block rounds, {addresses} watched, internal transfers off"),
+            rounds[0],
+        ),
+        median_of(
+            format!("one-block rounds, {addresses} watched, internal-transfer check on"),
+            rounds[1],
+        ),
+        cost_line(
+            "cost per block, internal-transfer check on / off, one-block rounds",
+            blocks,
+            rounds[1],
+            rounds[0],
+        ),
+    ]);
     Ok(lines)
 }
 
-/// The same blocks and watch set scanned with outflow tracking off, then on, the median of 3
-/// scans each; with the last scan's batch.
-async fn ethereum_scans_off_and_on(
-    mut settings: payrecon_chain_ethereum::EthereumSettings,
-    watched: Vec<String>,
-    cursor: ChainCursor,
+/// The median of 3 passes over the blocks after `cursor` with outflow tracking and the
+/// internal-transfer check as `(outflows, internal)`, `blocks_per_scan` blocks per scan (each
+/// scan resuming at the one before it); with the last pass's last batch.
+async fn ethereum_median(
+    settings: &payrecon_chain_ethereum::EthereumSettings,
+    (outflows, internal): (bool, bool),
+    watched: &[String],
+    cursor: &ChainCursor,
     blocks: usize,
-) -> anyhow::Result<(ScanBatch, [Duration; 2])> {
-    settings.max_blocks_per_scan = blocks as u64;
+    blocks_per_scan: usize,
+) -> anyhow::Result<(ScanBatch, Duration)> {
+    let mut settings = settings.clone();
+    settings.outflows = outflows;
+    settings.internal_transfers = internal;
+    settings.max_blocks_per_scan = blocks_per_scan as u64;
     let end = cursor.tip.height + blocks as u64;
-    let mut medians = [Duration::ZERO; 2];
+    let mut timings = Vec::new();
     let mut last = None;
-    for (median, outflows) in medians.iter_mut().zip([false, true]) {
-        settings.outflows = outflows;
+    for _ in 0..3 {
         let mut scanner = payrecon_chain_ethereum::EthereumScanner::new(settings.clone());
-        let mut timings = Vec::new();
-        for _ in 0..3 {
+        let mut at = cursor.clone();
+        let mut pass = Duration::ZERO;
+        while at.tip.height < end {
             let (batch, elapsed) =
-                timed_scan(&mut scanner, watched.clone(), Some(cursor.clone()), 12).await?;
-            anyhow::ensure!(
-                batch.cursor.tip.height == end,
-                "the scan covered every busy block"
-            );
-            timings.push(elapsed);
+                timed_scan(&mut scanner, watched.to_vec(), Some(at.clone()), 12).await?;
+            pass += elapsed;
+            at = batch.cursor.clone();
             last = Some(batch);
         }
-        timings.sort();
-        *median = timings[1];
+        anyhow::ensure!(at.tip.height == end, "the scans covered every busy block");
+        timings.push(pass);
     }
-    Ok((last.context("a scan ran")?, medians))
+    timings.sort();
+    Ok((last.context("a scan ran")?, timings[1]))
 }
 
 async fn tron(
@@ -1911,13 +1974,9 @@ fn line(workload: &str, entries: usize, elapsed: Duration) -> BenchLine {
     }
 }
 
-/// The line that states what outflow tracking costs: a scan's time with it over without.
-fn outflow_cost(blocks: usize, on: Duration, off: Duration) -> BenchLine {
-    let mut ratio = line(
-        "cost per block, outflow tracking on / off",
-        blocks,
-        Duration::ZERO,
-    );
+/// A line that states what a part of a scan costs: the time with it over without.
+fn cost_line(workload: &str, blocks: usize, on: Duration, off: Duration) -> BenchLine {
+    let mut ratio = line(workload, blocks, Duration::ZERO);
     ratio.entries_per_second = 0;
     ratio.note = Some(format!(
         "{:.2}x",

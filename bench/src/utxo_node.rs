@@ -483,7 +483,10 @@ async fn with_outflows(
         "{:.1} ms per block; the held set took +{grown} MiB resident; median of 3",
         on.as_secs_f64() * 1000.0 / blocks as f64
     ));
-    Ok(vec![measured, super::outflow_cost(blocks, on, off)])
+    Ok(vec![
+        measured,
+        super::cost_line("cost per block, outflow tracking on / off", blocks, on, off),
+    ])
 }
 
 /// The process's resident memory now, in MiB (Linux).

@@ -124,9 +124,15 @@ async fn the_doctor_passes_the_devnet_and_names_each_broken_configuration() {
         assert!(names.contains(&expected), "{expected} in {names:?}");
     }
     // The node APIs the Ethereum scanner needs beyond the standard calls, all served by anvil.
-    for api in ["eth_getBlockReceipts", "eth_call of creation code", "a tracer"] {
+    for api in [
+        "eth_getBlockReceipts",
+        "eth_call of creation code",
+        "a tracer",
+    ] {
         assert!(
-            checks.iter().any(|(name, verdict, _)| name.contains(api) && verdict == "ok"),
+            checks
+                .iter()
+                .any(|(name, verdict, _)| name.contains(api) && verdict == "ok"),
             "{api} in {checks:#?}"
         );
     }
