@@ -28,6 +28,7 @@ use alloy::rpc::types::trace::geth::{
 use alloy::rpc::types::trace::parity::{Action, CallType, LocalizedTransactionTrace, TraceOutput};
 use alloy::rpc::types::{Block, TransactionRequest};
 use alloy::transports::RpcError;
+use futures_util::{StreamExt as _, TryStreamExt as _};
 use payrecon_chain_core::blocks::BlockRange;
 use payrecon_chain_core::{
     Amount, BlockId, KeyIndex, Method, Network, Outflow, ReceivedAsset, ScanError, Transfer,
@@ -70,28 +71,48 @@ pub async fn balances(
     addresses: &[Address],
     at: B256,
 ) -> Result<Vec<U256>, ScanError> {
-    let mut balances = Vec::with_capacity(addresses.len());
-    for chunk in addresses.chunks(ADDRESSES_PER_BALANCE_CALL) {
-        let mut code = BALANCE_READER.to_vec();
-        for address in chunk {
-            code.extend_from_slice(address.into_word().as_slice());
-        }
-        let request = TransactionRequest::default().input(Bytes::from(code).into());
-        let answer = provider
-            .call(request)
-            .block(alloy::eips::BlockId::hash(at))
-            .await
-            .map_err(classify)?;
-        if answer.len() != chunk.len() * 32 {
-            return Err(ScanError::Fatal(format!(
-                "the balance reader answered {} bytes for {} addresses, not 32 each",
-                answer.len(),
-                chunk.len()
-            )));
-        }
-        balances.extend(answer.chunks_exact(32).map(U256::from_be_slice));
+    let chunks: Vec<Vec<Address>> = addresses
+        .chunks(ADDRESSES_PER_BALANCE_CALL)
+        .map(<[Address]>::to_vec)
+        .collect();
+    let chunks: Vec<Vec<U256>> = futures_util::stream::iter(chunks)
+        .map(|chunk| {
+            let provider = provider.clone();
+            async move { balances_of_chunk(&provider, &chunk, at).await }
+        })
+        .buffered(BALANCE_CALLS_IN_FLIGHT)
+        .try_collect()
+        .await?;
+    Ok(chunks.into_iter().flatten().collect())
+}
+
+/// Balance calls sent at once: a round at 10,000 watched addresses asks 20.
+const BALANCE_CALLS_IN_FLIGHT: usize = 8;
+
+/// One balance call: [`BALANCE_READER`] with `chunk` appended, at `at`.
+async fn balances_of_chunk(
+    provider: &RootProvider,
+    chunk: &[Address],
+    at: B256,
+) -> Result<Vec<U256>, ScanError> {
+    let mut code = BALANCE_READER.to_vec();
+    for address in chunk {
+        code.extend_from_slice(address.into_word().as_slice());
     }
-    Ok(balances)
+    let request = TransactionRequest::default().input(Bytes::from(code).into());
+    let answer = provider
+        .call(request)
+        .block(alloy::eips::BlockId::hash(at))
+        .await
+        .map_err(classify)?;
+    if answer.len() != chunk.len() * 32 {
+        return Err(ScanError::Fatal(format!(
+            "the balance reader answered {} bytes for {} addresses, not 32 each",
+            answer.len(),
+            chunk.len()
+        )));
+    }
+    Ok(answer.chunks_exact(32).map(U256::from_be_slice).collect())
 }
 
 /// Value a contract moved inside a transaction that succeeded, in a frame that succeeded under
