@@ -342,6 +342,26 @@ impl Side<'_> {
         })
     }
 
+    /// Books this transfer alone under `base`, opening no exception however often a reorg
+    /// makes it book again: money that is nobody's case (dust, the merchant's own).
+    fn book_quietly(
+        &self,
+        base: String,
+        entry: NewEntry,
+        steps: &mut Vec<Step>,
+        credited: &mut Vec<usize>,
+    ) {
+        steps.push(Step::Booking(Booking {
+            key: BookingKey::Next {
+                base,
+                rebooking_kind: None,
+            },
+            entry,
+            credits: vec![self.index],
+        }));
+        credited.push(self.index);
+    }
+
     /// Below its method's dust limit, and not the merchant's own fee top-up.
     fn is_dust(&self) -> bool {
         is_dust(self.policy, self.transfer) && !self.is_fee_top_up()
@@ -365,15 +385,7 @@ impl Side<'_> {
             SuspenseReason::Dust,
             Some(self.intent),
         );
-        steps.push(Step::Booking(Booking {
-            key: BookingKey::Next {
-                base,
-                rebooking_kind: None,
-            },
-            entry,
-            credits: vec![self.index],
-        }));
-        credited.push(self.index);
+        self.book_quietly(base, entry, steps, credited);
     }
 
     /// The native coin from one of the merchant's treasury addresses to an intent that asked
@@ -415,15 +427,7 @@ impl Side<'_> {
                 Posting::credit(Account::Treasury(method), crypto, units),
             ],
         };
-        steps.push(Step::Booking(Booking {
-            key: BookingKey::Next {
-                base,
-                rebooking_kind: None,
-            },
-            entry,
-            credits: vec![self.index],
-        }));
-        credited.push(self.index);
+        self.book_quietly(base, entry, steps, credited);
     }
 
     /// Another asset than the intent's: never credited as it, held once confirmed (a token

@@ -246,7 +246,7 @@ pub(crate) async fn holdings_at_cursor(
     network: Network,
 ) -> Result<(Option<u64>, Vec<HoldingRow>), StoreError> {
     let mut tx = pool.begin().await?;
-    if super::backend_of_conn(&mut tx) == super::Backend::Postgres {
+    if super::backend_of_conn(&tx) == super::Backend::Postgres {
         sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             .execute(&mut *tx)
             .await?;
