@@ -430,11 +430,38 @@ impl InternalWatch {
             .zip(balances(provider, &addresses, last.header.hash).await?)
             .collect();
         let whole = first.header.number..=last.header.number;
-        let doubted: Vec<Span> = addresses
-            .iter()
-            .map(|a| (*a, before[a], after[a]))
-            .filter(|(a, b, c)| !balances_agree(*b, *c, flows.explained(*a, whole.clone())))
-            .collect();
+        let unexplained_over_range =
+            |(before, after): (&HashMap<Address, U256>, &HashMap<Address, U256>)| {
+                addresses
+                    .iter()
+                    .map(|a| (*a, before[a], after[a]))
+                    .filter(|(a, b, c)| !balances_agree(*b, *c, flows.explained(*a, whole.clone())))
+                    .collect::<Vec<Span>>()
+            };
+        let mut after = after;
+        let mut doubted = unexplained_over_range((&before, &after));
+        if !doubted.is_empty() {
+            // A doubt is read again before anything is made of it: a node can answer a read at
+            // its newest block while that block's successor is being written (anvil does), and
+            // the balances the next round starts from must not carry such an answer either.
+            let again: Vec<Address> = doubted.iter().map(|(a, _, _)| *a).collect();
+            let mut before = before.clone();
+            for (address, balance) in again
+                .iter()
+                .copied()
+                .zip(balances(provider, &again, first.header.parent_hash).await?)
+            {
+                before.insert(address, balance);
+            }
+            for (address, balance) in again
+                .iter()
+                .copied()
+                .zip(balances(provider, &again, last.header.hash).await?)
+            {
+                after.insert(address, balance);
+            }
+            doubted = unexplained_over_range((&before, &after));
+        }
         let mut to_trace = locate(provider, &heights, flows, doubted).await?;
         // A receipt or outflow already recorded inside a call is traced again whatever the
         // balances say, so a rescan of its block finds it rather than taking it for gone.
