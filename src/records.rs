@@ -129,7 +129,8 @@ pub struct ExceptionRecord {
     /// Deterministic id: `<kind>:<intent or transfer>`.
     pub id: String,
     /// underpaid, overpaid, paid_late, wrong_asset, paid_after_settlement,
-    /// reorged_after_credit or unmatched.
+    /// reorged_after_credit, unmatched, unmatched_dust, unknown_token, unreadable_transaction or
+    /// unexplained_balance.
     pub kind: String,
     /// The intent concerned, if any.
     pub intent_id: Option<String>,
