@@ -82,5 +82,5 @@ async fn the_rules_and_the_dashboard_name_only_metrics_payrecon_serves() {
         &std::fs::read_to_string(deploy().join("grafana/payrecon.json")).unwrap(),
     )
     .unwrap();
-    assert_eq!(dashboard["panels"].as_array().unwrap().len(), 10);
+    assert_eq!(dashboard["panels"].as_array().unwrap().len(), 12);
 }
