@@ -876,30 +876,7 @@ pub async fn metrics_text(engine: &Engine) -> Result<String, Error> {
             .map(|((category, kind), n)| (format!("category=\"{category}\",kind=\"{kind}\""), n))
             .collect(),
     );
-    let checks = engine.holdings_checks().await?;
-    family(
-        &mut text,
-        "payrecon_holdings_check_unexplained",
-        "Balances the last holdings check found that no receipt explains, by network.",
-        "gauge",
-        checks
-            .iter()
-            .map(|c| (format!("network=\"{}\"", c.network), c.unexplained))
-            .collect(),
-    );
-    family(
-        &mut text,
-        "payrecon_holdings_check_timestamp_seconds",
-        "When the last holdings check ran, by network (Unix seconds).",
-        "gauge",
-        checks
-            .iter()
-            .map(|c| {
-                let at = u64::try_from(c.checked_at.timestamp()).unwrap_or(0);
-                (format!("network=\"{}\"", c.network), at)
-            })
-            .collect(),
-    );
+    holdings_check_families(&mut text, &engine.holdings_checks().await?);
     let (unvalued, oldest) = engine.unvalued_overdue().await?;
     family(
         &mut text,
@@ -1034,6 +1011,30 @@ fn watcher_families(text: &mut String, health: &[crate::records::WatcherHealth])
         "1 if the watcher's last round succeeded.",
         "gauge",
         per_network(&|h| u64::from(h.state == "running")),
+    );
+}
+
+/// The last holdings check's figures, one series per network.
+fn holdings_check_families(text: &mut String, checks: &[crate::records::HoldingsCheck]) {
+    let per_network = |value: &dyn Fn(&crate::records::HoldingsCheck) -> u64| {
+        checks
+            .iter()
+            .map(|c| (format!("network=\"{}\"", c.network), value(c)))
+            .collect::<Vec<_>>()
+    };
+    family(
+        text,
+        "payrecon_holdings_check_unexplained",
+        "Balances the last holdings check found that no receipt explains, by network.",
+        "gauge",
+        per_network(&|c| c.unexplained),
+    );
+    family(
+        text,
+        "payrecon_holdings_check_timestamp_seconds",
+        "When the last holdings check ran, by network (Unix seconds).",
+        "gauge",
+        per_network(&|c| u64::try_from(c.checked_at.timestamp()).unwrap_or(0)),
     );
 }
 

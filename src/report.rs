@@ -170,6 +170,16 @@ struct Sums {
     usd_cents: i128,
 }
 
+impl Sums {
+    /// A posting of `amount` to `suspense:<reason>` (a credit, negative, puts money there).
+    fn hold(&mut self, reason: SuspenseReason, amount: i128) {
+        self.held -= amount;
+        if reason == SuspenseReason::Dust {
+            self.dust -= amount;
+        }
+    }
+}
+
 /// The report's totals, returned to the caller once it is written.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ReportTotals {
@@ -283,12 +293,7 @@ pub(crate) async fn fold_period(store: &Store, query: &ReportQuery) -> Result<Fo
             (Account::Custody(_), _) => sums.booked += amount,
             (Account::Fx(_), Currency::Crypto(_)) => sums.credited -= amount,
             (Account::Fx(_), Currency::Usd) => sums.usd_cents += amount,
-            (Account::Suspense(reason), Currency::Crypto(_)) => {
-                sums.held -= amount;
-                if *reason == SuspenseReason::Dust {
-                    sums.dust -= amount;
-                }
-            }
+            (Account::Suspense(reason), Currency::Crypto(_)) => sums.hold(*reason, amount),
             (Account::Treasury(_), Currency::Crypto(_)) => sums.own_funds -= amount,
             _ => {}
         }

@@ -329,23 +329,8 @@ pub(crate) fn holdings_view(
     let mut key_totals: BTreeMap<(String, String, String), (u128, u64)> = BTreeMap::new();
     let mut held = Vec::new();
     let mut overdrawn = Vec::new();
-    let mut unknown: BTreeMap<(String, String), (u128, u64)> = BTreeMap::new();
+    let (unknown_tokens, rows) = unknown_tokens(rows);
     for row in rows {
-        if let Some(contract) = row.asset.strip_prefix("token:").filter(|contract| {
-            payrecon_chain_core::ReceivedAsset::OtherToken {
-                contract: (*contract).to_owned(),
-            }
-            .is_unknown_token()
-        }) {
-            let token = unknown
-                .entry((row.network.clone(), contract.to_owned()))
-                .or_default();
-            token.0 = token
-                .0
-                .saturating_add(u128::try_from(row.amount).unwrap_or(0));
-            token.1 += 1;
-            continue;
-        }
         if row.amount < 0 {
             let mut shown = holding(0, row.clone(), keys);
             shown.amount = row.amount.to_string();
@@ -426,16 +411,44 @@ pub(crate) fn holdings_view(
         address_count,
         next_offset,
         overdrawn,
-        unknown_tokens: unknown
-            .into_iter()
-            .map(|((network, contract), (amount, addresses))| UnknownToken {
-                network,
-                contract,
-                addresses,
-                amount: amount.to_string(),
-            })
-            .collect(),
+        unknown_tokens,
     })
+}
+
+/// The rows of tokens payrecon does not accept, one total per contract, and the other rows.
+fn unknown_tokens(rows: Vec<HoldingRow>) -> (Vec<UnknownToken>, Vec<HoldingRow>) {
+    let mut unknown: BTreeMap<(String, String), (u128, u64)> = BTreeMap::new();
+    let mut rest = Vec::with_capacity(rows.len());
+    for row in rows {
+        let contract = row.asset.strip_prefix("token:").filter(|contract| {
+            payrecon_chain_core::ReceivedAsset::OtherToken {
+                contract: (*contract).to_owned(),
+            }
+            .is_unknown_token()
+        });
+        match contract {
+            Some(contract) => {
+                let token = unknown
+                    .entry((row.network.clone(), contract.to_owned()))
+                    .or_default();
+                token.0 = token
+                    .0
+                    .saturating_add(u128::try_from(row.amount).unwrap_or(0));
+                token.1 += 1;
+            }
+            None => rest.push(row),
+        }
+    }
+    let unknown = unknown
+        .into_iter()
+        .map(|((network, contract), (amount, addresses))| UnknownToken {
+            network,
+            contract,
+            addresses,
+            amount: amount.to_string(),
+        })
+        .collect();
+    (unknown, rest)
 }
 
 /// Each derived-key network's keys.

@@ -1461,6 +1461,24 @@ async fn ethereum(
         checkpoints: Vec::new(),
     };
     let settings = EthereumSettings::new(url, chain_id, token.parse()?, token.parse()?);
+    ethereum_costs(
+        &settings,
+        &watched,
+        &cursor,
+        (blocks, transfers_per_block * 2),
+    )
+    .await
+}
+
+/// The Ethereum scanner over the same blocks and watch set with each part on and off: the
+/// scan's own figures, then what outflow tracking and the internal-transfer check cost.
+async fn ethereum_costs(
+    settings: &payrecon_chain_ethereum::EthereumSettings,
+    watched: &[String],
+    cursor: &ChainCursor,
+    (blocks, per_block): (usize, usize),
+) -> anyhow::Result<Vec<BenchLine>> {
+    let addresses = watched.len();
     // What each part of a scan costs: the same blocks and watch set scanned without outflow
     // tracking or the internal-transfer check, with outflows, and with both; once as one
     // catch-up scan of every block, once as rounds of one block each (a watcher at the head).
@@ -1469,10 +1487,10 @@ async fn ethereum(
     let mut last = None;
     for (median, (outflows, internal)) in catch_up.iter_mut().zip(variants) {
         let (batch, elapsed) = ethereum_median(
-            &settings,
+            settings,
             (outflows, internal),
-            &watched,
-            &cursor,
+            watched,
+            cursor,
             blocks,
             blocks,
         )
@@ -1483,17 +1501,11 @@ async fn ethereum(
     let batch = last.context("a scan ran")?;
     let mut rounds = [Duration::ZERO; 2];
     for (median, internal) in rounds.iter_mut().zip([false, true]) {
-        *median = ethereum_median(&settings, (true, internal), &watched, &cursor, blocks, 1)
+        *median = ethereum_median(settings, (true, internal), watched, cursor, blocks, 1)
             .await?
             .1;
     }
-    let mut lines = scan_lines(
-        addresses,
-        blocks,
-        transfers_per_block * 2,
-        &batch,
-        catch_up[2],
-    );
+    let mut lines = scan_lines(addresses, blocks, per_block, &batch, catch_up[2]);
     let median_of = |workload: String, elapsed: Duration| {
         let mut shown = line(&workload, blocks, elapsed);
         shown.note = Some("median of 3".into());

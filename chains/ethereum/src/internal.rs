@@ -370,6 +370,98 @@ impl NativeFlows {
     }
 }
 
+/// What one scan attributes internal moves with: the watched addresses, what the blocks' own
+/// transactions explain, and whether outflows are followed.
+pub struct Found<'a> {
+    /// The watched addresses.
+    pub watched: &'a KeyIndex<Address>,
+    /// What the scanned blocks' own transactions explain.
+    pub flows: &'a NativeFlows,
+    /// Whether internal moves out of watched addresses are reported as outflows.
+    pub track_outflows: bool,
+}
+
+impl Found<'_> {
+    /// Adds each move to or from a watched address to `range` as a receipt or an outflow of
+    /// `height`; returns what moved in and out of each watched address.
+    fn push_moves(
+        &self,
+        moves: Vec<InternalMove>,
+        height: u64,
+        range: &mut BlockRange,
+    ) -> Result<HashMap<Address, (U256, U256)>, ScanError> {
+        let eth = ReceivedAsset::Method {
+            method: Method::Eth,
+        };
+        let mut inside: HashMap<Address, (U256, U256)> = HashMap::new();
+        for found in moves {
+            let position = TransferId::internal_position(found.ordinal).ok_or_else(|| {
+                ScanError::Fatal(format!("{} has too many internal calls", found.tx))
+            })?;
+            let id = TransferId {
+                network: Network::Ethereum,
+                txid: found.tx.to_string(),
+                position,
+            };
+            let amount = base_units(found.value, "internal ETH value")?;
+            if let Some(key) = self.watched.get(&found.to) {
+                inside.entry(found.to).or_default().0 += found.value;
+                let transfer = Transfer {
+                    id: id.clone(),
+                    to_address: key.to_string(),
+                    asset: eth.clone(),
+                    amount,
+                    from_address: Some(found.from.to_checksum(None)),
+                };
+                range.push_transfer(transfer, height)?;
+            }
+            if let Some(key) = self.watched.get(&found.from) {
+                inside.entry(found.from).or_default().1 += found.value;
+                if self.track_outflows {
+                    let outflow = Outflow {
+                        id,
+                        spends: None,
+                        from_address: key.to_string(),
+                        asset: eth.clone(),
+                        amount,
+                        fee: Amount::ZERO,
+                        to_address: Some(found.to.to_checksum(None)),
+                    };
+                    range.push_outflow(outflow, height)?;
+                }
+            }
+        }
+        Ok(inside)
+    }
+
+    /// The balance change of `span` in `block` beyond what `explained` (in, out) accounts for.
+    fn unexplained(
+        &self,
+        (address, before, after): Span,
+        (arrived, left): (U256, U256),
+        block: &BlockId,
+        reason: &str,
+    ) -> Result<Unexplained, ScanError> {
+        let (gained, kept) = (before + arrived, after + left);
+        let (came, amount) = if kept > gained {
+            (true, kept - gained)
+        } else {
+            (false, gained - kept)
+        };
+        Ok(Unexplained {
+            address: self
+                .watched
+                .get(&address)
+                .map_or_else(|| address.to_string(), |key| key.to_string()),
+            method: Method::Eth,
+            block: block.clone(),
+            arrived: came,
+            amount: base_units(amount, "unexplained balance")?,
+            reason: excerpt(reason).into_owned(),
+        })
+    }
+}
+
 /// A watched address's balance before and after some blocks.
 type Span = (Address, U256, U256);
 
@@ -394,20 +486,18 @@ impl InternalWatch {
         self.last = None;
     }
 
-    /// Finds the internal receipts (and, with `track_outflows`, internal outflows) of the
+    /// Finds the internal receipts (and, when `found` says so, internal outflows) of the
     /// scan's `blocks` and adds them to `range`; balance changes that no transaction explains
-    /// become [`Unexplained`]. `flows` is what the blocks' own transactions explain.
-    #[allow(clippy::too_many_arguments)]
+    /// become [`Unexplained`].
     pub async fn scan(
         &mut self,
         provider: &RootProvider,
         blocks: &[Block],
-        watched: &KeyIndex<Address>,
-        flows: &NativeFlows,
         view: &WatchView,
-        track_outflows: bool,
+        found: &Found<'_>,
         range: &mut BlockRange,
     ) -> Result<(), ScanError> {
+        let (watched, flows) = (found.watched, found.flows);
         let (Some(first), Some(last)) = (blocks.first(), blocks.last()) else {
             return Ok(());
         };
@@ -421,47 +511,9 @@ impl InternalWatch {
             .iter()
             .map(|b| (b.header.number, b.header.hash))
             .collect();
-        let before = self
-            .balances_at(provider, &addresses, first.header.parent_hash)
+        let (doubted, after) = self
+            .doubted(provider, &addresses, (first, last), flows)
             .await?;
-        let after: HashMap<Address, U256> = addresses
-            .iter()
-            .copied()
-            .zip(balances(provider, &addresses, last.header.hash).await?)
-            .collect();
-        let whole = first.header.number..=last.header.number;
-        let unexplained_over_range =
-            |(before, after): (&HashMap<Address, U256>, &HashMap<Address, U256>)| {
-                addresses
-                    .iter()
-                    .map(|a| (*a, before[a], after[a]))
-                    .filter(|(a, b, c)| !balances_agree(*b, *c, flows.explained(*a, whole.clone())))
-                    .collect::<Vec<Span>>()
-            };
-        let mut after = after;
-        let mut doubted = unexplained_over_range((&before, &after));
-        if !doubted.is_empty() {
-            // A doubt is read again before anything is made of it: a node can answer a read at
-            // its newest block while that block's successor is being written (anvil does), and
-            // the balances the next round starts from must not carry such an answer either.
-            let again: Vec<Address> = doubted.iter().map(|(a, _, _)| *a).collect();
-            let mut before = before.clone();
-            for (address, balance) in again
-                .iter()
-                .copied()
-                .zip(balances(provider, &again, first.header.parent_hash).await?)
-            {
-                before.insert(address, balance);
-            }
-            for (address, balance) in again
-                .iter()
-                .copied()
-                .zip(balances(provider, &again, last.header.hash).await?)
-            {
-                after.insert(address, balance);
-            }
-            doubted = unexplained_over_range((&before, &after));
-        }
         let mut to_trace = locate(provider, &heights, flows, doubted).await?;
         // A receipt or outflow already recorded inside a call is traced again whatever the
         // balances say, so a rescan of its block finds it rather than taking it for gone.
@@ -477,110 +529,106 @@ impl InternalWatch {
                     .map(|k| k.block_height),
             );
         for height in known_heights {
-            if whole.contains(&height) {
+            if (first.header.number..=last.header.number).contains(&height) {
                 let index = usize::try_from(height - first.header.number).unwrap_or(usize::MAX);
                 to_trace.entry(index).or_default();
             }
         }
         for (index, spans) in to_trace {
-            let (height, hash) = heights[index];
-            let block = BlockId {
-                height,
-                hash: hash.to_string(),
-            };
-            let unexplained = |(address, before, after): Span, (arrived, left), reason: &str| {
-                let (gained, lost) = (before + arrived, after + left);
-                let (came, amount) = if after + left > before + arrived {
-                    (true, after + left - gained)
-                } else {
-                    (false, gained - lost)
-                };
-                Ok::<_, ScanError>(Unexplained {
-                    address: watched
-                        .get(&address)
-                        .map_or_else(|| address.to_string(), |key| key.to_string()),
-                    method: Method::Eth,
-                    block: block.clone(),
-                    arrived: came,
-                    amount: base_units(amount, "unexplained balance")?,
-                    reason: excerpt(reason).into_owned(),
-                })
-            };
-            let moves = match trace_block(provider, height, hash, self.tracer).await? {
-                Ok((moves, tracer)) => {
-                    self.tracer = Some(tracer);
-                    moves
-                }
-                Err(NoTraces(why)) => {
-                    for span in spans {
-                        let explained = flows.explained(span.0, height..=height);
-                        range.push_unexplained(unexplained(
-                            span,
-                            explained,
-                            &format!(
-                                "ETH moved inside a call, and the node serves no traces to say                                  which ({why})"
-                            ),
-                        )?);
-                    }
-                    continue;
-                }
-            };
-            let mut internal: HashMap<Address, (U256, U256)> = HashMap::new();
-            for found in moves {
-                let position = TransferId::internal_position(found.ordinal).ok_or_else(|| {
-                    ScanError::Fatal(format!("{} has too many internal calls", found.tx))
-                })?;
-                let id = TransferId {
-                    network: Network::Ethereum,
-                    txid: found.tx.to_string(),
-                    position,
-                };
-                let amount = base_units(found.value, "internal ETH value")?;
-                if let Some(key) = watched.get(&found.to) {
-                    internal.entry(found.to).or_default().0 += found.value;
-                    let transfer = Transfer {
-                        id: id.clone(),
-                        to_address: key.to_string(),
-                        asset: ReceivedAsset::Method {
-                            method: Method::Eth,
-                        },
-                        amount,
-                        from_address: Some(found.from.to_checksum(None)),
-                    };
-                    range.push_transfer(transfer, height)?;
-                }
-                if let Some(key) = watched.get(&found.from) {
-                    internal.entry(found.from).or_default().1 += found.value;
-                    if track_outflows {
-                        let outflow = Outflow {
-                            id,
-                            spends: None,
-                            from_address: key.to_string(),
-                            asset: ReceivedAsset::Method {
-                                method: Method::Eth,
-                            },
-                            amount,
-                            fee: Amount::ZERO,
-                            to_address: Some(found.to.to_checksum(None)),
-                        };
-                        range.push_outflow(outflow, height)?;
-                    }
-                }
-            }
-            for span in spans {
-                let (arrived, left) = flows.explained(span.0, height..=height);
-                let (inside_in, inside_out) = internal.get(&span.0).copied().unwrap_or_default();
-                let explained = (arrived + inside_in, left + inside_out);
-                if !balances_agree(span.1, span.2, explained) {
-                    range.push_unexplained(unexplained(
-                        span,
-                        explained,
-                        "no transaction of the block explains it: a validator withdrawal, a                          block's fees, or a self-destruct's refund",
-                    )?);
-                }
-            }
+            self.attribute(provider, heights[index], spans, found, range)
+                .await?;
         }
         self.last = Some((last.header.hash, after));
+        Ok(())
+    }
+
+    /// The addresses whose balance moved over `first..=last` otherwise than `flows` explain,
+    /// each with its balances before and after, and every address's balance after.
+    async fn doubted(
+        &mut self,
+        provider: &RootProvider,
+        addresses: &[Address],
+        (first, last): (&Block, &Block),
+        flows: &NativeFlows,
+    ) -> Result<(Vec<Span>, HashMap<Address, U256>), ScanError> {
+        let mut before = self
+            .balances_at(provider, addresses, first.header.parent_hash)
+            .await?;
+        let mut after: HashMap<Address, U256> = addresses
+            .iter()
+            .copied()
+            .zip(balances(provider, addresses, last.header.hash).await?)
+            .collect();
+        let whole = first.header.number..=last.header.number;
+        let unexplained = |before: &HashMap<Address, U256>, after: &HashMap<Address, U256>| {
+            addresses
+                .iter()
+                .map(|a| (*a, before[a], after[a]))
+                .filter(|(a, b, c)| !balances_agree(*b, *c, flows.explained(*a, whole.clone())))
+                .collect::<Vec<Span>>()
+        };
+        let doubted = unexplained(&before, &after);
+        if doubted.is_empty() {
+            return Ok((doubted, after));
+        }
+        // A doubt is read again before anything is made of it: a node can answer a read at its
+        // newest block while that block's successor is being written (anvil does), and the
+        // balances the next round starts from must not carry such an answer either.
+        let again: Vec<Address> = doubted.iter().map(|(a, _, _)| *a).collect();
+        for (at, read) in [
+            (first.header.parent_hash, &mut before),
+            (last.header.hash, &mut after),
+        ] {
+            read.extend(
+                again
+                    .iter()
+                    .copied()
+                    .zip(balances(provider, &again, at).await?),
+            );
+        }
+        Ok((unexplained(&before, &after), after))
+    }
+
+    /// Traces the block `(height, hash)` and adds the internal moves of watched addresses to
+    /// `range`; what its trace leaves unexplained of `spans` (the doubted addresses' balances
+    /// before and after it) becomes [`Unexplained`].
+    async fn attribute(
+        &mut self,
+        provider: &RootProvider,
+        (height, hash): (u64, B256),
+        spans: Vec<Span>,
+        found: &Found<'_>,
+        range: &mut BlockRange,
+    ) -> Result<(), ScanError> {
+        let block = BlockId {
+            height,
+            hash: hash.to_string(),
+        };
+        let (moves, why) = match trace_block(provider, height, hash, self.tracer).await? {
+            Ok((moves, tracer)) => {
+                self.tracer = Some(tracer);
+                (moves, None)
+            }
+            Err(NoTraces(why)) => (Vec::new(), Some(why)),
+        };
+        let inside = found.push_moves(moves, height, range)?;
+        for span in spans {
+            let (arrived, left) = found.flows.explained(span.0, height..=height);
+            let (inside_in, inside_out) = inside.get(&span.0).copied().unwrap_or_default();
+            let explained = (arrived + inside_in, left + inside_out);
+            if balances_agree(span.1, span.2, explained) {
+                continue;
+            }
+            let reason = match &why {
+                Some(why) => format!(
+                    "ETH moved inside a call, and the node serves no traces to say which ({why})"
+                ),
+                None => "no transaction of the block explains it: a validator withdrawal, a \
+                         block's fees, or a self-destruct's refund"
+                    .to_owned(),
+            };
+            range.push_unexplained(found.unexplained(span, explained, &block, &reason)?);
+        }
         Ok(())
     }
 

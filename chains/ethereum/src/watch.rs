@@ -34,7 +34,7 @@ use payrecon_chain_core::{
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::consistency::{self, WatchedBits};
-use crate::internal::{InternalWatch, NativeFlows};
+use crate::internal::{Found, InternalWatch, NativeFlows};
 use crate::transport::{CappedHttp, MAX_RETRY_AFTER};
 
 /// `keccak256("Transfer(address,address,uint256)")`, topic 0 of every ERC-20 transfer.
@@ -427,81 +427,28 @@ impl ChainScanner for EthereumScanner {
             }
             let addresses: Vec<Address> = watched.iter().map(|(address, _)| *address).collect();
             let logs = token_logs(&provider, settings, &addresses, from, to).await?;
-            let bits = WatchedBits::new(&addresses);
+            let reader = BlockReader {
+                provider: &provider,
+                settings,
+                watched,
+                bits: WatchedBits::new(&addresses),
+            };
             let mut flows = NativeFlows::default();
             for block in &fetched {
-                let height = block.header.number;
-                let answered: Vec<&Log> = logs
-                    .iter()
-                    .filter(|log| log.block_number == Some(height))
-                    .collect();
-                for log in &answered {
-                    same_block(&range, log, height)?;
-                    consistency::check_in_bloom(log, &block.header.logs_bloom, height)?;
-                }
-                let (received, sent) = top_level(block, watched, settings.outflows);
-                let doubted = bits.unexplained(&block.header.logs_bloom, &answered);
-                let receipts = if received.is_empty() && sent.is_empty() && doubted.is_none() {
-                    None
-                } else {
-                    Some(
-                        consistency::verified_receipts(&provider, block)
-                            .await
-                            .inspect_err(|e| {
-                                self.incomplete_answers += u64::from(e.is_incomplete())
-                            })?,
-                    )
-                };
-                let block_logs: Vec<&Log> = match (&receipts, doubted) {
-                    // The receipts are the block whole: what the log query left out is in them.
-                    (Some(receipts), Some(address)) => {
-                        let whole: Vec<&Log> = receipts.iter().flat_map(|r| r.logs()).collect();
-                        if count_found(settings, &whole, watched)?
-                            > count_found(settings, &answered, watched)?
-                        {
-                            self.incomplete_answers += 1;
-                            tracing::warn!(
-                                block = height,
-                                %address,
-                                "the node's log query left out transfers its block's receipts hold"
-                            );
-                        }
-                        whole
-                    }
-                    _ => answered,
-                };
-                for log in block_logs {
-                    if let Some((transfer, height)) = settings.token_transfer(log, watched)? {
-                        range.push_transfer(transfer, height)?;
-                    }
-                    if settings.outflows
-                        && let Some((outflow, height)) = settings.token_outflow(log, watched)?
-                    {
-                        range.push_outflow(outflow, height)?;
-                    }
-                }
-                let (transfers, outflows) =
-                    native_movements(block, received, sent, receipts.as_deref())?;
-                for transfer in transfers {
-                    flows.receive(height, &transfer.to_address, transfer.amount);
-                    range.push_transfer(transfer, height)?;
-                }
-                for outflow in outflows {
-                    flows.send(height, &outflow.from_address, outflow.amount, outflow.fee);
-                    range.push_outflow(outflow, height)?;
-                }
+                let healed = reader
+                    .read(block, &logs, &mut range, &mut flows)
+                    .await
+                    .inspect_err(|e| self.incomplete_answers += u64::from(e.is_incomplete()))?;
+                self.incomplete_answers += u64::from(healed);
             }
             if settings.internal_transfers {
+                let found = Found {
+                    watched,
+                    flows: &flows,
+                    track_outflows: settings.outflows,
+                };
                 self.internal
-                    .scan(
-                        &provider,
-                        &fetched,
-                        watched,
-                        &flows,
-                        view,
-                        settings.outflows,
-                        &mut range,
-                    )
+                    .scan(&provider, &fetched, view, &found, &mut range)
                     .await?;
             }
         }
@@ -747,6 +694,84 @@ fn same_block(range: &BlockRange, log: &Log, height: u64) -> Result<(), ScanErro
         )));
     }
     Ok(())
+}
+
+/// What a scan reads each block of its range with.
+struct BlockReader<'a> {
+    provider: &'a RootProvider,
+    settings: &'a EthereumSettings,
+    watched: &'a KeyIndex<Address>,
+    bits: WatchedBits,
+}
+
+impl BlockReader<'_> {
+    /// One block of the range into `range` and `flows`: its token transfers (from `logs`, the
+    /// range's log answer, or from the block's receipts when its bloom doubts that answer), and
+    /// the ETH its transactions paid watched addresses or cost them. Returns whether the log
+    /// answer had left out what the receipts hold.
+    async fn read(
+        &self,
+        block: &Block,
+        logs: &[Log],
+        range: &mut BlockRange,
+        flows: &mut NativeFlows,
+    ) -> Result<bool, ScanError> {
+        let (settings, watched) = (self.settings, self.watched);
+        let height = block.header.number;
+        let answered: Vec<&Log> = logs
+            .iter()
+            .filter(|log| log.block_number == Some(height))
+            .collect();
+        for log in &answered {
+            same_block(range, log, height)?;
+            consistency::check_in_bloom(log, &block.header.logs_bloom, height)?;
+        }
+        let (received, sent) = top_level(block, watched, settings.outflows);
+        let doubted = self.bits.unexplained(&block.header.logs_bloom, &answered);
+        let receipts = if received.is_empty() && sent.is_empty() && doubted.is_none() {
+            None
+        } else {
+            Some(consistency::verified_receipts(self.provider, block).await?)
+        };
+        let mut healed = false;
+        let block_logs: Vec<&Log> = match (&receipts, doubted) {
+            // The receipts are the block whole: what the log query left out is in them.
+            (Some(receipts), Some(address)) => {
+                let whole: Vec<&Log> = receipts.iter().flat_map(|r| r.logs()).collect();
+                healed = count_found(settings, &whole, watched)?
+                    > count_found(settings, &answered, watched)?;
+                if healed {
+                    tracing::warn!(
+                        block = height,
+                        %address,
+                        "the node's log query left out transfers its block's receipts hold"
+                    );
+                }
+                whole
+            }
+            _ => answered,
+        };
+        for log in block_logs {
+            if let Some((transfer, height)) = settings.token_transfer(log, watched)? {
+                range.push_transfer(transfer, height)?;
+            }
+            if settings.outflows
+                && let Some((outflow, height)) = settings.token_outflow(log, watched)?
+            {
+                range.push_outflow(outflow, height)?;
+            }
+        }
+        let (transfers, outflows) = native_movements(block, received, sent, receipts.as_deref())?;
+        for transfer in transfers {
+            flows.receive(height, &transfer.to_address, transfer.amount);
+            range.push_transfer(transfer, height)?;
+        }
+        for outflow in outflows {
+            flows.send(height, &outflow.from_address, outflow.amount, outflow.fee);
+            range.push_outflow(outflow, height)?;
+        }
+        Ok(healed)
+    }
 }
 
 /// The `Transfer` logs of `from..=to` that concern watched addresses: to any of them, of any
