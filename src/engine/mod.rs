@@ -10,6 +10,8 @@ mod shop;
 mod wallet;
 mod watchers;
 
+pub(crate) use watchers::open_unexplained;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 

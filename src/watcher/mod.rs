@@ -8,6 +8,7 @@
 //! or stored.
 
 mod ahead;
+mod holdings;
 mod view;
 
 use std::sync::{Arc, Mutex};
