@@ -86,6 +86,12 @@ pub async fn balances(
     Ok(chunks.into_iter().flatten().collect())
 }
 
+/// Reads of a doubted balance at most, each after [`DOUBT_PAUSE`], until two agree.
+const DOUBT_READS: usize = 3;
+
+/// The pause before a doubted balance is read again.
+const DOUBT_PAUSE: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// Balance calls sent at once: a round at 10,000 watched addresses asks 20.
 const BALANCE_CALLS_IN_FLIGHT: usize = 8;
 
@@ -571,20 +577,26 @@ impl InternalWatch {
         if doubted.is_empty() {
             return Ok((doubted, after));
         }
-        // A doubt is read again before anything is made of it: a node can answer a read at its
-        // newest block while that block's successor is being written (anvil does), and the
-        // balances the next round starts from must not carry such an answer either.
+        // A doubt is read again before anything is made of it, a moment later, until two reads
+        // agree: a node can answer a read at its newest block with the state of the block being
+        // written after it (anvil does, while it mines), and the balances the next round starts
+        // from must not carry such an answer either.
         let again: Vec<Address> = doubted.iter().map(|(a, _, _)| *a).collect();
         for (at, read) in [
             (first.header.parent_hash, &mut before),
             (last.header.hash, &mut after),
         ] {
-            read.extend(
-                again
-                    .iter()
-                    .copied()
-                    .zip(balances(provider, &again, at).await?),
-            );
+            let mut previous: Vec<U256> = again.iter().map(|a| read[a]).collect();
+            for _ in 0..DOUBT_READS {
+                tokio::time::sleep(DOUBT_PAUSE).await;
+                let current = balances(provider, &again, at).await?;
+                let settled = current == previous;
+                previous = current;
+                if settled {
+                    break;
+                }
+            }
+            read.extend(again.iter().copied().zip(previous));
         }
         Ok((unexplained(&before, &after), after))
     }
