@@ -954,10 +954,7 @@ pub async fn metrics_text(engine: &Engine) -> Result<String, Error> {
 /// The watchers' figures, one series per network.
 fn watcher_families(text: &mut String, health: &[crate::records::WatcherHealth]) {
     let per_network = |value: &dyn Fn(&crate::records::WatcherHealth) -> u64| {
-        health
-            .iter()
-            .map(|h| (format!("network=\"{}\"", h.network), value(h)))
-            .collect::<Vec<_>>()
+        network_samples(health, |h| &h.network, value)
     };
     family(
         text,
@@ -1017,10 +1014,7 @@ fn watcher_families(text: &mut String, health: &[crate::records::WatcherHealth])
 /// The last holdings check's figures, one series per network.
 fn holdings_check_families(text: &mut String, checks: &[crate::records::HoldingsCheck]) {
     let per_network = |value: &dyn Fn(&crate::records::HoldingsCheck) -> u64| {
-        checks
-            .iter()
-            .map(|c| (format!("network=\"{}\"", c.network), value(c)))
-            .collect::<Vec<_>>()
+        network_samples(checks, |c| &c.network, value)
     };
     family(
         text,
@@ -1036,6 +1030,17 @@ fn holdings_check_families(text: &mut String, checks: &[crate::records::Holdings
         "gauge",
         per_network(&|c| u64::try_from(c.checked_at.timestamp()).unwrap_or(0)),
     );
+}
+
+/// One sample per row, labelled with the row's network.
+fn network_samples<T>(
+    rows: &[T],
+    network: impl Fn(&T) -> &str,
+    value: &dyn Fn(&T) -> u64,
+) -> Vec<(String, u64)> {
+    rows.iter()
+        .map(|row| (format!("network=\"{}\"", network(row)), value(row)))
+        .collect()
 }
 
 /// One metric family: its help, its type, then its samples.

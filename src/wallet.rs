@@ -9,7 +9,9 @@
 use std::collections::BTreeMap;
 
 use payrecon_chain_bitcoin::{KeyOrigin, UtxoNetwork, WalletDescriptors, descriptors, origin_text};
-use payrecon_chain_core::{AccountXpub, Amount, DeriveError, Method, Network, SweepFees};
+use payrecon_chain_core::{
+    AccountXpub, Amount, DeriveError, Method, Network, ReceivedAsset, SweepFees,
+};
 use serde::Serialize;
 
 use crate::keys::{KeyState, NetworkKeys};
@@ -420,23 +422,18 @@ fn unknown_tokens(rows: Vec<HoldingRow>) -> (Vec<UnknownToken>, Vec<HoldingRow>)
     let mut unknown: BTreeMap<(String, String), (u128, u64)> = BTreeMap::new();
     let mut rest = Vec::with_capacity(rows.len());
     for row in rows {
-        let contract = row.asset.strip_prefix("token:").filter(|contract| {
-            payrecon_chain_core::ReceivedAsset::OtherToken {
-                contract: (*contract).to_owned(),
-            }
-            .is_unknown_token()
-        });
-        match contract {
-            Some(contract) => {
-                let token = unknown
-                    .entry((row.network.clone(), contract.to_owned()))
-                    .or_default();
+        let asset = crate::store::payments::parse_asset(&row.asset)
+            .ok()
+            .filter(ReceivedAsset::is_unknown_token);
+        match asset {
+            Some(ReceivedAsset::OtherToken { contract }) => {
+                let token = unknown.entry((row.network.clone(), contract)).or_default();
                 token.0 = token
                     .0
                     .saturating_add(u128::try_from(row.amount).unwrap_or(0));
                 token.1 += 1;
             }
-            None => rest.push(row),
+            _ => rest.push(row),
         }
     }
     let unknown = unknown

@@ -18,7 +18,7 @@ use crate::store;
 use crate::store::feed::{ChangedIntents, LivePosition};
 use crate::store::{feed, payments};
 use chrono::{DateTime, Utc};
-use payrecon_chain_core::{Method, ReceivedAsset};
+use payrecon_chain_core::Method;
 use std::sync::Arc;
 
 impl Engine {
@@ -156,10 +156,7 @@ impl Engine {
         drop(conn);
         let policy = &self.payment_settings().policy;
         // Dust is nobody's payment: the customer never reads of it.
-        transfers.retain(|t| match &t.asset {
-            ReceivedAsset::Method { method } => !policy.is_dust(*method, t.amount),
-            ReceivedAsset::OtherToken { .. } => true,
-        });
+        transfers.retain(|t| !policy.is_dust(t));
         let required = policy
             .confirmations
             .get(&intent.network())

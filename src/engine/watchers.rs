@@ -304,12 +304,15 @@ pub(crate) async fn open_unexplained(
     now: DateTime<Utc>,
     per_block: bool,
 ) -> Result<(), Error> {
+    let addresses: Vec<&str> = unexplained.iter().map(|u| u.address.as_str()).collect();
+    let intents = payments::intents_by_watch_keys(conn, network, &addresses).await?;
+    let intents: std::collections::HashMap<&str, &crate::intent::PaymentIntent> = intents
+        .iter()
+        .map(|intent| (intent.watch_key.as_str(), intent))
+        .collect();
     for item in unexplained {
-        let intent = match payments::intent_id_by_watch_key(conn, network, &item.address).await? {
-            Some(id) => payments::get_intent(conn, &id).await?,
-            None => None,
-        };
-        let place = match &intent {
+        let intent = intents.get(item.address.as_str()).copied();
+        let place = match intent {
             Some(intent) => format!(
                 "index {} of key {} (intent {} of order {})",
                 intent.derivation_index, intent.key_id, intent.id, intent.order_ref
@@ -330,8 +333,8 @@ pub(crate) async fn open_unexplained(
                 )
             },
             kind: "unexplained_balance".into(),
-            intent_id: intent.as_ref().map(|i| i.id.clone()),
-            order_ref: intent.as_ref().map(|i| i.order_ref.to_string()),
+            intent_id: intent.map(|i| i.id.clone()),
+            order_ref: intent.map(|i| i.order_ref.to_string()),
             transfer: None,
             detail: format!(
                 "{} {} {direction} {} ({place}) in block {} ({}), and {}. \

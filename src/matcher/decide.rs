@@ -134,7 +134,7 @@ pub fn decide(
 
     let good: Vec<usize> = (0..transfers.len())
         .filter(|i| !transfers[*i].removed && transfers[*i].asset == own)
-        .filter(|i| !is_dust(policy, &transfers[*i]))
+        .filter(|i| !policy.is_dust(&transfers[*i]))
         .collect();
     decision.intent.first_seen_at = good
         .iter()
@@ -364,7 +364,7 @@ impl Side<'_> {
 
     /// Below its method's dust limit, and not the merchant's own fee top-up.
     fn is_dust(&self) -> bool {
-        is_dust(self.policy, self.transfer) && !self.is_fee_top_up()
+        self.policy.is_dust(self.transfer) && !self.is_fee_top_up()
     }
 
     /// Dust is no payment: it never counts toward the intent, opens no exception and sends no
@@ -609,14 +609,6 @@ pub(super) fn hold_entry(
             Posting::debit(Account::Custody(method), crypto, units),
             Posting::credit(Account::Suspense(reason), crypto, units),
         ],
-    }
-}
-
-/// Whether a transfer is of one of the shop's methods and below that method's dust limit.
-fn is_dust(policy: &MatchPolicy, transfer: &StoredTransfer) -> bool {
-    match &transfer.asset {
-        ReceivedAsset::Method { method } => policy.is_dust(*method, transfer.amount),
-        ReceivedAsset::OtherToken { .. } => false,
     }
 }
 

@@ -31,7 +31,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 
 use chrono::{DateTime, Utc};
-use payrecon_chain_core::{Amount, ChainEvent, Method, Network, TransferId};
+use payrecon_chain_core::{Amount, ChainEvent, Method, Network, ReceivedAsset, TransferId};
 use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
@@ -152,9 +152,15 @@ impl MatchPolicy {
             .is_some_and(|own| own.contains(address))
     }
 
-    /// Whether `amount` of `method` to no payment instructions is dust.
-    pub(crate) fn is_dust(&self, method: Method, amount: Amount) -> bool {
-        self.dust.get(&method).is_some_and(|limit| amount < *limit)
+    /// Whether a receipt is dust: of one of the shop's methods, below that method's limit.
+    pub(crate) fn is_dust(&self, transfer: &StoredTransfer) -> bool {
+        match &transfer.asset {
+            ReceivedAsset::Method { method } => self
+                .dust
+                .get(method)
+                .is_some_and(|limit| transfer.amount < *limit),
+            ReceivedAsset::OtherToken { .. } => false,
+        }
     }
 
     fn required(&self, network: Network, usd: Usd) -> u32 {

@@ -184,10 +184,7 @@ async fn account_unmatched<S: MatchStore>(
     if transfer.asset.is_unknown_token() {
         return open_unknown_token_exception(store, &transfer, now).await;
     }
-    let dust = match &transfer.asset {
-        ReceivedAsset::Method { method } => policy.is_dust(*method, transfer.amount),
-        ReceivedAsset::OtherToken { .. } => false,
-    };
+    let dust = policy.is_dust(&transfer);
     let unissued = store
         .unissued(transfer.id.network, &transfer.to_address)
         .await?;

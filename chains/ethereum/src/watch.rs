@@ -10,7 +10,7 @@
 //! methods, any other contract is reported as another token (never credited). Removals come
 //! from diffing a rescanned range against what the engine recorded there.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -484,7 +484,7 @@ impl ChainScanner for EthereumScanner {
                 essential: true,
             });
         }
-        findings.extend(node_api_findings(&provider, head).await?);
+        findings.extend(node_api_findings(&provider, head, &self.settings.url).await?);
         Ok(Probe {
             tip_height: head,
             tip_time_ms: block_time(&provider, head).await?,
@@ -618,26 +618,34 @@ impl ChainScanner for EthereumScanner {
 /// incomplete), `eth_call` of creation code at a block (the balance reader), and a tracer
 /// (`debug_traceBlockByHash` or `trace_block`, to say which call paid ETH inside a
 /// transaction). Hosted providers differ here: `payrecon doctor` says which are served.
-async fn node_api_findings(provider: &RootProvider, head: u64) -> Result<Vec<Finding>, ScanError> {
+async fn node_api_findings(
+    provider: &RootProvider,
+    head: u64,
+    source: &SecretUrl,
+) -> Result<Vec<Finding>, ScanError> {
     let hash = block_hash(provider, head)
         .await?
         .ok_or_else(|| blocks_moved(head))?;
-    let served = |answer: Result<(), RpcError<TransportErrorKind>>| match answer {
-        Ok(()) => Ok("served".to_owned()),
-        Err(RpcError::ErrorResp(payload)) => Err(format!(
+    let refused = |error: RpcError<TransportErrorKind>| match error {
+        RpcError::ErrorResp(payload) => format!(
             "refused: {}",
             payrecon_chain_core::excerpt(&payload.message)
-        )),
-        Err(other) => Err(format!(
+        ),
+        other => format!(
             "failed: {}",
-            payrecon_chain_core::excerpt(&other.to_string())
-        )),
+            payrecon_chain_core::excerpt(&source.scrub(&other.to_string()))
+        ),
     };
-    let receipts = provider.get_block_receipts(hash.into()).await.map(|_| ());
+    let served = "served".to_owned();
+    let receipts = provider
+        .get_block_receipts(hash.into())
+        .await
+        .map(|_| served.clone())
+        .map_err(refused);
     let reader = crate::internal::balances(provider, &[Address::ZERO], hash)
         .await
-        .map(|_| ())
-        .map_err(|e| RpcError::local_usage_str(&e.to_string()));
+        .map(|_| served)
+        .map_err(|e| source.scrub(&e.to_string()));
     let tracer = match crate::internal::trace_block(provider, head, hash, None).await? {
         Ok((_, tracer)) => Ok(format!("served ({tracer:?})")),
         Err(crate::internal::NoTraces(why)) => Err(format!(
@@ -650,13 +658,13 @@ async fn node_api_findings(provider: &RootProvider, head: u64) -> Result<Vec<Fin
         Finding {
             method: Method::UsdtErc20,
             what: "eth_getBlockReceipts (reading a block whose log answer was incomplete)".into(),
-            outcome: served(receipts),
+            outcome: receipts,
             essential: true,
         },
         Finding {
             method: Method::Eth,
             what: "eth_call of creation code at a block (the balance reader)".into(),
-            outcome: served(reader),
+            outcome: reader,
             essential: true,
         },
         Finding {
@@ -775,7 +783,9 @@ impl BlockReader<'_> {
 }
 
 /// The `Transfer` logs of `from..=to` that concern watched addresses: to any of them, of any
-/// contract, and (when outflows are followed) out of them, of USDT and USDC.
+/// contract, and (when outflows are followed) out of them, of USDT and USDC. Each log once: a
+/// transfer between two watched addresses, or of USDT to one when outflows are read by
+/// contract, answers both queries, and every log of the answer is read both ways.
 async fn token_logs(
     provider: &RootProvider,
     settings: &EthereumSettings,
@@ -800,7 +810,16 @@ async fn token_logs(
         } else {
             LogQuery::Contracts(&[settings.usdt_contract, settings.usdc_contract])
         };
-        logs.extend(transfer_logs(provider, outflow_query, from, to).await?);
+        let asked: HashSet<(Option<B256>, Option<u64>)> = logs
+            .iter()
+            .map(|log| (log.transaction_hash, log.log_index))
+            .collect();
+        logs.extend(
+            transfer_logs(provider, outflow_query, from, to)
+                .await?
+                .into_iter()
+                .filter(|log| !asked.contains(&(log.transaction_hash, log.log_index))),
+        );
     }
     Ok(logs)
 }
