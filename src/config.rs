@@ -340,7 +340,7 @@ pub struct PaymentsConfig {
     pub dust: BTreeMap<Method, String>,
     /// Minutes between two holdings checks of `payrecon serve`: every address payrecon
     /// watches on Ethereum read on the chain at the watcher's cursor, and money there that no
-    /// receipt explains an `unexplained_balance` exception. `0` turns it off.
+    /// receipt explains booked and held in a `holdings_difference` exception. `0` turns it off.
     pub holdings_check_minutes: u32,
 }
 

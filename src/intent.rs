@@ -109,6 +109,58 @@ impl IntentStatus {
     }
 }
 
+/// How far a network's chain has been read, which is what deadlines are judged against: an
+/// intent that received nothing is expired only once its chain was read past its deadline, so a
+/// source's outage or lag never tells a customer who paid in time that the payment expired.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChainRead {
+    /// No payrecon watcher reports for the network (an embedding application feeds its own
+    /// events): the clock decides.
+    Unwatched,
+    /// A watcher reports: it has read everything its source held up to this time (`None`:
+    /// nothing yet).
+    Until(Option<DateTime<Utc>>),
+}
+
+impl ChainRead {
+    /// The moment before which deadlines can be judged now, if any.
+    pub fn cutoff(self, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        match self {
+            ChainRead::Unwatched => Some(now),
+            ChainRead::Until(read) => read.map(|read| read.min(now)),
+        }
+    }
+
+    /// Whether `deadline` is behind what was read: only then does "nothing received" mean
+    /// expired.
+    pub fn passed(self, deadline: DateTime<Utc>, now: DateTime<Utc>) -> bool {
+        self.cutoff(now).is_some_and(|cutoff| deadline < cutoff)
+    }
+
+    /// What the API reports: the time read up to, when a watcher reports.
+    pub fn until(self) -> Option<DateTime<Utc>> {
+        match self {
+            ChainRead::Unwatched => None,
+            ChainRead::Until(read) => read,
+        }
+    }
+
+    /// Whether `intent` waits on its chain being read: its deadline passed, nothing settles
+    /// it yet, and its chain was not read past the deadline, so whether it expired (or was
+    /// underpaid) is not known.
+    pub fn checking(self, intent: &PaymentIntent, now: DateTime<Utc>) -> bool {
+        now >= intent.deadline
+            && matches!(
+                intent.status,
+                IntentStatus::AwaitingPayment | IntentStatus::Confirmed
+            )
+            && !self.passed(intent.deadline, now)
+    }
+}
+
+/// What the customer is told while the shop reads the network past a deadline.
+pub const CHECKING_MESSAGE: &str = "The deadline has passed and the shop is still reading the network for your payment. If you paid in time, it will be credited: do not pay again.";
+
 impl fmt::Display for IntentStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -308,6 +360,29 @@ pub fn qr_svg(uri: &str) -> Result<String, qrcode::types::QrError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_deadline_has_passed_only_once_the_chain_was_read_past_it() {
+        let at = |minute: u32| {
+            DateTime::parse_from_rfc3339(&format!("2026-12-06T12:{minute:02}:00Z"))
+                .unwrap()
+                .with_timezone(&Utc)
+        };
+        let (deadline, now) = (at(10), at(30));
+        // No watcher of payrecon reports: the clock decides.
+        assert!(ChainRead::Unwatched.passed(deadline, now));
+        assert!(!ChainRead::Unwatched.passed(deadline, at(5)));
+        // A watcher that read nothing yet, or not past the deadline: not known.
+        assert!(!ChainRead::Until(None).passed(deadline, now));
+        assert!(!ChainRead::Until(Some(at(9))).passed(deadline, now));
+        assert!(!ChainRead::Until(Some(deadline)).passed(deadline, now));
+        // Read past it.
+        assert!(ChainRead::Until(Some(at(11))).passed(deadline, now));
+        // Never past the clock, whatever a row says.
+        assert_eq!(ChainRead::Until(Some(at(50))).cutoff(now), Some(now));
+        assert_eq!(ChainRead::Until(Some(at(11))).until(), Some(at(11)));
+        assert_eq!(ChainRead::Unwatched.until(), None);
+    }
 
     fn rate(text: &str) -> Decimal {
         text.parse().unwrap()

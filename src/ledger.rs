@@ -111,16 +111,20 @@ pub enum SuspenseReason {
     /// Dust at an address payrecon handed out: below the method's dust limit, what address
     /// poisoning and spam send. Part of the holdings, never any intent's, no exception.
     Dust,
+    /// Money the holdings check found on the chain that no receipt explains (it came while
+    /// nothing watched the address): in custody, nobody's until an operator says whose.
+    Unreconciled,
 }
 
 impl SuspenseReason {
-    const ALL: [SuspenseReason; 6] = [
+    const ALL: [SuspenseReason; 7] = [
         SuspenseReason::Overpaid,
         SuspenseReason::Late,
         SuspenseReason::WrongAsset,
         SuspenseReason::Unmatched,
         SuspenseReason::Reversed,
         SuspenseReason::Dust,
+        SuspenseReason::Unreconciled,
     ];
 
     /// As written in account names.
@@ -132,6 +136,7 @@ impl SuspenseReason {
             SuspenseReason::Unmatched => "unmatched",
             SuspenseReason::Reversed => "reversed",
             SuspenseReason::Dust => "dust",
+            SuspenseReason::Unreconciled => "unreconciled",
         }
     }
 }

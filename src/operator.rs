@@ -4,7 +4,8 @@
 //!
 //! Where the money of an exception sits decides what can be done with it:
 //! - held in suspense by the matcher (overpaid, paid late, paid after settlement, wrong
-//!   asset, unmatched): the entry that held it names the suspense account and the amount;
+//!   asset, unmatched) or by the holdings check (money found with no receipt): the entry that
+//!   held it names the suspense account and the amount;
 //! - underpaid: the matcher books nothing until an operator decides, so the confirmed
 //!   transfers are booked into custody by the action itself;
 //! - nothing (a reorg that was already reversed, a token payrecon does not account for).
@@ -183,6 +184,8 @@ pub(crate) fn hold_key(
         ("paid_after_settlement", Some(t)) => format!("after-settlement:{t}"),
         ("wrong_asset", Some(t)) => format!("wrong-asset:{t}"),
         ("unmatched", Some(t)) => format!("unmatched:{t}"),
+        // The holdings check books what it found under the exception's own id.
+        ("holdings_difference", _) => return Some(exception.id.clone()),
         _ => return None,
     };
     let generation = exception

@@ -682,6 +682,12 @@ pub struct PaymentInstructions {
     /// The customer's checkout page, below the address `payrecon serve` is reached at: the
     /// shop links the customer there (public; the path's key is the only credential).
     pub checkout_path: String,
+    /// How far payrecon has read the intent's chain: everything the chain source held up to
+    /// this time is read. An intent past its deadline is `expired` only once this passes the
+    /// deadline; until then `status` stays as it was and `customer_message` says the network
+    /// is being checked. `None` when no watcher of payrecon reports for the network (and in
+    /// the answer that creates the instructions).
+    pub chain_read_until: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// Refuses a watcher's batch that no chain could produce: a transfer of another network, a

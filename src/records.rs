@@ -52,6 +52,9 @@ pub struct WatcherHealth {
     pub last_error: Option<String>,
     /// The last successful scan.
     pub last_scan_at: Option<DateTime<Utc>>,
+    /// How far in time the watcher has read its chain: the start (engine clock) of its last
+    /// round that reached the source's newest block. Deadlines are judged against it.
+    pub chain_read_until: Option<DateTime<Utc>>,
     /// A stopped watcher's next attempt; `None` while it runs, or when it stays stopped (it
     /// serves the wrong chain, or was shut down).
     pub next_try_at: Option<DateTime<Utc>>,
@@ -70,8 +73,8 @@ pub struct HoldingsCheck {
     pub block_height: Option<u64>,
     /// Addresses read.
     pub addresses_checked: u64,
-    /// Balances that no receipt or outflow payrecon recorded explains: each an
-    /// `unexplained_balance` exception.
+    /// Balances that no receipt or outflow payrecon recorded explains: each booked, so that
+    /// holdings equal the chain, and held in a `holdings_difference` exception.
     pub unexplained: u64,
     /// Why it could not run, if it could not.
     pub error: Option<String>,
@@ -129,8 +132,8 @@ pub struct ExceptionRecord {
     /// Deterministic id: `<kind>:<intent or transfer>`.
     pub id: String,
     /// underpaid, overpaid, paid_late, wrong_asset, paid_after_settlement,
-    /// reorged_after_credit, unmatched, unmatched_dust, unknown_token, unreadable_transaction or
-    /// unexplained_balance.
+    /// reorged_after_credit, unmatched, unmatched_dust, unknown_token, unreadable_transaction,
+    /// unexplained_balance or holdings_difference.
     pub kind: String,
     /// The intent concerned, if any.
     pub intent_id: Option<String>,
@@ -223,7 +226,7 @@ pub struct FundedIndexes {
 }
 
 /// One asset's holdings roll-forward over a period, in base units:
-/// opening + received − sent − fees = closing.
+/// opening + received + found − sent − fees − missing = closing.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct AssetRollForward {
     /// The network.
@@ -244,7 +247,15 @@ pub struct AssetRollForward {
     pub sent_elsewhere: String,
     /// Network fees paid from watched addresses (in the native coin's row).
     pub fees: String,
-    /// opening + received − sent − fees.
+    /// Found by the holdings check on the chain with no receipt to explain it (money that
+    /// came while nothing watched the address), held in `suspense:unreconciled`.
+    #[serde(default = "zero")]
+    pub found_by_check: String,
+    /// Missing on the chain by the holdings check with no outflow to explain it, booked as
+    /// sent elsewhere.
+    #[serde(default = "zero")]
+    pub missing_by_check: String,
+    /// opening + received + found − sent − fees − missing.
     pub closing: String,
     /// What the watched addresses held at the period's end, summed address by address.
     pub held_at_end: String,
@@ -258,4 +269,9 @@ pub struct AssetRollForward {
     pub rate_at_end_usd: Option<String>,
     /// The closing at that rate.
     pub closing_value_usd: Option<String>,
+}
+
+/// A roll-forward stored before the holdings check booked its differences had none.
+fn zero() -> String {
+    "0".to_owned()
 }

@@ -167,6 +167,7 @@ struct Sums {
     refunded: i128,
     own_funds: i128,
     dust: i128,
+    found_by_check: i128,
     usd_cents: i128,
 }
 
@@ -174,8 +175,10 @@ impl Sums {
     /// A posting of `amount` to `suspense:<reason>` (a credit, negative, puts money there).
     fn hold(&mut self, reason: SuspenseReason, amount: i128) {
         self.held -= amount;
-        if reason == SuspenseReason::Dust {
-            self.dust -= amount;
+        match reason {
+            SuspenseReason::Dust => self.dust -= amount,
+            SuspenseReason::Unreconciled => self.found_by_check -= amount,
+            _ => {}
         }
     }
 }
@@ -312,9 +315,10 @@ pub(crate) async fn fold_period(store: &Store, query: &ReportQuery) -> Result<Fo
         summary.usd_credited = Currency::Usd.format(s.usd_cents);
         summary.difference = currency.format(s.received as i128 - s.credited);
         summary.why = format!(
-            "{} held in suspense ({} of it dust), {} not booked yet (confirming, underpaid or unmatched), {} refunded, {} the merchant's own (fee top-ups)",
+            "{} held in suspense ({} of it dust, {} found by the holdings check with no receipt), {} not booked yet (confirming, underpaid or unmatched), {} refunded, {} the merchant's own (fee top-ups)",
             currency.format(s.held),
             currency.format(s.dust),
+            currency.format(s.found_by_check),
             currency.format(s.unbooked as i128),
             currency.format(s.refunded),
             currency.format(s.own_funds)

@@ -307,7 +307,7 @@ pub(crate) fn holdings_check_item(check: crate::records::HoldingsCheck) -> Optio
         (None, 0) => return None,
         (None, found) => format!(
             "the holdings check read {} addresses at block {} and found {found} balances no \
-             receipt explains: each an unexplained_balance exception",
+             receipt explains: each booked and held in a holdings_difference exception",
             check.addresses_checked,
             check.block_height.unwrap_or_default()
         ),
@@ -320,7 +320,7 @@ pub(crate) fn holdings_check_item(check: crate::records::HoldingsCheck) -> Optio
         what,
         since: check.checked_at,
         actions: vec![
-            "look each unexplained_balance exception up in a block explorer: a payment made while nothing watched the address, or a withdrawal or block reward",
+            "look each holdings_difference exception up in a block explorer: a payment made while nothing watched the address, or a withdrawal or block reward",
             "check that the network's node serves eth_call at past blocks (payrecon doctor)",
         ],
     })
@@ -335,6 +335,14 @@ pub(crate) fn exception_actions(kind: &str) -> Vec<&'static str> {
         }
         // Also what a gas top-up from the merchant's wallet looks like.
         "wrong_asset" | "unmatched" => vec![
+            "credit_balance",
+            "mark_refunded",
+            "mark_own_funds",
+            "dismiss",
+        ],
+        // Money found with no receipt can be its intent's payment; money missing holds nothing.
+        "holdings_difference" => vec![
+            "accept_as_paid",
             "credit_balance",
             "mark_refunded",
             "mark_own_funds",

@@ -15,9 +15,10 @@ use payrecon_chain_core::{
 use serde::Serialize;
 
 use crate::keys::{KeyState, NetworkKeys};
+use crate::ledger::{Account, Currency, EntryKind, NewEntry, Posting, SuspenseReason};
 use crate::records::{AssetRollForward, FundedIndexes};
 use crate::store::StoreError;
-use crate::store::wallet::{HoldingRow, MovementRow};
+use crate::store::wallet::{HoldingRow, HoldingsDifference, MovementRow};
 
 /// Addresses added to the needed gap limit in the recommendation: room for the unpaid
 /// intents handed out while the wallet is being set up.
@@ -177,6 +178,94 @@ mod tests {
         assert_eq!(gap_limit_needed(0), 1);
         assert_eq!(gap_limit_needed(19), 20);
         assert_eq!(gap_limit_needed(u32::MAX), u32::MAX);
+    }
+
+    fn movement(kind: &str, amount: i128) -> MovementRow {
+        MovementRow {
+            network: "ethereum".into(),
+            asset: "eth".into(),
+            kind: kind.into(),
+            amount,
+        }
+    }
+
+    #[test]
+    fn what_the_holdings_check_found_and_missed_rolls_forward() {
+        // Before: 100 received, 30 found by a check. During: 50 received, 20 sent elsewhere,
+        // 5 found, 8 missing. Closing: 130 + 50 + 5 - 20 - 8 = 157.
+        let before = [movement("received", 100), movement("found", 30)];
+        let during = [
+            movement("received", 50),
+            movement("external", 20),
+            movement("found", 5),
+            movement("missing", 8),
+        ];
+        let held = [HoldingRow {
+            network: "ethereum".into(),
+            address: "0xabc".into(),
+            asset: "eth".into(),
+            derivation_index: Some(0),
+            amount: 157,
+            key_id: None,
+        }];
+        let [eth] = asset_rollforwards(&before, &during, &held)
+            .try_into()
+            .unwrap();
+        assert_eq!(
+            [
+                &eth.opening,
+                &eth.found_by_check,
+                &eth.missing_by_check,
+                &eth.closing
+            ]
+            .map(String::as_str),
+            ["130", "5", "8", "157"]
+        );
+        assert!(eth.closes);
+    }
+
+    #[test]
+    fn a_found_difference_is_held_in_suspense_and_a_missing_one_sent_elsewhere() {
+        let mut difference = HoldingsDifference {
+            id: "holdings_difference:ethereum:0xabc:eth:7".into(),
+            network: "ethereum".into(),
+            address: "0xabc".into(),
+            asset: "eth".into(),
+            found: true,
+            amount_base: 42,
+            block_height: 7,
+            block_hash: "0x07".into(),
+            key_id: None,
+            derivation_index: None,
+        };
+        let found = difference_entry(&difference, Method::Eth);
+        found.validate().unwrap();
+        assert_eq!(found.idempotency_key, difference.id);
+        assert_eq!(
+            found
+                .postings
+                .iter()
+                .map(|p| (p.account.to_string(), p.amount_minor))
+                .collect::<Vec<_>>(),
+            [
+                ("custody:ethereum:ETH".to_owned(), 42),
+                ("suspense:unreconciled".to_owned(), -42)
+            ]
+        );
+        difference.found = false;
+        let missing = difference_entry(&difference, Method::Eth);
+        missing.validate().unwrap();
+        assert_eq!(
+            missing
+                .postings
+                .iter()
+                .map(|p| (p.account.to_string(), p.amount_minor))
+                .collect::<Vec<_>>(),
+            [
+                ("external:ethereum:ETH".to_owned(), 42),
+                ("custody:ethereum:ETH".to_owned(), -42)
+            ]
+        );
     }
 }
 
@@ -580,7 +669,11 @@ pub(crate) fn asset_rollforwards(
     let mut opening = Sums::new();
     let mut assets = std::collections::BTreeSet::new();
     for row in before {
-        let sign = if row.kind == "received" { 1 } else { -1 };
+        let sign = if matches!(row.kind.as_str(), "received" | "found") {
+            1
+        } else {
+            -1
+        };
         *opening
             .entry((row.network.clone(), row.asset.clone()))
             .or_default() += sign * row.amount;
@@ -618,7 +711,8 @@ pub(crate) fn asset_rollforwards(
                 of("external", &key),
                 of("fee", &key),
             );
-            let closing = open + received - treasury - external - fees;
+            let (found, missing) = (of("found", &key), of("missing", &key));
+            let closing = open + received + found - treasury - external - fees - missing;
             let end = held.get(&key).copied().unwrap_or(0);
             let method = key.1.parse::<Method>().ok();
             AssetRollForward {
@@ -631,6 +725,8 @@ pub(crate) fn asset_rollforwards(
                 sent_to_treasury: treasury.to_string(),
                 sent_elsewhere: external.to_string(),
                 fees: fees.to_string(),
+                found_by_check: found.to_string(),
+                missing_by_check: missing.to_string(),
                 closing: closing.to_string(),
                 held_at_end: end.to_string(),
                 closes: closing == end,
@@ -641,6 +737,48 @@ pub(crate) fn asset_rollforwards(
             }
         })
         .collect()
+}
+
+/// What books a holdings difference, so custody equals the chain: money found with no
+/// receipt enters custody held in `suspense:unreconciled` for an operator to say whose it is;
+/// money missing with no outflow leaves custody as sent elsewhere.
+pub(crate) fn difference_entry(difference: &HoldingsDifference, method: Method) -> NewEntry {
+    let crypto = Currency::Crypto(method);
+    let units = difference.amount_base as i128;
+    let (postings, what) = if difference.found {
+        (
+            vec![
+                Posting::debit(Account::Custody(method), crypto, units),
+                Posting::credit(
+                    Account::Suspense(SuspenseReason::Unreconciled),
+                    crypto,
+                    units,
+                ),
+            ],
+            "found with no receipt",
+        )
+    } else {
+        (
+            vec![
+                Posting::debit(Account::External(method), crypto, units),
+                Posting::credit(Account::Custody(method), crypto, units),
+            ],
+            "missing with no outflow",
+        )
+    };
+    NewEntry {
+        idempotency_key: difference.id.clone(),
+        kind: EntryKind::Adjustment,
+        reference: None,
+        memo: format!(
+            "{} {} {what} at {} (block {}), by the holdings check",
+            method.format_amount(Amount::from_base_units(difference.amount_base)),
+            method.asset(),
+            difference.address,
+            difference.block_height
+        ),
+        postings,
+    }
 }
 
 /// `base_units` of `method` at `usd_per_unit`, to the cent.

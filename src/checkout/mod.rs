@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use payrecon_chain_core::ReceivedAsset;
 
 use crate::error::Error;
-use crate::intent::{IntentStatus, PaymentIntent};
+use crate::intent::{ChainRead, IntentStatus, PaymentIntent};
 use crate::payments::PaymentInstructions;
 use crate::records::StoredTransfer;
 use crate::store::payments::{self};
@@ -32,9 +32,12 @@ pub struct Checkout {
 /// so the live status sends one only when it changed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CheckoutStatus {
-    /// The intent's status; `expired` as soon as the deadline passed with nothing seen, before
-    /// the expiry sweep writes it.
+    /// The intent's status; `expired` as soon as the deadline passed with nothing seen and
+    /// the chain was read past it, before the deadline tick writes it.
     pub status: IntentStatus,
+    /// The deadline passed but the chain was not yet read past it (a source down or behind):
+    /// the page says the shop is checking the network, never that the payment expired.
+    pub checking_network: bool,
     /// For a payment on its way: the confirmations of the least confirmed transfer paying it,
     /// and how many settling needs.
     pub confirmations: Option<(u32, u32)>,
@@ -63,15 +66,27 @@ impl CheckoutStatus {
             )
     }
 
+    /// What the page code and the live status call it: the intent's status, or `checking`.
+    pub fn code(&self) -> &'static str {
+        if self.checking_network {
+            "checking"
+        } else {
+            self.status.as_str()
+        }
+    }
+
     pub(crate) fn of(
         intent: &PaymentIntent,
         transfers: &[StoredTransfer],
         required: u32,
         now: DateTime<Utc>,
+        read: ChainRead,
     ) -> Self {
         let before_deadline = now < intent.deadline;
         let status = match intent.status {
-            IntentStatus::AwaitingPayment if !before_deadline => IntentStatus::Expired,
+            IntentStatus::AwaitingPayment if read.passed(intent.deadline, now) => {
+                IntentStatus::Expired
+            }
             status => status,
         };
         let paying = ReceivedAsset::Method {
@@ -88,6 +103,7 @@ impl CheckoutStatus {
         });
         CheckoutStatus {
             status,
+            checking_network: read.checking(intent, now),
             confirmations,
             open: before_deadline
                 && matches!(

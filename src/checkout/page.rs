@@ -123,7 +123,7 @@ pub(crate) fn status_update(
 ) -> StatusUpdate {
     let text = Text { language };
     StatusUpdate {
-        status: status.status.as_str(),
+        status: status.code(),
         text: status_sentence(&text, status, reference),
         open: status.open,
         offers_paid_button: status.offers_paid_button(),
@@ -138,7 +138,7 @@ fn status_sentence(text: &Text<'_>, status: &CheckoutStatus, reference: &str) ->
         args.push(("confirmations", have.to_string()));
         args.push(("required", required.to_string()));
     }
-    text.plain(&format!("status-{}", status.status.as_str()), &args)
+    text.plain(&format!("status-{}", status.code()), &args)
 }
 
 /// The whole page for `checkout` at `now`, in `language`; `key` is the page's own key.
@@ -197,6 +197,13 @@ pub(crate) fn render(
             body = text.get("expired-body"),
             paid = text.with("expired-paid", &[("reference", reference.to_owned())]),
         );
+    } else if status.checking_network {
+        let _ = write!(
+            html,
+            "<h1 id=\"checking\">{heading}</h1>\n<p id=\"checking-body\" class=\"warning\">{body}</p>\n",
+            heading = text.get("checking-heading"),
+            body = text.get("checking-body"),
+        );
     } else {
         let _ = writeln!(
             html,
@@ -212,7 +219,7 @@ pub(crate) fn render(
          <p id=\"live-paused\" class=\"hint\" hidden>{paused}</p>\n</section>\n",
         label = text.get("status-label"),
         paused = text.get("live-paused"),
-        code = status.status.as_str(),
+        code = status.code(),
         sentence = escape(&status_sentence(&text, status, reference)),
     );
     if status.superseded && status.open {

@@ -53,8 +53,8 @@ pub(super) struct HoldingsArgs {
     #[arg(long, default_value_t = 100)]
     limit: usize,
     /// First run the holdings check: every address payrecon watches on Ethereum read on the
-    /// chain at the watcher's cursor, money no receipt explains an exception (what `serve`
-    /// runs every payments.holdings_check_minutes).
+    /// chain at the watcher's cursor, money no receipt explains booked and held in an
+    /// exception (what `serve` runs every payments.holdings_check_minutes).
     #[arg(long)]
     check: bool,
 }
@@ -73,7 +73,7 @@ pub(super) async fn holdings(
                     check.network
                 ),
                 None => eprintln!(
-                    "holdings check of {}: {} addresses at block {}, {} balances no receipt explains",
+                    "holdings check of {}: {} addresses at block {}, {} balances no receipt explains (each booked and held in a holdings_difference exception)",
                     check.network,
                     check.addresses_checked,
                     check.block_height.unwrap_or_default(),

@@ -10,7 +10,7 @@ mod shop;
 mod wallet;
 mod watchers;
 
-pub(crate) use watchers::open_unexplained;
+pub(crate) use watchers::place_of;
 
 use std::collections::HashMap;
 use std::sync::Arc;

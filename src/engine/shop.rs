@@ -1,12 +1,13 @@
 //! What the shop backend does: orders and top-ups, balances, payment instructions, the
 //! customer's checkout page and history, and the event stream it follows.
 
+use super::watchers::ChainReads;
 use super::{BalancePayment, Created, NewOrder, customer_balance, debit_for_order};
 use crate::checkout::{Checkout, CheckoutStatus, intent_by_key};
 use crate::engine::Engine;
 use crate::error::Error;
 use crate::history::{AccountHistory, HistoryItem, MAX_HISTORY_PAGE, Position};
-use crate::intent::{IntentRate, PaymentIntent, payment_uri, qr_svg};
+use crate::intent::{CHECKING_MESSAGE, ChainRead, IntentRate, PaymentIntent, payment_uri, qr_svg};
 use crate::ledger::{Account, Currency};
 use crate::money::Usd;
 use crate::order::{
@@ -80,16 +81,32 @@ impl Engine {
         };
         let intent = self.db().write_batched(draft).await?;
         self.notify_events();
-        Ok(self.instructions(intent))
+        // Its deadline is ahead: how far its chain was read does not change what it says.
+        Ok(self.instructions(intent, None))
     }
 
-    pub(crate) fn instructions(&self, intent: PaymentIntent) -> PaymentInstructions {
+    /// `intent` as the shop reads it, with how far its chain was read (`reads`; not known
+    /// to the answer that creates it): past the deadline and not read that far, it says the
+    /// network is being checked, never that it expired.
+    pub(crate) fn instructions(
+        &self,
+        intent: PaymentIntent,
+        reads: Option<&ChainReads>,
+    ) -> PaymentInstructions {
+        let read = reads.map(|reads| reads.of(intent.network()));
+        let checking = read.is_some_and(|read| read.checking(&intent, self.now()));
         PaymentInstructions {
             amount_decimal: intent.amount_decimal(),
             asset: intent.method.asset().to_string(),
             payment_uri: payment_uri(&intent, &self.payment_settings().uri),
-            customer_message: intent.status.customer_message().to_owned(),
+            customer_message: if checking {
+                CHECKING_MESSAGE
+            } else {
+                intent.status.customer_message()
+            }
+            .to_owned(),
             checkout_path: format!("/pay/{}", intent.checkout_key),
+            chain_read_until: read.and_then(ChainRead::until),
             intent,
         }
     }
@@ -100,7 +117,9 @@ impl Engine {
         let intent = payments::get_intent(&mut conn, intent_id)
             .await?
             .ok_or_else(|| Error::IntentNotFound(intent_id.to_owned()))?;
-        Ok(self.instructions(intent))
+        drop(conn);
+        let reads = self.chain_reads().await?;
+        Ok(self.instructions(intent, Some(&reads)))
     }
 
     /// Every intent of an order, old and superseded ones too.
@@ -110,7 +129,12 @@ impl Engine {
     ) -> Result<Vec<PaymentInstructions>, Error> {
         let mut conn = self.db().pool().acquire().await?;
         let intents = payments::intents_of_order(&mut conn, order_ref.as_str()).await?;
-        Ok(intents.into_iter().map(|i| self.instructions(i)).collect())
+        drop(conn);
+        let reads = self.chain_reads().await?;
+        Ok(intents
+            .into_iter()
+            .map(|i| self.instructions(i, Some(&reads)))
+            .collect())
     }
 
     /// The payment URI of an intent as a QR code (SVG).
@@ -161,9 +185,11 @@ impl Engine {
             .confirmations
             .get(&intent.network())
             .map_or(1, |rule| rule.required(intent.usd));
-        let status = CheckoutStatus::of(&intent, &transfers, required, self.clock().now());
+        let reads = self.chain_reads().await?;
+        let read = reads.of(intent.network());
+        let status = CheckoutStatus::of(&intent, &transfers, required, self.clock().now(), read);
         Ok(Checkout {
-            instructions: self.instructions(intent),
+            instructions: self.instructions(intent, Some(&reads)),
             status,
         })
     }
@@ -210,6 +236,7 @@ impl Engine {
         let movements =
             store::ledger::movements(&mut conn, &balance_account, Currency::Usd).await?;
         drop(conn);
+        let reads = self.chain_reads().await?;
 
         let mut timeline: Vec<(Position, HistoryItem)> =
             Vec::with_capacity(orders.len() + intents.len() + movements.len());
@@ -238,7 +265,7 @@ impl Engine {
                 },
                 HistoryItem::Payment {
                     at,
-                    payment: Box::new(self.instructions(intent)),
+                    payment: Box::new(self.instructions(intent, Some(&reads))),
                 },
             ));
         }

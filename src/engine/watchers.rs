@@ -4,6 +4,7 @@
 use crate::crash::crash_point;
 use crate::engine::Engine;
 use crate::error::Error;
+use crate::intent::ChainRead;
 use crate::leases::{Lease, millis};
 use crate::matcher;
 use crate::outbox::{DISPATCH_BATCH, SEND_BATCH, retry_at};
@@ -142,7 +143,7 @@ impl Engine {
         crate::outflows::apply(&mut tx, &settings.policy, outflows, now).await?;
         if let Some((network, cursor, _)) = cursor {
             quarantine(tx.conn(), network, quarantined.unreadable, now).await?;
-            open_unexplained(tx.conn(), network, quarantined.unexplained, now, true).await?;
+            open_unexplained(tx.conn(), network, quarantined.unexplained, now).await?;
             crate::store::cursors::put(tx.conn(), network, cursor, now).await?;
         }
         crash_point("apply.before_commit");
@@ -152,19 +153,31 @@ impl Engine {
         Ok(())
     }
 
+    /// How far each network's chain has been read, for its deadlines.
+    pub(crate) async fn chain_reads(&self) -> Result<ChainReads, Error> {
+        let mut conn = self.db().pool().acquire().await?;
+        Ok(ChainReads(operations::chain_reads(&mut conn).await?))
+    }
+
     /// Where `network`'s watcher committed its last batch, if anywhere.
     pub async fn watcher_cursor(&self, network: Network) -> Result<Option<ChainCursor>, Error> {
         let mut conn = self.db().pool().acquire().await?;
         Ok(crate::store::cursors::get(&mut conn, network).await?)
     }
 
-    /// Moves intents whose deadline passed to expired or underpaid. Call it periodically;
-    /// returns how many intents it looked at.
+    /// Moves intents whose deadline passed to expired or underpaid, once their chain was read
+    /// past it (a watcher behind or a source down holds them as they are). Call it
+    /// periodically; returns how many intents it looked at.
     pub async fn tick(&self) -> Result<usize, Error> {
         let now = self.now();
         let settings = self.payment_settings();
         let mut tx = self.db().begin_write().await?;
-        let due = payments::due_intent_ids(tx.conn(), now, TICK_BATCH as i64).await?;
+        let reads = ChainReads(operations::chain_reads(tx.conn()).await?);
+        let cutoffs: Vec<(Network, DateTime<Utc>)> = Network::ALL
+            .into_iter()
+            .filter_map(|network| Some((network, reads.of(network).cutoff(now)?)))
+            .collect();
+        let due = payments::due_intent_ids(tx.conn(), &cutoffs, TICK_BATCH as i64).await?;
         matcher::evaluate_due(self.matcher_path(), &mut tx, &settings.policy, &due, now).await?;
         tx.commit().await?;
         self.notify_events();
@@ -277,6 +290,19 @@ impl Engine {
     }
 }
 
+/// How far each network's watcher has read its chain, as the watchers reported it.
+pub(crate) struct ChainReads(Vec<(String, Option<i64>)>);
+
+impl ChainReads {
+    /// `network`'s.
+    pub(crate) fn of(&self, network: Network) -> ChainRead {
+        match self.0.iter().find(|(name, _)| name == network.as_str()) {
+            None => ChainRead::Unwatched,
+            Some((_, read)) => ChainRead::Until(read.and_then(DateTime::from_timestamp_millis)),
+        }
+    }
+}
+
 /// What a scan hands operators instead of booking it.
 #[derive(Clone, Copy)]
 struct Quarantined<'a> {
@@ -291,57 +317,37 @@ impl Quarantined<'_> {
     };
 }
 
-/// Opens one exception per balance change of a watched address that no transaction explains,
-/// naming the address's key and index and its intent when it has one: nothing is booked, as
-/// nobody can say whose it is. A scan's are one per block
-/// (`unexplained_balance:<network>:<address>:<block hash>`); the holdings check's one per
-/// address and asset while open (`unexplained_balance:<network>:<address>:<method>`), however
-/// often it runs.
-pub(crate) async fn open_unexplained(
+/// Opens one exception per balance change of a watched address that no transaction explains
+/// in a scanned block (`unexplained_balance:<network>:<address>:<block hash>`), naming the
+/// address's key and index and its intent when it has one: nothing is booked, as nobody can
+/// say whose it is; the holdings check books what stays unexplained.
+async fn open_unexplained(
     conn: &mut sqlx::AnyConnection,
     network: Network,
     unexplained: &[Unexplained],
     now: DateTime<Utc>,
-    per_block: bool,
 ) -> Result<(), Error> {
     let addresses: Vec<&str> = unexplained.iter().map(|u| u.address.as_str()).collect();
     let intents = payments::intents_by_watch_keys(conn, network, &addresses).await?;
-    let intents: std::collections::HashMap<&str, &crate::intent::PaymentIntent> = intents
-        .iter()
-        .map(|intent| (intent.watch_key.as_str(), intent))
-        .collect();
     for item in unexplained {
-        let intent = intents.get(item.address.as_str()).copied();
-        let place = match intent {
-            Some(intent) => format!(
-                "index {} of key {} (intent {} of order {})",
-                intent.derivation_index, intent.key_id, intent.id, intent.order_ref
-            ),
-            None => "an address of a key's look-ahead window".to_owned(),
-        };
+        let intent = intents.iter().find(|i| i.watch_key == item.address);
         let direction = if item.arrived { "arrived at" } else { "left" };
         let record = crate::records::ExceptionRecord {
-            id: if per_block {
-                format!(
-                    "unexplained_balance:{network}:{}:{}",
-                    item.address, item.block.hash
-                )
-            } else {
-                format!(
-                    "unexplained_balance:{network}:{}:{}",
-                    item.address, item.method
-                )
-            },
+            id: format!(
+                "unexplained_balance:{network}:{}:{}",
+                item.address, item.block.hash
+            ),
             kind: "unexplained_balance".into(),
             intent_id: intent.map(|i| i.id.clone()),
             order_ref: intent.map(|i| i.order_ref.to_string()),
             transfer: None,
             detail: format!(
-                "{} {} {direction} {} ({place}) in block {} ({}), and {}. \
+                "{} {} {direction} {} ({}) in block {} ({}), and {}. \
                  Nothing of it is booked or credited; see the operators' guide.",
                 item.amount.to_decimal_string(item.method.decimals()),
                 item.method.asset(),
                 item.address,
+                place_of(intent, None),
                 item.block.height,
                 item.block.hash,
                 item.reason
@@ -355,6 +361,24 @@ pub(crate) async fn open_unexplained(
         }
     }
     Ok(())
+}
+
+/// Where an address payrecon watches comes from, as exceptions name it: its intent's key and
+/// index, else the look-ahead window's.
+pub(crate) fn place_of(
+    intent: Option<&crate::intent::PaymentIntent>,
+    lookahead: Option<&(String, u32)>,
+) -> String {
+    match (intent, lookahead) {
+        (Some(intent), _) => format!(
+            "index {} of key {} (intent {} of order {})",
+            intent.derivation_index, intent.key_id, intent.id, intent.order_ref
+        ),
+        (None, Some((key_id, index))) => {
+            format!("index {index} of key {key_id}, ahead of the key's counter")
+        }
+        (None, None) => "an address of a key's look-ahead window".to_owned(),
+    }
 }
 
 /// Opens one exception per transaction a scan could not read (`unreadable_transaction:

@@ -49,7 +49,7 @@ const POSTGRES_MAX_CONNECTIONS: u32 = 16;
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The schema, in order. Each version has one script per database.
-const MIGRATIONS: [(i64, &str, &str, &str); 17] = [
+const MIGRATIONS: [(i64, &str, &str, &str); 19] = [
     (
         1,
         "foundation",
@@ -151,6 +151,18 @@ const MIGRATIONS: [(i64, &str, &str, &str); 17] = [
         "source trust",
         include_str!("../../migrations/sqlite/0017_source_trust.sql"),
         include_str!("../../migrations/postgres/0017_source_trust.sql"),
+    ),
+    (
+        18,
+        "holdings differences",
+        include_str!("../../migrations/sqlite/0018_holdings_differences.sql"),
+        include_str!("../../migrations/postgres/0018_holdings_differences.sql"),
+    ),
+    (
+        19,
+        "chain read until",
+        include_str!("../../migrations/sqlite/0019_chain_read_until.sql"),
+        include_str!("../../migrations/postgres/0019_chain_read_until.sql"),
     ),
 ];
 

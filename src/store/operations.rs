@@ -238,21 +238,28 @@ pub(crate) async fn revoke_token(
     Ok(result.rows_affected() == 1)
 }
 
-/// Replaces a watcher's health row.
+/// Replaces a watcher's health row; how far it read its chain never moves back (nor is it
+/// forgotten by a row that does not know it).
 pub(crate) async fn put_watcher_health(
     conn: &mut AnyConnection,
     health: &WatcherHealth,
 ) -> Result<(), StoreError> {
     let height = |h: Option<u64>| h.map(|h| i64::try_from(h).unwrap_or(i64::MAX));
-    sqlx::query(
-        "INSERT INTO watcher_health (network, state, cursor_height, head_height, failures, rpc_errors, last_error, last_scan_at_ms, updated_at_ms, next_try_at_ms, incomplete_answers, zero_value_ignored) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) ON CONFLICT (network) DO UPDATE SET \
+    let greatest = match super::backend_of_conn(conn) {
+        super::Backend::Sqlite => "MAX",
+        super::Backend::Postgres => "GREATEST",
+    };
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO watcher_health (network, state, cursor_height, head_height, failures, rpc_errors, last_error, last_scan_at_ms, updated_at_ms, next_try_at_ms, incomplete_answers, zero_value_ignored, chain_read_until_ms) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) ON CONFLICT (network) DO UPDATE SET \
+         chain_read_until_ms = COALESCE({greatest}(watcher_health.chain_read_until_ms, excluded.chain_read_until_ms), \
+           watcher_health.chain_read_until_ms, excluded.chain_read_until_ms), \
          state = excluded.state, cursor_height = excluded.cursor_height, head_height = excluded.head_height, \
          failures = excluded.failures, rpc_errors = excluded.rpc_errors, last_error = excluded.last_error, \
          last_scan_at_ms = excluded.last_scan_at_ms, updated_at_ms = excluded.updated_at_ms, \
          next_try_at_ms = excluded.next_try_at_ms, incomplete_answers = excluded.incomplete_answers, \
-         zero_value_ignored = excluded.zero_value_ignored",
-    )
+         zero_value_ignored = excluded.zero_value_ignored"
+    )))
     .bind(health.network.as_str())
     .bind(health.state.as_str())
     .bind(height(health.cursor_height))
@@ -265,9 +272,22 @@ pub(crate) async fn put_watcher_health(
     .bind(health.next_try_at.map(|at| at.timestamp_millis()))
     .bind(i64::try_from(health.incomplete_answers).unwrap_or(i64::MAX))
     .bind(i64::try_from(health.zero_value_ignored).unwrap_or(i64::MAX))
+    .bind(health.chain_read_until.map(|at| at.timestamp_millis()))
     .execute(conn)
     .await?;
     Ok(())
+}
+
+/// How far each network's watcher has read its chain (Unix ms; `None`: not yet), for every
+/// network a watcher reported for.
+pub(crate) async fn chain_reads(
+    conn: &mut AnyConnection,
+) -> Result<Vec<(String, Option<i64>)>, StoreError> {
+    Ok(
+        sqlx::query_as("SELECT network, chain_read_until_ms FROM watcher_health")
+            .fetch_all(conn)
+            .await?,
+    )
 }
 
 /// Every watcher's health row.
@@ -276,7 +296,7 @@ pub(crate) async fn watcher_health(
 ) -> Result<Vec<WatcherHealth>, StoreError> {
     let rows = sqlx::query(
         "SELECT network, state, cursor_height, head_height, failures, rpc_errors, last_error, last_scan_at_ms, updated_at_ms, \
-         next_try_at_ms, incomplete_answers, zero_value_ignored FROM watcher_health ORDER BY network",
+         next_try_at_ms, incomplete_answers, zero_value_ignored, chain_read_until_ms FROM watcher_health ORDER BY network",
     )
     .fetch_all(conn)
     .await?;
@@ -301,6 +321,10 @@ pub(crate) async fn watcher_health(
                     .transpose()?,
                 next_try_at: row
                     .try_get::<Option<i64>, _>("next_try_at_ms")?
+                    .map(millis)
+                    .transpose()?,
+                chain_read_until: row
+                    .try_get::<Option<i64>, _>("chain_read_until_ms")?
                     .map(millis)
                     .transpose()?,
                 updated_at: millis(row.try_get("updated_at_ms")?)?,

@@ -373,20 +373,31 @@ async fn transfers_where(
 /// Intents whose deadline has passed in a state the deadline changes: nothing received
 /// (becomes expired) or part received and confirmed (becomes underpaid). A `seen` intent waits
 /// for its confirmations, which arrive as chain events, so the clock alone never moves it and
-/// it is not selected: otherwise stuck ones would crowd every batch.
+/// it is not selected: otherwise stuck ones would crowd every batch. Each network's deadlines
+/// are judged against its own cutoff (see [`crate::intent::ChainRead`]).
 pub(crate) async fn due_intent_ids(
     conn: &mut AnyConnection,
-    now: DateTime<Utc>,
+    cutoffs: &[(Network, DateTime<Utc>)],
     limit: i64,
 ) -> Result<Vec<String>, StoreError> {
-    Ok(sqlx::query_scalar(
-        "SELECT id FROM payment_intents WHERE status IN ('awaiting_payment', 'confirmed') \
-         AND deadline_ms < $1 ORDER BY deadline_ms, id LIMIT $2",
-    )
-    .bind(now.timestamp_millis())
-    .bind(limit)
-    .fetch_all(conn)
-    .await?)
+    let mut due = Vec::new();
+    for (network, cutoff) in cutoffs {
+        let left = limit - due.len() as i64;
+        if left <= 0 {
+            break;
+        }
+        let ids: Vec<String> = sqlx::query_scalar(
+            "SELECT id FROM payment_intents WHERE status IN ('awaiting_payment', 'confirmed') \
+             AND deadline_ms < $1 AND network = $2 ORDER BY deadline_ms, id LIMIT $3",
+        )
+        .bind(cutoff.timestamp_millis())
+        .bind(network.as_str())
+        .bind(left)
+        .fetch_all(&mut *conn)
+        .await?;
+        due.extend(ids);
+    }
+    Ok(due)
 }
 
 /// The watch keys of `network` a watcher must follow now: every intent inside its monitoring

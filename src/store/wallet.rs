@@ -63,9 +63,10 @@ pub(crate) async fn funded_indexes(
 }
 
 /// What one address holds of one asset: its confirmed receipts not taken out by a reorg,
-/// less what standing outflows (always in a block) took from it, fees included, as of `until_ms`
-/// (by when the chain carried each). A Solana Pay payment counts at the merchant recipient it
-/// paid, not at its reference key.
+/// less what standing outflows (always in a block) took from it, fees included, and the
+/// differences the holdings check booked, as of `until_ms` (by when the chain carried each,
+/// or the check found it). A Solana Pay payment counts at the merchant recipient it paid, not
+/// at its reference key.
 pub(crate) async fn holdings(
     conn: &mut AnyConnection,
     network: Option<&str>,
@@ -100,7 +101,7 @@ pub(crate) async fn holdings_touched_since(
     Ok(rows)
 }
 
-/// Addresses summed per statement: three lists of them stay far below SQLite's limit of
+/// Addresses summed per statement: four lists of them stay far below SQLite's limit of
 /// bound values.
 const ADDRESSES_PER_QUERY: usize = 500;
 
@@ -123,10 +124,11 @@ async fn holdings_of(
         }
         None => String::new(),
     };
-    let (received, sent, fees) = (
+    let (received, sent, fees, differences) = (
         among("t.to_address"),
         among("o.from_address"),
         among("o.from_address"),
+        among("d.address"),
     );
     let sql = format!(
         "SELECT h.network, h.address, h.asset, MIN(h.derivation_index), COALESCE(MIN(h.key_id), ''), {sum} FROM ( \
@@ -146,6 +148,11 @@ async fn holdings_of(
                   CAST(NULL AS TEXT) \
            FROM outflows o WHERE o.removed = 0 AND o.fee_base <> '0' AND ($5 = '' OR o.network = $6) \
              AND o.seen_at_ms < $9{fees} \
+           UNION ALL \
+           SELECT d.network, d.address, d.asset, d.derivation_index, \
+                  CASE WHEN d.direction = 'missing' THEN '-' || d.amount_base ELSE d.amount_base END, \
+                  d.key_id \
+           FROM holdings_differences d WHERE ($1 = '' OR d.network = $2) AND d.found_at_ms < $7{differences} \
          ) h GROUP BY h.network, h.address, h.asset"
     );
     let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
@@ -153,7 +160,7 @@ async fn holdings_of(
         query = query.bind(network.unwrap_or(""));
     }
     query = query.bind(until_ms).bind(until_ms).bind(until_ms);
-    for _ in 0..3 {
+    for _ in 0..4 {
         for address in addresses.unwrap_or_default() {
             query = query.bind(address.as_str());
         }
@@ -187,8 +194,9 @@ pub(crate) struct HoldingRow {
 }
 
 /// One kind of movement of one asset on one network between two times: `received`,
-/// `treasury`, `external` or `fee`, each a non-negative sum of base units. Dated by when the
-/// chain carried it (a receipt's first sight, an outflow's block).
+/// `treasury`, `external`, `fee`, or the holdings check's `found` and `missing`, each a
+/// non-negative sum of base units. Dated by when the chain carried it (a receipt's first
+/// sight, an outflow's block) or the check found it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct MovementRow {
     pub(crate) network: String,
@@ -215,9 +223,14 @@ pub(crate) async fn holding_movements(
            UNION ALL \
            SELECT o.network, o.asset, 'fee', o.fee_base FROM outflows o \
            WHERE o.removed = 0 AND o.fee_base <> '0' AND o.seen_at_ms >= $5 AND o.seen_at_ms < $6 \
+           UNION ALL \
+           SELECT d.network, d.asset, d.direction, d.amount_base FROM holdings_differences d \
+           WHERE d.found_at_ms >= $7 AND d.found_at_ms < $8 \
          ) m GROUP BY m.network, m.asset, m.kind"
     );
     let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(from_ms)
+        .bind(to_ms)
         .bind(from_ms)
         .bind(to_ms)
         .bind(from_ms)
@@ -255,6 +268,52 @@ pub(crate) async fn holdings_at_cursor(
     let rows = holdings(&mut tx, Some(network.as_str()), i64::MAX).await?;
     tx.commit().await?;
     Ok((cursor.map(|c| c.tip.height), rows))
+}
+
+/// A difference the holdings check found between the chain and payrecon's records at one
+/// address, asset and block.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct HoldingsDifference {
+    /// `holdings_difference:<network>:<address>:<asset>:<height>`: the exception's id and the
+    /// key of the entry that books it.
+    pub(crate) id: String,
+    pub(crate) network: String,
+    pub(crate) address: String,
+    pub(crate) asset: String,
+    /// The chain held more than recorded (`found`) or less (`missing`).
+    pub(crate) found: bool,
+    pub(crate) amount_base: u128,
+    pub(crate) block_height: u64,
+    pub(crate) block_hash: String,
+    pub(crate) key_id: Option<String>,
+    pub(crate) derivation_index: Option<u32>,
+}
+
+/// Records `difference`, once: false when it was recorded before.
+pub(crate) async fn put_holdings_difference(
+    conn: &mut AnyConnection,
+    difference: &HoldingsDifference,
+    found_at_ms: i64,
+) -> Result<bool, StoreError> {
+    let done = sqlx::query(
+        "INSERT INTO holdings_differences (id, network, address, asset, direction, amount_base, \
+           block_height, block_hash, key_id, derivation_index, found_at_ms) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT (id) DO NOTHING",
+    )
+    .bind(difference.id.as_str())
+    .bind(difference.network.as_str())
+    .bind(difference.address.as_str())
+    .bind(difference.asset.as_str())
+    .bind(if difference.found { "found" } else { "missing" })
+    .bind(difference.amount_base.to_string())
+    .bind(i64::try_from(difference.block_height).unwrap_or(i64::MAX))
+    .bind(difference.block_hash.as_str())
+    .bind(difference.key_id.as_deref())
+    .bind(difference.derivation_index.map(i64::from))
+    .bind(found_at_ms)
+    .execute(conn)
+    .await?;
+    Ok(done.rows_affected() == 1)
 }
 
 /// Records a network's holdings check, replacing the one before.

@@ -59,6 +59,12 @@ impl Ahead {
         self.owned.len()
     }
 
+    /// The key id and index of `watch_key`, when it is followed only for a window.
+    pub(super) fn owner(&self, watch_key: &str) -> Option<(String, u32)> {
+        let (slot, index) = self.owned.get(watch_key)?;
+        Some((self.keys[*slot].key_id.clone(), *index))
+    }
+
     /// Whether `key` is followed only for a window; if so it is the caller's from now on.
     pub(super) fn disown(&mut self, key: &str) -> bool {
         self.owned.remove(key).is_some()

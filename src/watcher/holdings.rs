@@ -1,6 +1,7 @@
 //! The holdings check: what the chain holds at every address a network's watcher follows,
-//! against what payrecon recorded up to the watcher's cursor. It reads the watcher's own view
-//! of what it follows, so it lives beside the watcher, not in the engine it drives.
+//! against what payrecon recorded up to the watcher's cursor, and what books the difference.
+//! It reads the watcher's own view of what it follows, so it lives beside the watcher, not in
+//! the engine it drives.
 
 use std::collections::HashMap;
 
@@ -10,17 +11,28 @@ use crate::audit::Rechecker;
 use crate::config::Config;
 use crate::engine::Engine;
 use crate::error::Error;
-use crate::records::HoldingsCheck;
-use crate::store;
+use crate::records::{ExceptionRecord, HoldingsCheck};
+use crate::store::keys::UnissuedRow;
+use crate::store::wallet::HoldingsDifference;
+use crate::store::{self, WriteTx, payments};
+
+/// What one read of the chain found: each difference, and the key and index of the watched
+/// addresses that lie ahead of their key's counter (no intent names them).
+struct Found {
+    differences: Vec<Unexplained>,
+    lookahead: HashMap<String, (String, u32)>,
+}
 
 impl Engine {
     /// The holdings check: every address payrecon watches on Ethereum (open and recently
     /// expired intents, funded addresses, each key's look-ahead window) read on the chain at
     /// the block its watcher's cursor reached, in batches, and compared with what payrecon
-    /// recorded up to exactly there. A balance that no receipt or outflow explains (ETH that
-    /// reached an address while nothing watched it) becomes an `unexplained_balance` exception
-    /// naming address, key, index, amount and block. Its result is kept for `payrecon stuck`
-    /// and `/metrics`; `payrecon serve` runs it every `payments.holdings_check_minutes`.
+    /// recorded up to exactly there. A balance no receipt or outflow explains (ETH that reached
+    /// an address while nothing watched it) is booked so that holdings and their roll-forward
+    /// equal the chain, and becomes a `holdings_difference` exception naming address, key,
+    /// index, amount and block, holding the money for an operator. Its result is kept for
+    /// `payrecon stuck` and `/metrics`; `payrecon serve` runs it every
+    /// `payments.holdings_check_minutes`.
     ///
     /// The Bitcoin family's watchers read every watched script's whole history, and Tron and
     /// Solana sources cannot read balances at a past block: Ethereum is the chain it checks.
@@ -48,12 +60,15 @@ impl Engine {
             Ok(found) => found,
             Err(why) => {
                 check.error = Some(payrecon_chain_core::excerpt(&why).into_owned());
-                Vec::new()
+                Found {
+                    differences: Vec::new(),
+                    lookahead: HashMap::new(),
+                }
             }
         };
-        check.unexplained = found.len() as u64;
+        check.unexplained = found.differences.len() as u64;
         let mut tx = self.db().begin_write().await?;
-        crate::engine::open_unexplained(tx.conn(), network, &found, now, false).await?;
+        book_differences(&mut tx, network, &found, now).await?;
         store::wallet::put_holdings_check(tx.conn(), &check).await?;
         tx.commit().await?;
         checks.push(check);
@@ -67,7 +82,7 @@ impl Engine {
         config: &Config,
         network: Network,
         check: &mut HoldingsCheck,
-    ) -> Result<Vec<Unexplained>, String> {
+    ) -> Result<Found, String> {
         let live = super::LiveView::load(self, network)
             .await
             .map_err(|e| e.to_string())?;
@@ -76,6 +91,10 @@ impl Engine {
             .watch_keys
             .iter()
             .map(|key| key.to_string())
+            .collect();
+        let lookahead: HashMap<String, (String, u32)> = addresses
+            .iter()
+            .filter_map(|address| Some((address.clone(), live.lookahead_owner(address)?)))
             .collect();
         drop(live);
         let (cursor, rows) = store::wallet::holdings_at_cursor(self.db().pool(), network)
@@ -148,13 +167,123 @@ impl Engine {
                 amount: Amount::from_base_units(chain.abs_diff(ours)),
                 reason: format!(
                     "the holdings check read {} on the chain where payrecon recorded {}: no \
-                     receipt or outflow it recorded explains the difference (money that came \
-                     while nothing watched the address)",
+                     receipt or outflow it recorded explains the difference",
                     method.format_amount(Amount::from_base_units(chain)),
                     method.format_amount(Amount::from_base_units(ours))
                 ),
             });
         }
-        Ok(found)
+        Ok(Found {
+            differences: found,
+            lookahead,
+        })
+    }
+}
+
+/// Books each difference the check found, once (a difference is named by its address, asset
+/// and block, and a check that finds it booked finds none): the entry that brings custody to
+/// the chain, the row that brings holdings there, and the exception that holds the money for
+/// an operator. Money found ahead of a key's counter also moves the counter past it, as the
+/// watcher does, so its address is never handed out.
+async fn book_differences(
+    tx: &mut WriteTx,
+    network: Network,
+    found: &Found,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<(), Error> {
+    let addresses: Vec<&str> = found
+        .differences
+        .iter()
+        .map(|item| item.address.as_str())
+        .collect();
+    let intents = payments::intents_by_watch_keys(tx.conn(), network, &addresses).await?;
+    let backend = tx.backend();
+    for item in &found.differences {
+        let intent = intents.iter().find(|i| i.watch_key == item.address);
+        let ahead = match intent {
+            Some(_) => None,
+            None => found.lookahead.get(&item.address),
+        };
+        if let (Some((key_id, index)), true) = (ahead, item.arrived) {
+            let row = UnissuedRow {
+                network: network.as_str().to_owned(),
+                address: item.address.clone(),
+                key_id: key_id.clone(),
+                derivation_index: *index,
+            };
+            store::keys::record_unissued(tx.conn(), backend, &row, now.timestamp_millis()).await?;
+        }
+        let difference = HoldingsDifference {
+            id: format!(
+                "holdings_difference:{network}:{}:{}:{}",
+                item.address, item.method, item.block.height
+            ),
+            network: network.as_str().to_owned(),
+            address: item.address.clone(),
+            asset: item.method.id().to_owned(),
+            found: item.arrived,
+            amount_base: item.amount.base_units(),
+            block_height: item.block.height,
+            block_hash: item.block.hash.clone(),
+            key_id: intent
+                .map(|i| i.key_id.clone())
+                .or(ahead.map(|a| a.0.clone())),
+            derivation_index: intent.map(|i| i.derivation_index).or(ahead.map(|a| a.1)),
+        };
+        if !store::wallet::put_holdings_difference(tx.conn(), &difference, now.timestamp_millis())
+            .await?
+        {
+            continue;
+        }
+        let entry = crate::wallet::difference_entry(&difference, item.method);
+        entry.validate()?;
+        store::ledger::post_batch(tx, &[entry], now).await??;
+        let record = difference_exception(item, &difference, intent, ahead, now);
+        if payments::open_exception(tx.conn(), &record).await? {
+            tracing::warn!(%network, address = %item.address, block = item.block.height, "the holdings check booked a difference from the chain: an exception for operators");
+        }
+    }
+    Ok(())
+}
+
+/// The exception that holds a booked difference for an operator, under the difference's id.
+fn difference_exception(
+    item: &Unexplained,
+    difference: &HoldingsDifference,
+    intent: Option<&crate::intent::PaymentIntent>,
+    ahead: Option<&(String, u32)>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> ExceptionRecord {
+    let booked = if item.arrived {
+        "It is booked into custody and held in suspense:unreconciled: say whose it is \
+         (accept it as the order's payment, credit a balance, mark it refunded or the \
+         merchant's own)"
+    } else {
+        "It is booked as sent elsewhere: find the transaction that took it"
+    };
+    ExceptionRecord {
+        id: difference.id.clone(),
+        kind: "holdings_difference".into(),
+        intent_id: intent.map(|i| i.id.clone()),
+        order_ref: intent.map(|i| i.order_ref.to_string()),
+        transfer: None,
+        detail: format!(
+            "{} {} {} {} ({}) by block {} ({}): {}. {booked}; see the operators' guide.",
+            item.method.format_amount(item.amount),
+            item.method.asset(),
+            if item.arrived {
+                "found at"
+            } else {
+                "missing from"
+            },
+            item.address,
+            crate::engine::place_of(intent, ahead),
+            item.block.height,
+            item.block.hash,
+            item.reason
+        ),
+        opened_at: now,
+        resolved_at: None,
+        resolution: None,
     }
 }

@@ -115,6 +115,9 @@ pub struct WatcherStatus {
     pub incomplete_answers: u64,
     /// Zero-value transfers to watched addresses (address poisoning) ignored since start.
     pub zero_value_ignored: u64,
+    /// The start (engine clock) of the last round that reached the source's newest block:
+    /// every transaction the source held then is read and committed.
+    pub chain_read_until: Option<DateTime<Utc>>,
 }
 
 /// Running under a lease: several processes share the database, one watches each network.
@@ -175,6 +178,7 @@ impl<S: ChainScanner> Watcher<S> {
             rpc_errors: 0,
             incomplete_answers: 0,
             zero_value_ignored: 0,
+            chain_read_until: None,
         });
         Watcher {
             engine,
@@ -230,6 +234,8 @@ impl<S: ChainScanner> Watcher<S> {
             ),
         };
         let view = live.view();
+        // Whatever the source holds at this moment, a round that reaches its head reads.
+        let started = self.engine.clock().now();
         let deadline = self.options.scan_deadline;
         let mut batch = tokio::time::timeout(deadline, self.scanner.scan(view))
             .await
@@ -266,6 +272,9 @@ impl<S: ChainScanner> Watcher<S> {
             status.events_applied += events as u64;
             status.head = Some(batch.head);
             status.zero_value_ignored += poisoning as u64;
+            if !batch.more {
+                status.chain_read_until = Some(started);
+            }
         });
         publish(&self.engine, &self.status).await;
         Ok(Round {
@@ -529,6 +538,7 @@ async fn publish(engine: &Engine, status: &watch::Sender<WatcherStatus>) {
         zero_value_ignored: status.zero_value_ignored,
         last_error,
         last_scan_at: status.last_scan_at,
+        chain_read_until: status.chain_read_until,
         next_try_at,
         updated_at: Utc::now(),
     };

@@ -151,6 +151,12 @@ impl LiveView {
         self.ahead.len()
     }
 
+    /// The key id and index of `watch_key`, when it is followed only because it lies ahead of
+    /// its key's counter.
+    pub(crate) fn lookahead_owner(&self, watch_key: &str) -> Option<(String, u32)> {
+        self.ahead.owner(watch_key)
+    }
+
     /// The receipts of a scan's `events` paid to addresses ahead of their key's counter.
     pub(crate) fn unissued(&self, events: &[payrecon_chain_core::ChainEvent]) -> Vec<UnissuedRow> {
         self.ahead.unissued(self.network, events)

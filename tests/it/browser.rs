@@ -165,6 +165,7 @@ async fn finance_sees_the_books_and_closes_and_reopens_a_month() {
         "Customers' balances",
         "Holdings on watched addresses",
         "Sent elsewhere",
+        "Found by check",
         "0 entries without a fiat value",
         "Market value USD",
         "btc",

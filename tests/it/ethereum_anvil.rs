@@ -52,7 +52,7 @@ on_both_databases! {
 
         // An hour passes for the shop and for the chain.
         clock.advance(Duration::minutes(61));
-        engine.tick().await.unwrap();
+        common::checks::tick_once_read(&engine, Network::Ethereum, &*clock).await;
         assert_eq!(status(&engine, &pays[1].intent.id).await, IntentStatus::Underpaid);
         assert_eq!(status(&engine, &pays[3].intent.id).await, IntentStatus::Expired);
         watcher.next_round().await;
@@ -74,7 +74,7 @@ on_both_databases! {
         let pay = engine.create_payment(&order("REMINED"), Method::Eth).await.unwrap();
         let watcher = watch_ethereum(&engine, &anvil, &tokens, anvil.head().await);
         clock.advance(Duration::minutes(61));
-        engine.tick().await.unwrap();
+        common::checks::tick_once_read(&engine, Network::Ethereum, &*clock).await;
         assert_eq!(status(&engine, &pay.intent.id).await, IntentStatus::Expired);
         watcher.next_round().await;
 

@@ -275,40 +275,74 @@ on_both_databases! {
 }
 
 on_both_databases! {
-    async fn the_holdings_check_finds_eth_no_watcher_saw(db) {
-        // ETH reaches an intent's address in a block its watcher never reads (it started
-        // after it): the check reads every watched address at the watcher's cursor and names
-        // the money in an exception.
+    async fn the_holdings_check_finds_eth_no_watcher_saw_and_books_it(db) {
+        // ETH reaches an intent's address and an address ahead of the key's counter in a block
+        // the watcher never reads (it started after it): the check reads every watched address
+        // at the watcher's cursor, books what it found so that holdings equal the chain, and
+        // holds it in an exception each for operators.
         let anvil = Anvil::lock().await;
         let tokens = anvil.tokens().await;
-        let section = ethereum(&anvil, &tokens, &fresh_ethereum_xpub(), 1);
+        let seed = SeedKeys::fresh();
+        let section = ethereum(&anvil, &tokens, &seed.account_xpub(), 1);
         let config = eth_config(section);
-        let (engine, _clock) = eth_engine_of(&db, config.clone()).await;
+        let (engine, clock) = eth_engine_of(&db, config.clone()).await;
         engine.create_topup(&topup("UNSEEN", "99", "100")).await.unwrap();
         let pay = engine.create_payment(&order("UNSEEN"), Method::Eth).await.unwrap().intent;
+        let ahead_index = pay.derivation_index + 1;
+        let ahead = seed.signer(&format!("m/44h/60h/0h/0/{ahead_index}")).address().to_checksum(None);
         anvil.send_eth(&pay.pay_to, TOPUP_WEI).await;
+        anvil.send_eth(&ahead, 7).await;
         anvil.mine(1).await;
         let watcher = watch_ethereum(&engine, &anvil, &tokens, anvil.head().await + 1);
         anvil.mine(1).await;
         anvil.wait_synced(&engine).await;
         assert_eq!(status(&engine, &pay.id).await, IntentStatus::AwaitingPayment, "the watcher never read the payment's block");
+        assert_eq!(held_per_asset(&engine, Network::Ethereum).await, []);
 
         let checks = engine.check_holdings(&config).await.unwrap();
         assert_eq!(checks.len(), 1);
-        assert_eq!((checks[0].unexplained, checks[0].error.as_deref()), (1, None), "{checks:?}");
-        assert!(checks[0].addresses_checked >= 1);
-        let found: Vec<_> = engine.exceptions(None).await.unwrap().into_iter().filter(|e| e.kind == "unexplained_balance").collect();
-        assert_eq!(found.len(), 1, "{found:?}");
-        let detail = &found[0].detail;
+        assert_eq!((checks[0].unexplained, checks[0].error.as_deref()), (2, None), "{checks:?}");
+        assert!(checks[0].addresses_checked >= 2);
+        let found: Vec<_> = engine.exceptions(None).await.unwrap().into_iter().filter(|e| e.kind == "holdings_difference").collect();
+        assert_eq!(found.len(), 2, "{found:?}");
+        let paid = found.iter().find(|e| e.order_ref.as_deref() == Some("UNSEEN")).unwrap();
+        let detail = &paid.detail;
         assert!(detail.contains(&pay.pay_to) && detail.contains("0.05 ETH") && detail.contains(&format!("index {}", pay.derivation_index)) && detail.contains(&pay.key_id), "{detail}");
-        assert_eq!(found[0].order_ref.as_deref(), Some("UNSEEN"));
-        // Run again: the same money is the same exception.
-        engine.check_holdings(&config).await.unwrap();
-        assert_eq!(engine.exceptions(None).await.unwrap().iter().filter(|e| e.kind == "unexplained_balance").count(), 1);
+        let stray = found.iter().find(|e| e.order_ref.is_none()).unwrap();
+        assert!(stray.detail.to_lowercase().contains(&ahead.to_lowercase()) && stray.detail.contains(&format!("index {ahead_index} of key {}", pay.key_id)), "{}", stray.detail);
+        // Holdings and their roll-forward are the chain's, the books balance.
+        assert_eq!(held_per_asset(&engine, Network::Ethereum).await, [("eth".into(), TOPUP_WEI + 7)]);
+        let month = engine.period_of(clock.now());
+        let rollforward = engine.holdings_rollforward(month).await.unwrap();
+        let eth = rollforward.assets.iter().find(|a| a.asset == "eth").unwrap();
+        assert_eq!(
+            [&eth.received, &eth.found_by_check, &eth.missing_by_check, &eth.closing, &eth.held_at_end].map(|s| s.as_str()),
+            ["0", &(TOPUP_WEI + 7).to_string(), "0", &(TOPUP_WEI + 7).to_string(), &(TOPUP_WEI + 7).to_string()]
+        );
+        assert!(rollforward.closes);
+        sound(&engine).await;
+        // The next intent's address is past the one found paid ahead of the counter.
+        engine.create_topup(&topup("NEXT", "99", "100")).await.unwrap();
+        let next = engine.create_payment(&order("NEXT"), Method::Eth).await.unwrap().intent;
+        assert!(next.derivation_index > ahead_index, "{} handed out again", next.derivation_index);
+
+        // Run again: what is booked is found no more.
+        let again = engine.check_holdings(&config).await.unwrap();
+        assert_eq!((again[0].unexplained, again[0].error.as_deref()), (0, None), "{again:?}");
+        assert_eq!(engine.exceptions(None).await.unwrap().iter().filter(|e| e.kind == "holdings_difference").count(), 2);
+        assert_eq!(held_per_asset(&engine, Network::Ethereum).await, [("eth".into(), TOPUP_WEI + 7)]);
         let stuck = engine.stuck(&payrecon::StuckOptions::default()).await.unwrap();
-        assert!(stuck.iter().any(|item| item.kind == "holdings_check" && item.subject == "ethereum"), "{stuck:?}");
+        assert!(stuck.iter().any(|item| item.subject == paid.id), "{stuck:?}");
         let metrics = payrecon::test_utils::api::metrics_text(&engine).await.unwrap();
-        assert!(metrics.contains("payrecon_holdings_check_unexplained{network=\"ethereum\"} 1"), "{metrics}");
+        assert!(metrics.contains("payrecon_exceptions_open{kind=\"holdings_difference\"} 2"), "{metrics}");
+
+        // An operator who learns whose it is accepts it as the order's payment; the stray
+        // coin cannot be dismissed while it holds money.
+        let refused = engine.resolve_exception(&stray.id, &payrecon::Action::Dismiss, "ops", "nobody's").await.unwrap_err();
+        assert!(refused.to_string().contains("holds"), "{refused}");
+        engine.resolve_exception(&paid.id, &payrecon::Action::AcceptAsPaid, "ops", "the customer's wallet paid through a contract").await.unwrap();
+        assert_eq!(cents(&engine, "99").await, 10_000);
+        assert_eq!(held_per_asset(&engine, Network::Ethereum).await, [("eth".into(), TOPUP_WEI + 7)]);
         watcher.stop().await.unwrap();
         sound(&engine).await;
     }

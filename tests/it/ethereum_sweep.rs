@@ -67,7 +67,7 @@ on_both_databases! {
         // A week and a day later every intent's window has closed; the addresses holding money
         // stay followed.
         clock.advance(Duration::days(8));
-        engine.tick().await.unwrap();
+        common::checks::tick_once_read(&engine, Network::Ethereum, &*clock).await;
         watcher.next_round().await;
         anvil.next_block_at_least(clock.now().timestamp()).await;
 
@@ -206,7 +206,7 @@ on_both_databases! {
         anvil.mine(2).await;
         wait_status(&engine, &intent.id, IntentStatus::Settled).await;
         clock.advance(Duration::days(8));
-        engine.tick().await.unwrap();
+        common::checks::tick_once_read(&engine, Network::Ethereum, &*clock).await;
         watcher.next_round().await;
         anvil.next_block_at_least(clock.now().timestamp()).await;
 

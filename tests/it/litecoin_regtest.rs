@@ -85,7 +85,7 @@ on_both_databases_and_sources! {
         chain.mine(1).await;
         wait_status(&engine, &pay.intent.id, IntentStatus::Confirmed).await;
         clock.advance(Duration::minutes(61));
-        engine.tick().await.unwrap();
+        common::checks::tick_once_read(&engine, Network::Litecoin, &*clock).await;
         assert_eq!(status(&engine, &pay.intent.id).await, IntentStatus::Underpaid);
         assert_eq!(kinds(&engine, "T1").await, ["underpaid"]);
         assert_eq!(cents(&engine, "42").await, 0);
@@ -145,7 +145,7 @@ on_both_databases_and_sources! {
         engine.create_topup(&topup("T1", "42", "100")).await.unwrap();
         let pay = engine.create_payment(&order("T1"), Method::Ltc).await.unwrap();
         clock.advance(Duration::minutes(61));
-        engine.tick().await.unwrap();
+        common::checks::tick_once_read(&engine, Network::Litecoin, &*clock).await;
         assert_eq!(status(&engine, &pay.intent.id).await, IntentStatus::Expired);
         let watcher = source.watch(&engine, &chain);
         chain.send(&pay.intent.pay_to, "1").await;

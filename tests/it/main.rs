@@ -13,6 +13,7 @@ mod books_properties;
 mod browser;
 mod cli;
 mod crash_points;
+mod deadlines;
 mod doctor;
 mod durability;
 mod edge;

@@ -14,7 +14,7 @@ use common::topup;
 use payrecon::IntentStatus;
 use payrecon::test_utils::clock::Clock;
 use payrecon::test_utils::watcher::WatcherState;
-use payrecon_chain_core::Method;
+use payrecon_chain_core::{Method, Network};
 use payrecon_chain_solana::testkit::{FakeSolana, Fault, random_pubkey};
 
 /// 1 SOL, what a 100 USD top-up costs at 100 USD per SOL.
@@ -84,7 +84,7 @@ on_both_databases! {
         assert_eq!([cents(&engine, "10").await, cents(&engine, "11").await, cents(&engine, "12").await], [10_000, 0, 10_000]);
 
         clock.advance(Duration::minutes(61));
-        engine.tick().await.unwrap();
+        common::checks::tick_once_read(&engine, Network::Solana, &*clock).await;
         assert_eq!(status(&engine, &pays[1].intent.id).await, IntentStatus::Underpaid);
         assert_eq!(status(&engine, &pays[3].intent.id).await, IntentStatus::Expired);
         watcher.next_round().await;

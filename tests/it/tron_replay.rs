@@ -18,7 +18,7 @@ use payrecon::IntentStatus;
 use payrecon::config::TronFinality;
 use payrecon::test_utils::clock::Clock;
 use payrecon::test_utils::watcher::WatcherState;
-use payrecon_chain_core::Method;
+use payrecon_chain_core::{Method, Network};
 use payrecon_chain_tron::testkit::{
     FakeTron, Fault, internal_trx, rejected_internal_trx, reverted_trc20, trc20, trx,
     unreadable_trx,
@@ -123,7 +123,7 @@ on_both_databases! {
 
         // An hour passes for the shop and for the chain.
         clock.advance(Duration::minutes(61));
-        engine.tick().await.unwrap();
+        common::checks::tick_once_read(&engine, Network::Tron, &*clock).await;
         assert_eq!(status(&engine, &pays[1].intent.id).await, IntentStatus::Underpaid);
         assert_eq!(status(&engine, &pays[4].intent.id).await, IntentStatus::Expired);
         watcher.next_round().await;

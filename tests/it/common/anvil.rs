@@ -87,19 +87,25 @@ impl Anvil {
             .to_owned()
     }
 
-    /// Stamps the next block no earlier than `unix_seconds` (and after its parent).
-    pub async fn next_block_at_least(&self, unix_seconds: i64) {
+    /// The newest block's time, Unix seconds: ahead of the wall clock once a test stamped
+    /// blocks later.
+    pub async fn head_time(&self) -> i64 {
         let latest = self
             .call("eth_getBlockByNumber", json!(["latest", false]))
             .await;
-        let parent = i64::from_str_radix(
+        i64::from_str_radix(
             latest["timestamp"]
                 .as_str()
                 .unwrap()
                 .trim_start_matches("0x"),
             16,
         )
-        .unwrap();
+        .unwrap()
+    }
+
+    /// Stamps the next block no earlier than `unix_seconds` (and after its parent).
+    pub async fn next_block_at_least(&self, unix_seconds: i64) {
+        let parent = self.head_time().await;
         let at = unix_seconds.max(parent + 1);
         self.call("evm_setNextBlockTimestamp", json!([at])).await;
     }
@@ -472,17 +478,21 @@ pub struct RpcProxy {
     /// While set, the proxy answers `eth_getLogs` and `eth_getBlockReceipts` with `[]`, as a
     /// backend behind a provider's load balancer that lags the others does.
     pub empty_logs: Arc<std::sync::atomic::AtomicBool>,
+    /// While set, the proxy answers every request with HTTP 502, as a provider in an outage.
+    pub down: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl RpcProxy {
     pub async fn start(upstream: &str, max_log_blocks: u64, rate_limit_every: usize) -> RpcProxy {
         let counts = Arc::new(ProxyCounts::default());
         let empty_logs = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let down = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let state = (
             upstream.to_owned(),
             reqwest::Client::new(),
             counts.clone(),
             empty_logs.clone(),
+            down.clone(),
         );
         let app =
             axum::Router::new().fallback(axum::routing::post(move |body: axum::body::Bytes| {
@@ -495,6 +505,7 @@ impl RpcProxy {
             url,
             counts,
             empty_logs,
+            down,
         }
     }
 }
@@ -504,16 +515,20 @@ type ProxyState = (
     reqwest::Client,
     Arc<ProxyCounts>,
     Arc<std::sync::atomic::AtomicBool>,
+    Arc<std::sync::atomic::AtomicBool>,
 );
 
 async fn proxy(
-    (upstream, http, counts, empty_logs): ProxyState,
+    (upstream, http, counts, empty_logs, down): ProxyState,
     body: axum::body::Bytes,
     max_log_blocks: u64,
     rate_limit_every: usize,
 ) -> axum::response::Response<axum::body::Body> {
     use axum::response::IntoResponse;
     let seen = counts.requests.fetch_add(1, Ordering::SeqCst);
+    if down.load(Ordering::SeqCst) {
+        return (axum::http::StatusCode::BAD_GATEWAY, "Bad Gateway").into_response();
+    }
     if rate_limit_every > 0 && seen % rate_limit_every == rate_limit_every - 1 {
         counts.rate_limited.fetch_add(1, Ordering::SeqCst);
         return (

@@ -4,9 +4,37 @@
 use payrecon::Engine;
 use payrecon::IntentStatus;
 use payrecon::OrderRef;
+use payrecon::test_utils::clock::Clock;
+use payrecon_chain_core::Network;
 
 use super::account;
 use super::regtest::eventually;
+
+/// Ticks once `network`'s watcher has read its chain up to the clock's now (deadlines are
+/// judged by the chain, not the clock alone); at once where no watcher reports for it.
+pub async fn tick_once_read(engine: &Engine, network: Network, clock: &dyn Clock) {
+    let now = clock.now();
+    let start = std::time::Instant::now();
+    loop {
+        let health = engine.watcher_health().await.unwrap();
+        let row = health
+            .iter()
+            .find(|health| health.network == network.as_str());
+        if row.is_none_or(|health| {
+            health
+                .chain_read_until
+                .is_some_and(|read| read.timestamp_millis() >= now.timestamp_millis())
+        }) {
+            break;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "the {network} watcher did not read its chain up to {now}: {row:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    engine.tick().await.unwrap();
+}
 
 pub fn order(reference: &str) -> OrderRef {
     OrderRef::new(reference).unwrap()
