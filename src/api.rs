@@ -1004,6 +1004,20 @@ fn watcher_families(text: &mut String, health: &[crate::records::WatcherHealth])
     );
     family(
         text,
+        "payrecon_source_active",
+        "1 for the source (its credentials hidden) that served the watcher's last round.",
+        "gauge",
+        health
+            .iter()
+            .filter_map(|h| {
+                let source = h.active_source.as_deref()?;
+                let source = source.replace('\\', "\\\\").replace('"', "\\\"");
+                Some((format!("network=\"{}\",source=\"{source}\"", h.network), 1))
+            })
+            .collect(),
+    );
+    family(
+        text,
         "payrecon_watcher_up",
         "1 if the watcher's last round succeeded.",
         "gauge",

@@ -70,12 +70,21 @@ pub(crate) enum Rechecker {
 }
 
 impl Rechecker {
-    /// The configured client of `network`, or why there is none.
+    /// The configured client of `network` (its first source), or why there is none.
     pub(crate) fn for_network(config: &Config, network: Network) -> Result<Rechecker, String> {
+        Ok(Rechecker::every_source(config, network)?.swap_remove(0))
+    }
+
+    /// A client per configured source of `network`, in order (at least one), or why there is
+    /// none.
+    pub(crate) fn every_source(
+        config: &Config,
+        network: Network,
+    ) -> Result<Vec<Rechecker>, String> {
         let missing = || format!("networks.{network} has no node configured");
         let configured = |e: Error| e.to_string();
         let networks = &config.networks;
-        match network {
+        let sources: Vec<Rechecker> = match network {
             Network::Bitcoin | Network::Litecoin => {
                 let utxo = match network {
                     Network::Bitcoin => networks.bitcoin.as_ref(),
@@ -83,41 +92,48 @@ impl Rechecker {
                 }
                 .ok_or_else(missing)?;
                 match crate::networks::utxo_source(network, utxo).map_err(configured)? {
-                    Some(UtxoSource::Electrum(s)) => {
-                        Ok(Rechecker::Electrum(Box::new(ElectrumScanner::new(s))))
+                    Some(UtxoSource::Electrum(_)) => {
+                        crate::networks::electrum_sources(network, utxo)
+                            .map_err(configured)?
+                            .into_iter()
+                            .map(|s| Rechecker::Electrum(Box::new(ElectrumScanner::new(s))))
+                            .collect()
                     }
-                    Some(UtxoSource::Node(s)) => Ok(Rechecker::Node(Box::new(NodeScanner::new(s)))),
-                    None => Err(missing()),
+                    Some(UtxoSource::Node(s)) => {
+                        vec![Rechecker::Node(Box::new(NodeScanner::new(s)))]
+                    }
+                    None => Vec::new(),
                 }
             }
-            Network::Ethereum => networks
-                .ethereum
-                .as_ref()
-                .map(crate::networks::ethereum_settings)
-                .transpose()
-                .map_err(configured)?
-                .flatten()
-                .map(|s| Rechecker::Ethereum(EthereumScanner::new(s)))
-                .ok_or_else(missing),
-            Network::Tron => networks
-                .tron
-                .as_ref()
-                .map(crate::networks::tron_settings)
-                .transpose()
-                .map_err(configured)?
-                .flatten()
-                .map(|s| Rechecker::Tron(TronScanner::new(s)))
-                .ok_or_else(missing),
-            Network::Solana => networks
-                .solana
-                .as_ref()
-                .map(crate::networks::solana_settings)
-                .transpose()
-                .map_err(configured)?
-                .flatten()
-                .map(|s| Rechecker::Solana(SolanaScanner::new(s)))
-                .ok_or_else(missing),
+            Network::Ethereum => match &networks.ethereum {
+                Some(ethereum) => crate::networks::ethereum_sources(ethereum)
+                    .map_err(configured)?
+                    .into_iter()
+                    .map(|s| Rechecker::Ethereum(EthereumScanner::new(s)))
+                    .collect(),
+                None => Vec::new(),
+            },
+            Network::Tron => match &networks.tron {
+                Some(tron) => crate::networks::tron_sources(tron)
+                    .map_err(configured)?
+                    .into_iter()
+                    .map(|s| Rechecker::Tron(TronScanner::new(s)))
+                    .collect(),
+                None => Vec::new(),
+            },
+            Network::Solana => match &networks.solana {
+                Some(solana) => crate::networks::solana_sources(solana)
+                    .map_err(configured)?
+                    .into_iter()
+                    .map(|s| Rechecker::Solana(SolanaScanner::new(s)))
+                    .collect(),
+                None => Vec::new(),
+            },
+        };
+        if sources.is_empty() {
+            return Err(missing());
         }
+        Ok(sources)
     }
 
     /// Where it reads the chain, whose credentials no error text may carry.

@@ -436,10 +436,18 @@ pub struct UtxoConfig {
     /// `tcp://host:port` or `ssl://host:port`. Set this or `rpc_url`, not both.
     #[serde(default)]
     pub electrum_url: Option<SecretUrl>,
+    /// More Electrum servers after `electrum_url`, in order: when the one serving fails, times
+    /// out or lags `max_source_lag_blocks` behind another, the watcher goes on with the next,
+    /// and back to the first once it is healthy.
+    #[serde(default)]
+    pub electrum_urls: Vec<SecretUrl>,
     /// The full node's JSON-RPC, `http://host:port` (user and password may be in it). Set
     /// this or `electrum_url`, not both.
     #[serde(default)]
     pub rpc_url: Option<SecretUrl>,
+    /// How many blocks a source may lag behind another before the watcher leaves it.
+    #[serde(default = "utxo_source_lag")]
+    pub max_source_lag_blocks: u64,
     /// The RPC user (`rpcuser` or an `rpcauth` line on the node), with `rpc_password`.
     #[serde(default)]
     pub rpc_user: Option<String>,
@@ -513,7 +521,9 @@ impl UtxoConfig {
             confirmations,
             confirmation_tiers: Vec::new(),
             electrum_url: None,
+            electrum_urls: Vec::new(),
             rpc_url: None,
+            max_source_lag_blocks: utxo_source_lag(),
             rpc_user: None,
             rpc_password: None,
             rpc_cookie_file: None,
@@ -556,6 +566,14 @@ pub struct EthereumConfig {
     /// `http(s)://` polls; `ws(s)://` also subscribes to new heads and scans as each arrives.
     #[serde(default)]
     pub rpc_url: Option<SecretUrl>,
+    /// More JSON-RPC endpoints after `rpc_url`, in order (another provider, your own node):
+    /// when the one serving fails, times out or lags `max_source_lag_blocks` behind another,
+    /// the watcher goes on with the next, and back to the first once it is healthy.
+    #[serde(default)]
+    pub rpc_urls: Vec<SecretUrl>,
+    /// How many blocks a source may lag behind another before the watcher leaves it.
+    #[serde(default = "ethereum_source_lag")]
+    pub max_source_lag_blocks: u64,
     /// `depth` (count `confirmations` blocks) or `finalized` (wait for the node's finalized
     /// block).
     #[serde(default)]
@@ -615,6 +633,14 @@ pub struct TronConfig {
     /// `payrecon serve` watches through; without it no watcher runs.
     #[serde(default)]
     pub api_url: Option<SecretUrl>,
+    /// More full-node HTTP APIs after `api_url`, in order (they share `api_key`): when the one
+    /// serving fails, times out or lags `max_source_lag_blocks` behind another, the watcher
+    /// goes on with the next, and back to the first once it is healthy.
+    #[serde(default)]
+    pub api_urls: Vec<SecretUrl>,
+    /// How many blocks a source may lag behind another before the watcher leaves it.
+    #[serde(default = "tron_source_lag")]
+    pub max_source_lag_blocks: u64,
     /// TronGrid's API key, sent as `TRON-PRO-API-KEY`.
     #[serde(default)]
     pub api_key: Option<Secret>,
@@ -674,6 +700,14 @@ pub struct SolanaConfig {
     /// The JSON-RPC endpoint `payrecon serve` watches through; without it no watcher runs.
     #[serde(default)]
     pub rpc_url: Option<SecretUrl>,
+    /// More JSON-RPC endpoints after `rpc_url`, in order: when the one serving fails, times
+    /// out or lags `max_source_lag_blocks` slots behind another, the watcher goes on with the
+    /// next, and back to the first once it is healthy.
+    #[serde(default)]
+    pub rpc_urls: Vec<SecretUrl>,
+    /// How many slots a source may lag behind another before the watcher leaves it.
+    #[serde(default = "solana_source_lag")]
+    pub max_source_lag_blocks: u64,
     /// Open references swept per scan for payments that carry one but pay someone else.
     #[serde(default = "references_per_scan")]
     pub references_per_scan: usize,
@@ -709,6 +743,24 @@ fn yes() -> bool {
 }
 fn gap_limit_warning() -> u32 {
     20
+}
+
+/// Blocks a source may lag: about half an hour of Bitcoin, a minute of Ethereum and Tron, a
+/// minute of Solana's slots.
+fn utxo_source_lag() -> u64 {
+    3
+}
+
+fn ethereum_source_lag() -> u64 {
+    5
+}
+
+fn tron_source_lag() -> u64 {
+    20
+}
+
+fn solana_source_lag() -> u64 {
+    150
 }
 
 fn lookahead() -> u32 {

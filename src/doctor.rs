@@ -238,10 +238,12 @@ fn block_interval(network: Network) -> Option<chrono::Duration> {
 }
 
 /// The node: it answers, serves the configured chain, and is synced.
+/// Each source of `network` probed in order (a line each), then, with several, whether they
+/// keep within the allowed lag of one another; the first source's probe for the findings.
 async fn node(config: &Config, network: Network) -> (Vec<DoctorCheck>, Option<Probe>) {
     let check = format!("{network} node");
-    let mut source = match Rechecker::for_network(config, network) {
-        Ok(source) => source,
+    let sources = match Rechecker::every_source(config, network) {
+        Ok(sources) => sources,
         Err(why) => {
             let enabled = config
                 .payments
@@ -256,6 +258,84 @@ async fn node(config: &Config, network: Network) -> (Vec<DoctorCheck>, Option<Pr
             return (vec![line(check, verdict, why)], None);
         }
     };
+    let count = sources.len();
+    let mut lines = Vec::new();
+    let mut tips = Vec::new();
+    let mut first = None;
+    for (i, mut source) in sources.into_iter().enumerate() {
+        let check = match i {
+            0 => check.clone(),
+            _ => format!(
+                "{network} source {} of {count} ({})",
+                i + 1,
+                source.source()
+            ),
+        };
+        let (checked, probe) = probe_source(config, network, check, &mut source).await;
+        lines.push(checked);
+        if let Some(probe) = probe {
+            tips.push((source.source().to_string(), probe.tip_height));
+            if i == 0 {
+                first = Some(probe);
+            }
+        }
+    }
+    if count > 1 {
+        lines.push(sources_agree(
+            network,
+            &tips,
+            max_source_lag(config, network),
+        ));
+    }
+    (lines, first)
+}
+
+/// Whether a network's sources that answered are within `max_lag` blocks of the newest.
+fn sources_agree(network: Network, tips: &[(String, u64)], max_lag: u64) -> DoctorCheck {
+    let check = format!("{network} sources");
+    let Some(newest) = tips.iter().map(|(_, tip)| *tip).max() else {
+        return line(check, Verdict::Fail, "no source answered");
+    };
+    match tips.iter().find(|(_, tip)| newest - tip > max_lag) {
+        Some((source, tip)) => line(
+            check,
+            Verdict::Warn,
+            format!(
+                "{source} is {} blocks behind the newest source (allowed {max_lag}): the watcher leaves it while it lags",
+                newest - tip
+            ),
+        ),
+        None => line(
+            check,
+            Verdict::Ok,
+            format!(
+                "{} of them answer on the configured chain, within {max_lag} blocks of one another",
+                tips.len()
+            ),
+        ),
+    }
+}
+
+/// A network's allowed lag between sources.
+fn max_source_lag(config: &Config, network: Network) -> u64 {
+    let networks = &config.networks;
+    match network {
+        Network::Bitcoin => networks.bitcoin.as_ref().map(|c| c.max_source_lag_blocks),
+        Network::Litecoin => networks.litecoin.as_ref().map(|c| c.max_source_lag_blocks),
+        Network::Ethereum => networks.ethereum.as_ref().map(|c| c.max_source_lag_blocks),
+        Network::Tron => networks.tron.as_ref().map(|c| c.max_source_lag_blocks),
+        Network::Solana => networks.solana.as_ref().map(|c| c.max_source_lag_blocks),
+    }
+    .unwrap_or(0)
+}
+
+/// One source probed: it serves the configured chain, how synced it is.
+async fn probe_source(
+    config: &Config,
+    network: Network,
+    check: String,
+    source: &mut Rechecker,
+) -> (DoctorCheck, Option<Probe>) {
     let probe = match source.probe().await {
         Ok(probe) => probe,
         Err(e) => {
@@ -266,7 +346,7 @@ async fn node(config: &Config, network: Network) -> (Vec<DoctorCheck>, Option<Pr
                 }
                 other => format!("does not answer as a node should: {other}"),
             };
-            return (vec![line(check, Verdict::Fail, what)], None);
+            return (line(check, Verdict::Fail, what), None);
         }
     };
     let mut detail = format!("serves the configured chain; tip {}", probe.tip_height);
@@ -299,7 +379,7 @@ async fn node(config: &Config, network: Network) -> (Vec<DoctorCheck>, Option<Pr
             detail.push_str(&format!(", {} s old", age.num_seconds().max(0)));
         }
     }
-    (vec![line(check, verdict, detail)], Some(probe))
+    (line(check, verdict, detail), Some(probe))
 }
 
 /// What the configuration names on the chain, for the methods it enables.

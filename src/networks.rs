@@ -5,7 +5,7 @@
 
 use alloy_primitives::Address;
 use payrecon_chain_bitcoin::{ElectrumSettings, NodeAuth, NodeSettings, UtxoChain, UtxoTarget};
-use payrecon_chain_core::{DeriveError, Network};
+use payrecon_chain_core::{DeriveError, FailoverPolicy, Network, SecretUrl};
 use payrecon_chain_ethereum::{EthereumSettings, Finality};
 use payrecon_chain_solana::SolanaSettings;
 use payrecon_chain_tron::{TronAddress, TronSettings};
@@ -23,17 +23,17 @@ pub fn check(config: &Config) -> Result<(), Error> {
         (Network::Litecoin, &networks.litecoin),
     ] {
         if let Some(utxo) = utxo {
-            utxo_source(network, utxo)?;
+            electrum_sources(network, utxo)?;
         }
     }
     if let Some(ethereum) = &networks.ethereum {
-        ethereum_settings(ethereum)?;
+        ethereum_sources(ethereum)?;
     }
     if let Some(tron) = &networks.tron {
-        tron_settings(tron)?;
+        tron_sources(tron)?;
     }
     if let Some(solana) = &networks.solana {
-        solana_settings(solana)?;
+        solana_sources(solana)?;
     }
     Ok(())
 }
@@ -230,7 +230,169 @@ pub fn solana_settings(config: &SolanaConfig) -> Result<Option<SolanaSettings>, 
     Ok(config.rpc_url.is_some().then_some(settings))
 }
 
+/// Every source of a network, in order: `first` (the settings of its single-URL key), then
+/// the same settings at each URL of the list under `key`. A list without a first source, or a
+/// URL named twice, is refused.
+fn in_order<T: Clone>(
+    network: Network,
+    first: Option<T>,
+    more: &[SecretUrl],
+    key: (&str, &str),
+    at: impl Fn(&T, SecretUrl) -> T,
+    url: impl Fn(&T) -> &SecretUrl,
+) -> Result<Vec<T>, Error> {
+    let Some(first) = first else {
+        if more.is_empty() {
+            return Ok(Vec::new());
+        }
+        return Err(Error::Config(format!(
+            "networks.{network}.{} lists sources after networks.{network}.{}, which is not set: set it to the first",
+            key.1, key.0
+        )));
+    };
+    let mut sources = vec![first];
+    for next in more {
+        if sources.iter().any(|s| url(s).expose() == next.expose()) {
+            return Err(Error::Config(format!(
+                "networks.{network}.{}: {next} is named twice: each source once, in order",
+                key.1
+            )));
+        }
+        sources.push(at(&sources[0], next.clone()));
+    }
+    Ok(sources)
+}
+
+/// Every Ethereum source in order (none without `rpc_url`).
+pub fn ethereum_sources(config: &EthereumConfig) -> Result<Vec<EthereumSettings>, Error> {
+    let first = ethereum_settings(config)?;
+    in_order(
+        Network::Ethereum,
+        first,
+        &config.rpc_urls,
+        ("rpc_url", "rpc_urls"),
+        |first, url| EthereumSettings {
+            url,
+            ..first.clone()
+        },
+        |s| &s.url,
+    )
+}
+
+/// Every Tron source in order (none without `api_url`).
+pub fn tron_sources(config: &TronConfig) -> Result<Vec<TronSettings>, Error> {
+    let first = tron_settings(config)?;
+    in_order(
+        Network::Tron,
+        first,
+        &config.api_urls,
+        ("api_url", "api_urls"),
+        |first, url| TronSettings {
+            url,
+            ..first.clone()
+        },
+        |s| &s.url,
+    )
+}
+
+/// Every Solana source in order (none without `rpc_url`).
+pub fn solana_sources(config: &SolanaConfig) -> Result<Vec<SolanaSettings>, Error> {
+    let first = solana_settings(config)?;
+    in_order(
+        Network::Solana,
+        first,
+        &config.rpc_urls,
+        ("rpc_url", "rpc_urls"),
+        |first, url| SolanaSettings {
+            url,
+            ..first.clone()
+        },
+        |s| &s.url,
+    )
+}
+
+/// Every Electrum server of a UTXO network in order; none when it reads a full node or
+/// nothing (`electrum_urls` beside `rpc_url` is refused).
+pub fn electrum_sources(
+    network: Network,
+    config: &UtxoConfig,
+) -> Result<Vec<ElectrumSettings>, Error> {
+    let first = match utxo_source(network, config)? {
+        Some(UtxoSource::Electrum(settings)) => Some(settings),
+        Some(UtxoSource::Node(_)) if !config.electrum_urls.is_empty() => {
+            return Err(Error::Config(format!(
+                "networks.{network}.electrum_urls lists Electrum servers, but the network reads a full node (rpc_url): one kind of source per network"
+            )));
+        }
+        _ => None,
+    };
+    in_order(
+        network,
+        first,
+        &config.electrum_urls,
+        ("electrum_url", "electrum_urls"),
+        |first, url| ElectrumSettings {
+            url,
+            ..first.clone()
+        },
+        |s| &s.url,
+    )
+}
+
+/// When a network's watcher leaves a source for the next.
+pub fn failover_policy(max_lag_blocks: u64) -> FailoverPolicy {
+    FailoverPolicy {
+        max_lag_blocks,
+        ..FailoverPolicy::default()
+    }
+}
+
 /// A network's `timeout_ms`, at least a millisecond.
 fn timeout(ms: u32) -> std::time::Duration {
     std::time::Duration::from_millis(u64::from(ms.max(1)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ethereum(first: Option<&str>, more: &[&str]) -> EthereumConfig {
+        let mut config = Config::from_toml(
+            "[networks.ethereum]\nxpub = \"xpub\"\nchain_id = 1\nconfirmations = 12",
+        )
+        .unwrap()
+        .networks
+        .ethereum
+        .unwrap();
+        config.rpc_url = first.map(SecretUrl::from);
+        config.rpc_urls = more.iter().map(|url| SecretUrl::from(*url)).collect();
+        config
+    }
+
+    #[test]
+    fn sources_come_in_order_once_each_after_a_first() {
+        let urls = |config| -> Vec<String> {
+            ethereum_sources(&config)
+                .unwrap()
+                .iter()
+                .map(|s| s.url.expose().to_owned())
+                .collect()
+        };
+        assert!(urls(ethereum(None, &[])).is_empty());
+        assert_eq!(
+            urls(ethereum(
+                Some("http://a:8545"),
+                &["http://b:8545", "http://c:8545"]
+            )),
+            ["http://a:8545", "http://b:8545", "http://c:8545"]
+        );
+        let without_first = ethereum_sources(&ethereum(None, &["http://b:8545"])).unwrap_err();
+        assert!(
+            without_first.to_string().contains("networks.ethereum.rpc_urls lists sources after networks.ethereum.rpc_url, which is not set"),
+            "{without_first}"
+        );
+        let twice =
+            ethereum_sources(&ethereum(Some("http://a:8545"), &["http://a:8545"])).unwrap_err();
+        assert!(twice.to_string().contains("named twice"), "{twice}");
+    }
 }

@@ -55,6 +55,8 @@ pub struct WatcherHealth {
     /// How far in time the watcher has read its chain: the start (engine clock) of its last
     /// round that reached the source's newest block. Deadlines are judged against it.
     pub chain_read_until: Option<DateTime<Utc>>,
+    /// Which of the network's sources served the last round, its credentials hidden.
+    pub active_source: Option<String>,
     /// A stopped watcher's next attempt; `None` while it runs, or when it stays stopped (it
     /// serves the wrong chain, or was shut down).
     pub next_try_at: Option<DateTime<Utc>>,

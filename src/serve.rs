@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use payrecon_chain_bitcoin::{ElectrumScanner, NodeScanner};
-use payrecon_chain_core::{ChainScanner, Network};
+use payrecon_chain_core::{ChainScanner, Failover, Network};
 use payrecon_chain_ethereum::EthereumScanner;
 use payrecon_chain_solana::SolanaScanner;
 use payrecon_chain_tron::TronScanner;
@@ -15,7 +15,10 @@ use crate::api::{ApiOptions, ServerLimits};
 use crate::config::Config;
 use crate::engine::Engine;
 use crate::error::Error;
-use crate::networks::{UtxoSource, ethereum_settings, solana_settings, tron_settings, utxo_source};
+use crate::networks::{
+    UtxoSource, electrum_sources, ethereum_sources, failover_policy, solana_sources, tron_sources,
+    utxo_source,
+};
 use crate::store::Backend;
 use crate::watcher::{LeaseOptions, Watcher, WatcherOptions};
 use crate::webhooks::WebhookSender;
@@ -53,9 +56,15 @@ pub async fn serve(
         }
         tracing::info!(%network, source = %source.describe(), "starting watcher");
         match source {
-            UtxoSource::Electrum(settings) => {
-                let scanner = ElectrumScanner::new(settings);
-                watchers.spawn(&mut tasks, scanner, utxo.poll_interval_ms, &shutdown);
+            UtxoSource::Electrum(_) => {
+                let sources = electrum_sources(network, utxo)?;
+                watchers.spawn_sources(
+                    &mut tasks,
+                    network,
+                    sources.into_iter().map(ElectrumScanner::new).collect(),
+                    (utxo.max_source_lag_blocks, utxo.poll_interval_ms),
+                    &shutdown,
+                );
             }
             UtxoSource::Node(settings) => {
                 let scanner = NodeScanner::new(settings);
@@ -64,34 +73,34 @@ pub async fn serve(
         }
     }
     if let Some(ethereum) = &config.networks.ethereum {
-        match ethereum_settings(ethereum)? {
-            Some(settings) => {
-                tracing::info!(url = %settings.url, "starting the ethereum watcher");
-                let scanner = EthereumScanner::new(settings);
-                watchers.spawn(&mut tasks, scanner, ethereum.poll_interval_ms, &shutdown);
-            }
-            None => tracing::info!("no networks.ethereum.rpc_url: not watching ethereum"),
-        }
+        let sources = ethereum_sources(ethereum)?;
+        watchers.spawn_sources(
+            &mut tasks,
+            Network::Ethereum,
+            sources.into_iter().map(EthereumScanner::new).collect(),
+            (ethereum.max_source_lag_blocks, ethereum.poll_interval_ms),
+            &shutdown,
+        );
     }
     if let Some(tron) = &config.networks.tron {
-        match tron_settings(tron)? {
-            Some(settings) => {
-                tracing::info!(url = %settings.url, "starting the tron watcher");
-                let scanner = TronScanner::new(settings);
-                watchers.spawn(&mut tasks, scanner, tron.poll_interval_ms, &shutdown);
-            }
-            None => tracing::info!("no networks.tron.api_url: not watching tron"),
-        }
+        let sources = tron_sources(tron)?;
+        watchers.spawn_sources(
+            &mut tasks,
+            Network::Tron,
+            sources.into_iter().map(TronScanner::new).collect(),
+            (tron.max_source_lag_blocks, tron.poll_interval_ms),
+            &shutdown,
+        );
     }
     if let Some(solana) = &config.networks.solana {
-        match solana_settings(solana)? {
-            Some(settings) => {
-                tracing::info!(url = %settings.url, "starting the solana watcher");
-                let scanner = SolanaScanner::new(settings);
-                watchers.spawn(&mut tasks, scanner, solana.poll_interval_ms, &shutdown);
-            }
-            None => tracing::info!("no networks.solana.rpc_url: not watching solana"),
-        }
+        let sources = solana_sources(solana)?;
+        watchers.spawn_sources(
+            &mut tasks,
+            Network::Solana,
+            sources.into_iter().map(SolanaScanner::new).collect(),
+            (solana.max_source_lag_blocks, solana.poll_interval_ms),
+            &shutdown,
+        );
     }
     let limits = ServerLimits {
         header_read_timeout: Duration::from_millis(u64::from(
@@ -198,6 +207,25 @@ impl Watchers {
     }
 
     /// Runs a watcher over `scanner` among the tasks of serve.
+    /// Starts a network's watcher over its sources in order (`max_lag_blocks` apart at most,
+    /// polled every `poll_interval_ms`), or says that none is configured.
+    fn spawn_sources<S: ChainScanner + 'static>(
+        &self,
+        tasks: &mut JoinSet<Result<(), Error>>,
+        network: Network,
+        sources: Vec<S>,
+        (max_lag_blocks, poll_interval_ms): (u64, u32),
+        shutdown: &watch::Receiver<bool>,
+    ) {
+        let Some(first) = sources.first() else {
+            tracing::info!(%network, "no source configured (rpc_url, api_url): not watching");
+            return;
+        };
+        tracing::info!(%network, url = %first.source(), sources = sources.len(), "starting the watcher");
+        let scanner = Failover::new(sources, failover_policy(max_lag_blocks));
+        self.spawn(tasks, scanner, poll_interval_ms, shutdown);
+    }
+
     fn spawn<S: ChainScanner + 'static>(
         &self,
         tasks: &mut JoinSet<Result<(), Error>>,

@@ -430,6 +430,10 @@ pub(crate) fn watcher_item(
     } else {
         return None;
     };
+    let what = match &health.active_source {
+        Some(source) => format!("{what} (source {source})"),
+        None => what,
+    };
     Some(StuckItem {
         category: "watcher",
         kind,

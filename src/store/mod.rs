@@ -49,7 +49,7 @@ const POSTGRES_MAX_CONNECTIONS: u32 = 16;
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The schema, in order. Each version has one script per database.
-const MIGRATIONS: [(i64, &str, &str, &str); 19] = [
+const MIGRATIONS: [(i64, &str, &str, &str); 20] = [
     (
         1,
         "foundation",
@@ -163,6 +163,12 @@ const MIGRATIONS: [(i64, &str, &str, &str); 19] = [
         "chain read until",
         include_str!("../../migrations/sqlite/0019_chain_read_until.sql"),
         include_str!("../../migrations/postgres/0019_chain_read_until.sql"),
+    ),
+    (
+        20,
+        "active source",
+        include_str!("../../migrations/sqlite/0020_active_source.sql"),
+        include_str!("../../migrations/postgres/0020_active_source.sql"),
     ),
 ];
 

@@ -250,8 +250,9 @@ pub(crate) async fn put_watcher_health(
         super::Backend::Postgres => "GREATEST",
     };
     sqlx::query(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO watcher_health (network, state, cursor_height, head_height, failures, rpc_errors, last_error, last_scan_at_ms, updated_at_ms, next_try_at_ms, incomplete_answers, zero_value_ignored, chain_read_until_ms) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) ON CONFLICT (network) DO UPDATE SET \
+        "INSERT INTO watcher_health (network, state, cursor_height, head_height, failures, rpc_errors, last_error, last_scan_at_ms, updated_at_ms, next_try_at_ms, incomplete_answers, zero_value_ignored, chain_read_until_ms, active_source) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) ON CONFLICT (network) DO UPDATE SET \
+         active_source = COALESCE(excluded.active_source, watcher_health.active_source), \
          chain_read_until_ms = COALESCE({greatest}(watcher_health.chain_read_until_ms, excluded.chain_read_until_ms), \
            watcher_health.chain_read_until_ms, excluded.chain_read_until_ms), \
          state = excluded.state, cursor_height = excluded.cursor_height, head_height = excluded.head_height, \
@@ -273,6 +274,7 @@ pub(crate) async fn put_watcher_health(
     .bind(i64::try_from(health.incomplete_answers).unwrap_or(i64::MAX))
     .bind(i64::try_from(health.zero_value_ignored).unwrap_or(i64::MAX))
     .bind(health.chain_read_until.map(|at| at.timestamp_millis()))
+    .bind(health.active_source.as_deref())
     .execute(conn)
     .await?;
     Ok(())
@@ -296,7 +298,7 @@ pub(crate) async fn watcher_health(
 ) -> Result<Vec<WatcherHealth>, StoreError> {
     let rows = sqlx::query(
         "SELECT network, state, cursor_height, head_height, failures, rpc_errors, last_error, last_scan_at_ms, updated_at_ms, \
-         next_try_at_ms, incomplete_answers, zero_value_ignored, chain_read_until_ms FROM watcher_health ORDER BY network",
+         next_try_at_ms, incomplete_answers, zero_value_ignored, chain_read_until_ms, active_source FROM watcher_health ORDER BY network",
     )
     .fetch_all(conn)
     .await?;
@@ -327,6 +329,7 @@ pub(crate) async fn watcher_health(
                     .try_get::<Option<i64>, _>("chain_read_until_ms")?
                     .map(millis)
                     .transpose()?,
+                active_source: row.try_get("active_source")?,
                 updated_at: millis(row.try_get("updated_at_ms")?)?,
             })
         })

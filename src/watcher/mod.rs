@@ -118,6 +118,8 @@ pub struct WatcherStatus {
     /// The start (engine clock) of the last round that reached the source's newest block:
     /// every transaction the source held then is read and committed.
     pub chain_read_until: Option<DateTime<Utc>>,
+    /// Which of the network's sources serves, its credentials hidden.
+    pub source: String,
 }
 
 /// Running under a lease: several processes share the database, one watches each network.
@@ -179,6 +181,7 @@ impl<S: ChainScanner> Watcher<S> {
             incomplete_answers: 0,
             zero_value_ignored: 0,
             chain_read_until: None,
+            source: scanner.source().to_string(),
         });
         Watcher {
             engine,
@@ -212,8 +215,12 @@ impl<S: ChainScanner> Watcher<S> {
         let round = self.round_once(network).await;
         *self.last_round.lock().expect("never poisoned") = Instant::now();
         let incomplete = self.scanner.incomplete_answers();
+        let source = self.scanner.source().to_string();
         self.status.send_if_modified(|s| {
-            std::mem::replace(&mut s.incomplete_answers, incomplete) != incomplete
+            let changed = s.incomplete_answers != incomplete || s.source != source;
+            s.incomplete_answers = incomplete;
+            s.source = source;
+            changed
         });
         round.map_err(|error| error.scrubbed(self.scanner.source()))
     }
@@ -539,6 +546,7 @@ async fn publish(engine: &Engine, status: &watch::Sender<WatcherStatus>) {
         last_error,
         last_scan_at: status.last_scan_at,
         chain_read_until: status.chain_read_until,
+        active_source: Some(status.source.clone()),
         next_try_at,
         updated_at: Utc::now(),
     };

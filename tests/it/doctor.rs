@@ -154,6 +154,30 @@ async fn the_doctor_passes_the_devnet_and_names_each_broken_configuration() {
     let (passed, checks) = doctor(dir.path(), &through_node);
     assert!(passed, "{checks:#?}");
 
+    // Two sources for Ethereum: each is checked, and whether they keep within the lag.
+    let eth_line = format!("rpc_url = \"{}\"", anvil.url);
+    let backup = anvil.url.replace("127.0.0.1", "localhost");
+    let two = good.replace(&eth_line, &format!("{eth_line}\nrpc_urls = [\"{backup}\"]"));
+    let (passed, checks) = doctor(dir.path(), &two);
+    assert!(passed, "{checks:#?}");
+    for (name, says) in [
+        (
+            format!("ethereum source 2 of 2 ({backup})"),
+            "serves the configured chain",
+        ),
+        (
+            "ethereum sources".to_owned(),
+            "2 of them answer on the configured chain",
+        ),
+    ] {
+        assert!(
+            checks
+                .iter()
+                .any(|(n, verdict, detail)| *n == name && verdict == "ok" && detail.contains(says)),
+            "{name} in {checks:#?}"
+        );
+    }
+
     let broken = [
         (
             "a wrong chain id",
@@ -172,6 +196,18 @@ async fn the_doctor_passes_the_devnet_and_names_each_broken_configuration() {
             good.replace("network = \"regtest\"", "network = \"mainnet\""),
             "litecoin key",
             "on a mainnet configuration: use the account's mainnet xpub",
+        ),
+        (
+            "a second source that is down",
+            good.replace(
+                &format!("rpc_url = \"{}\"", anvil.url),
+                &format!(
+                    "rpc_url = \"{}\"\nrpc_urls = [\"http://127.0.0.1:9\"]",
+                    anvil.url
+                ),
+            ),
+            "ethereum source 2 of 2",
+            "does not answer",
         ),
         (
             "a stopped node",

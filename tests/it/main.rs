@@ -39,6 +39,7 @@ mod rates;
 mod restores;
 mod solana_replay;
 mod solana_sweep;
+mod sources;
 mod store;
 mod tron_replay;
 mod tron_sweep;

@@ -267,7 +267,7 @@ on_both_databases! {
             engine.record_watcher_health(&payrecon::WatcherHealth {
                 network: network.into(), state: state.into(), cursor_height: Some(10), head_height: Some(12),
                 failures: 3, rpc_errors: 7, incomplete_answers: 2, zero_value_ignored: 5, last_error: Some(error.into()),
-                last_scan_at: Some(now - Duration::minutes(10)), chain_read_until: Some(now - Duration::minutes(10)), next_try_at, updated_at: updated,
+                last_scan_at: Some(now - Duration::minutes(10)), chain_read_until: Some(now - Duration::minutes(10)), active_source: Some("http://node.example/".into()), next_try_at, updated_at: updated,
             }).await.unwrap();
         }
         let health = engine.watcher_health().await.unwrap();

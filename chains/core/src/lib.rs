@@ -8,6 +8,7 @@ pub mod blocks;
 mod derive;
 mod event;
 mod excerpt;
+mod failover;
 #[cfg(feature = "fuzz")]
 pub mod fuzz;
 #[cfg(feature = "http")]
@@ -28,6 +29,7 @@ pub use event::{
     Transfer, TransferId,
 };
 pub use excerpt::{excerpt, malformed};
+pub use failover::{Failover, FailoverPolicy};
 pub use keys::{
     IndexChanges, KeyChange, KeyIndex, KeysPosition, MAX_LOGGED_KEY_CHANGES, WatchKeys,
     WatchedLookup,

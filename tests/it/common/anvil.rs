@@ -379,6 +379,8 @@ pub fn ethereum(anvil: &Anvil, tokens: &Tokens, xpub: &str, confirmations: u32) 
         usdt_contract: tokens.usdt.clone(),
         usdc_contract: tokens.usdc.clone(),
         rpc_url: Some(anvil.url.clone().into()),
+        rpc_urls: Vec::new(),
+        max_source_lag_blocks: 5,
         finality: EthereumFinality::Depth,
         start_block: None,
         poll_interval_ms: 50,
@@ -480,6 +482,8 @@ pub struct RpcProxy {
     pub empty_logs: Arc<std::sync::atomic::AtomicBool>,
     /// While set, the proxy answers every request with HTTP 502, as a provider in an outage.
     pub down: Arc<std::sync::atomic::AtomicBool>,
+    /// The proxy's head is this many blocks behind anvil's, as a provider's lagging backend.
+    pub lag_blocks: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl RpcProxy {
@@ -487,12 +491,12 @@ impl RpcProxy {
         let counts = Arc::new(ProxyCounts::default());
         let empty_logs = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let down = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let lag_blocks = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let state = (
             upstream.to_owned(),
             reqwest::Client::new(),
             counts.clone(),
-            empty_logs.clone(),
-            down.clone(),
+            (empty_logs.clone(), down.clone(), lag_blocks.clone()),
         );
         let app =
             axum::Router::new().fallback(axum::routing::post(move |body: axum::body::Bytes| {
@@ -506,6 +510,7 @@ impl RpcProxy {
             counts,
             empty_logs,
             down,
+            lag_blocks,
         }
     }
 }
@@ -514,12 +519,15 @@ type ProxyState = (
     String,
     reqwest::Client,
     Arc<ProxyCounts>,
-    Arc<std::sync::atomic::AtomicBool>,
-    Arc<std::sync::atomic::AtomicBool>,
+    (
+        Arc<std::sync::atomic::AtomicBool>,
+        Arc<std::sync::atomic::AtomicBool>,
+        Arc<std::sync::atomic::AtomicU64>,
+    ),
 );
 
 async fn proxy(
-    (upstream, http, counts, empty_logs, down): ProxyState,
+    (upstream, http, counts, (empty_logs, down, lag_blocks)): ProxyState,
     body: axum::body::Bytes,
     max_log_blocks: u64,
     rate_limit_every: usize,
@@ -559,5 +567,16 @@ async fn proxy(
     }
     counts.forwarded.fetch_add(1, Ordering::SeqCst);
     let answer = post_json(http.post(&upstream), body).await;
+    let lag = lag_blocks.load(Ordering::SeqCst);
+    if lag > 0 && request["method"] == "eth_blockNumber" {
+        let mut lagging: Value = serde_json::from_slice(&answer).unwrap();
+        let head = u64::from_str_radix(
+            lagging["result"].as_str().unwrap().trim_start_matches("0x"),
+            16,
+        )
+        .unwrap();
+        lagging["result"] = json!(format!("0x{:x}", head.saturating_sub(lag)));
+        return ([("content-type", "application/json")], lagging.to_string()).into_response();
+    }
     ([("content-type", "application/json")], answer).into_response()
 }

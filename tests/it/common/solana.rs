@@ -23,6 +23,8 @@ pub fn solana_config(node: &FakeSolana) -> SolanaConfig {
         confirmations: 1,
         confirmation_tiers: Vec::new(),
         rpc_url: Some(node.url.clone().into()),
+        rpc_urls: Vec::new(),
+        max_source_lag_blocks: 150,
         references_per_scan: 100,
         poll_interval_ms: 50,
         timeout_ms: 30_000,

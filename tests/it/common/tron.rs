@@ -44,6 +44,8 @@ pub fn tron_config(
         confirmation_tiers: Vec::new(),
         usdt_contract: USDT.to_owned(),
         api_url: Some(node.url.clone().into()),
+        api_urls: Vec::new(),
+        max_source_lag_blocks: 20,
         api_key: Some("test-key".into()),
         finality,
         start_block: None,
