@@ -172,6 +172,19 @@ struct Sums {
 }
 
 impl Sums {
+    /// What received minus credited is made of, in words.
+    fn why(&self, currency: Currency) -> String {
+        format!(
+            "{} held in suspense ({} of it dust, {} found by the holdings check with no receipt), {} not booked yet (confirming, underpaid or unmatched), {} refunded, {} the merchant's own (fee top-ups)",
+            currency.format(self.held),
+            currency.format(self.dust),
+            currency.format(self.found_by_check),
+            currency.format(self.unbooked as i128),
+            currency.format(self.refunded),
+            currency.format(self.own_funds)
+        )
+    }
+
     /// A posting of `amount` to `suspense:<reason>` (a credit, negative, puts money there).
     fn hold(&mut self, reason: SuspenseReason, amount: i128) {
         self.held -= amount;
@@ -314,15 +327,7 @@ pub(crate) async fn fold_period(store: &Store, query: &ReportQuery) -> Result<Fo
         summary.dust = currency.format(s.dust);
         summary.usd_credited = Currency::Usd.format(s.usd_cents);
         summary.difference = currency.format(s.received as i128 - s.credited);
-        summary.why = format!(
-            "{} held in suspense ({} of it dust, {} found by the holdings check with no receipt), {} not booked yet (confirming, underpaid or unmatched), {} refunded, {} the merchant's own (fee top-ups)",
-            currency.format(s.held),
-            currency.format(s.dust),
-            currency.format(s.found_by_check),
-            currency.format(s.unbooked as i128),
-            currency.format(s.refunded),
-            currency.format(s.own_funds)
-        );
+        summary.why = s.why(currency);
     }
     Ok(Folded { methods, per_day })
 }
