@@ -1,5 +1,6 @@
-//! Several sources per network, in order: against a real anvil node behind two proxies that
-//! go down and lag the way providers do, on SQLite and PostgreSQL. The watcher goes on with
+//! Several sources per network, in order, on SQLite and PostgreSQL: a real anvil node behind
+//! two proxies that go down and lag the way providers do, and Litecoin (ElectrumX), Tron and
+//! Solana (the replayed nodes) whose first configured source is down. The watcher goes on with
 //! the next source, and comes back to the first once it is healthy and current.
 
 use crate::common;
@@ -12,6 +13,7 @@ use common::checks::{cents, order, sound, wait_status};
 use common::regtest::{Chain, Running, eventually, fast, fresh_account_xpub, litecoin, ltc_engine};
 use common::topup;
 use payrecon::IntentStatus;
+use payrecon::test_utils::clock::Clock;
 use payrecon_chain_bitcoin::ElectrumScanner;
 use payrecon_chain_core::{Failover, FailoverPolicy, Method, Network};
 use payrecon_chain_ethereum::EthereumScanner;
@@ -110,6 +112,65 @@ on_both_databases! {
         wait_status(&engine, &pay.id, IntentStatus::Settled).await;
         assert_eq!(cents(&engine, "97").await, 10_000);
         assert_eq!(watcher.status.borrow().source, chain.electrum_url);
+        watcher.stop().await.unwrap();
+        sound(&engine).await;
+    }
+}
+
+on_both_databases! {
+    async fn tron_goes_on_with_the_next_api_when_the_first_is_down(db) {
+        use common::tron::{fresh_tron_xpub, tron_config, tron_engine};
+        use payrecon_chain_tron::testkit::{FakeTron, trx};
+        let node = FakeTron::start(10).await;
+        // The first API configured is down (nothing listens on its port); the second is the
+        // replayed full node.
+        let mut tron = tron_config(&node, &fresh_tron_xpub(), 1, payrecon::config::TronFinality::Depth);
+        tron.api_url = Some("http://127.0.0.1:9".into());
+        tron.api_urls = vec![node.url.clone().into()];
+        let (engine, _clock) = tron_engine(&db, &tron).await;
+        let mut sources = payrecon::test_utils::networks::tron_sources(&tron).unwrap();
+        assert_eq!(sources.len(), 2);
+        for settings in &mut sources {
+            settings.start_block = Some(node.head() + 1);
+        }
+        let scanner = Failover::new(sources.into_iter().map(payrecon_chain_tron::TronScanner::new).collect(), FailoverPolicy::default());
+        let watcher = Running::spawn(&engine, scanner, fast());
+        engine.create_topup(&topup("TRX-FAILOVER", "98", "100")).await.unwrap();
+        let pay = engine.create_payment(&order("TRX-FAILOVER"), Method::Trx).await.unwrap().intent;
+        // 400 TRX, what a 100 USD top-up costs at 0.25 USD per TRX.
+        node.mine(&[trx(&pay.pay_to, 400_000_000)]);
+        node.mine(&[]);
+        wait_status(&engine, &pay.id, IntentStatus::Settled).await;
+        assert_eq!(cents(&engine, "98").await, 10_000);
+        assert_eq!(watcher.status.borrow().source, node.url);
+        watcher.stop().await.unwrap();
+        sound(&engine).await;
+    }
+}
+
+on_both_databases! {
+    async fn solana_goes_on_with_the_next_rpc_when_the_first_is_down(db) {
+        use common::solana::{solana_config, solana_engine};
+        use payrecon_chain_solana::testkit::FakeSolana;
+        let node = FakeSolana::start().await;
+        // The first endpoint configured is down (nothing listens on its port); the second is
+        // the replayed RPC node.
+        let mut solana = solana_config(&node);
+        solana.rpc_url = Some("http://127.0.0.1:9".into());
+        solana.rpc_urls = vec![node.url.clone().into()];
+        let (engine, clock) = solana_engine(&db, &solana).await;
+        let sources = payrecon::test_utils::networks::solana_sources(&solana).unwrap();
+        assert_eq!(sources.len(), 2);
+        let scanner = Failover::new(sources.into_iter().map(payrecon_chain_solana::SolanaScanner::new).collect(), FailoverPolicy::default());
+        let watcher = Running::spawn(&engine, scanner, fast());
+        engine.create_topup(&topup("SOL-FAILOVER", "99", "100")).await.unwrap();
+        let pay = engine.create_payment(&order("SOL-FAILOVER"), Method::Sol).await.unwrap().intent;
+        // 1 SOL, what a 100 USD top-up costs at 100 USD per SOL.
+        node.pay(&solana.recipient, 1_000_000_000, Some(&pay.watch_key), clock.now().timestamp(), false);
+        node.finalize_all();
+        wait_status(&engine, &pay.id, IntentStatus::Settled).await;
+        assert_eq!(cents(&engine, "99").await, 10_000);
+        assert_eq!(watcher.status.borrow().source, node.url);
         watcher.stop().await.unwrap();
         sound(&engine).await;
     }
