@@ -47,16 +47,6 @@ pub enum UtxoSource {
     Node(NodeSettings),
 }
 
-impl UtxoSource {
-    /// Where it is, with its credentials hidden: for logs.
-    pub fn describe(&self) -> String {
-        match self {
-            UtxoSource::Electrum(settings) => format!("Electrum server {}", settings.url),
-            UtxoSource::Node(settings) => format!("full node {}", settings.rpc_url),
-        }
-    }
-}
-
 /// The chain a configured UTXO network's source must serve.
 fn utxo_target(network: Network, config: &UtxoConfig) -> Result<UtxoTarget, Error> {
     let chain = match network {

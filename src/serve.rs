@@ -54,7 +54,6 @@ pub async fn serve(
             tracing::info!(%network, "watch = false: not watching");
             continue;
         }
-        tracing::info!(%network, source = %source.describe(), "starting watcher");
         match source {
             UtxoSource::Electrum(_) => {
                 let sources = electrum_sources(network, utxo)?;
@@ -67,6 +66,7 @@ pub async fn serve(
                 );
             }
             UtxoSource::Node(settings) => {
+                tracing::info!(%network, url = %settings.rpc_url, "starting the watcher");
                 let scanner = NodeScanner::new(settings);
                 watchers.spawn(&mut tasks, scanner, utxo.poll_interval_ms, &shutdown);
             }

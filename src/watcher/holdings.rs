@@ -18,6 +18,7 @@ use crate::store::{self, WriteTx, payments};
 
 /// What one read of the chain found: each difference, and the key and index of the watched
 /// addresses that lie ahead of their key's counter (no intent names them).
+#[derive(Default)]
 struct Found {
     differences: Vec<Unexplained>,
     lookahead: HashMap<String, (String, u32)>,
@@ -60,10 +61,7 @@ impl Engine {
             Ok(found) => found,
             Err(why) => {
                 check.error = Some(payrecon_chain_core::excerpt(&why).into_owned());
-                Found {
-                    differences: Vec::new(),
-                    lookahead: HashMap::new(),
-                }
+                Found::default()
             }
         };
         check.unexplained = found.differences.len() as u64;

@@ -33,25 +33,18 @@ impl Api {
     async fn start(seeded: &Seeded) -> Api {
         common::regtest::init_logs();
         let engine = seeded.engine.clone();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        let (stop, shutdown) = tokio::sync::watch::channel(false);
         let options = ApiOptions {
             max_body_bytes: 4096,
             webhooks: [("shop".to_owned(), 72)].into(),
             ..ApiOptions::default()
         };
-        let app = payrecon::router(engine.clone(), options, shutdown.clone());
         let limits = ServerLimits {
             header_read_timeout: std::time::Duration::from_secs(5),
             max_connections: 64,
             drain: std::time::Duration::from_secs(1),
         };
-        tokio::spawn(async move {
-            payrecon::test_utils::api::serve(listener, app, limits, shutdown)
-                .await
-                .unwrap()
-        });
+        let (stop, address) = common::serve_api(&engine, options, limits).await;
+        let base = format!("http://{address}");
         Api {
             _stop: stop,
             base,

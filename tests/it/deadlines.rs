@@ -32,20 +32,13 @@ struct Served {
 
 impl Served {
     async fn start(engine: &Engine) -> Served {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        let (stop, shutdown) = tokio::sync::watch::channel(false);
-        let app = payrecon::router(engine.clone(), ApiOptions::default(), shutdown.clone());
         let limits = payrecon::test_utils::api::ServerLimits {
             header_read_timeout: std::time::Duration::from_secs(5),
             max_connections: 16,
             drain: std::time::Duration::from_secs(1),
         };
-        tokio::spawn(async move {
-            payrecon::test_utils::api::serve(listener, app, limits, shutdown)
-                .await
-                .unwrap()
-        });
+        let (stop, address) = common::serve_api(engine, ApiOptions::default(), limits).await;
+        let base = format!("http://{address}");
         let token = engine
             .create_api_token("shop-backend", Role::Shop)
             .await

@@ -756,13 +756,7 @@ async fn api_with(
 ) -> (common::TestDb, tokio::sync::watch::Sender<bool>, SocketAddr) {
     let db = common::TestDb::new(common::Db::Sqlite).await;
     let engine = db.engine().await;
-    let (stop, shutdown) = tokio::sync::watch::channel(false);
-    let app = payrecon::router(engine, payrecon::ApiOptions::default(), shutdown.clone());
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap();
-    tokio::spawn(payrecon::test_utils::api::serve(
-        listener, app, limits, shutdown,
-    ));
+    let (stop, address) = common::serve_api(&engine, payrecon::ApiOptions::default(), limits).await;
     (db, stop, address)
 }
 

@@ -21,6 +21,7 @@ pub mod tron;
 
 use payrecon::Engine;
 use payrecon::ledger::{Account, Currency, EntryKind, NewEntry, Posting};
+use payrecon::test_utils::api::ServerLimits;
 use payrecon::{AccountId, RentalOrderRequest, TopupRequest};
 use payrecon_chain_core::Method;
 
@@ -344,4 +345,23 @@ pub async fn fund(engine: &Engine, key: &str, customer: &str, usd_cents: i128) {
         .post_entry(&btc_topup_credit(key, customer, 625_000, usd_cents))
         .await
         .expect("fund");
+}
+
+/// `engine`'s API and pages (`payrecon::router` with `options`) served with `limits` on a free
+/// local port: the switch that stops it, to hold for the server's life, and its address.
+pub async fn serve_api(
+    engine: &Engine,
+    options: payrecon::ApiOptions,
+    limits: ServerLimits,
+) -> (tokio::sync::watch::Sender<bool>, std::net::SocketAddr) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let (stop, shutdown) = tokio::sync::watch::channel(false);
+    let app = payrecon::router(engine.clone(), options, shutdown.clone());
+    tokio::spawn(async move {
+        payrecon::test_utils::api::serve(listener, app, limits, shutdown)
+            .await
+            .unwrap()
+    });
+    (stop, address)
 }
