@@ -876,6 +876,7 @@ pub async fn metrics_text(engine: &Engine) -> Result<String, Error> {
             .map(|((category, kind), n)| (format!("category=\"{category}\",kind=\"{kind}\""), n))
             .collect(),
     );
+    witness_family(&mut text, engine.witness_counts().await?);
     holdings_check_families(&mut text, &engine.holdings_checks().await?);
     let (unvalued, oldest) = engine.unvalued_overdue().await?;
     family(
@@ -1022,6 +1023,25 @@ fn watcher_families(text: &mut String, health: &[crate::records::WatcherHealth])
         "1 if the watcher's last round succeeded.",
         "gauge",
         per_network(&|h| u64::from(h.state == "running")),
+    );
+}
+
+/// Receipts the witnesses were asked about, one series per network and state.
+fn witness_family(text: &mut String, counts: Vec<(payrecon_chain_core::Network, &str, i64)>) {
+    family(
+        text,
+        "payrecon_receipts_witnessed",
+        "Receipts the witnesses were asked about, by network and state (waiting, disagrees, confirmed, unwitnessed).",
+        "gauge",
+        counts
+            .into_iter()
+            .map(|(network, state, n)| {
+                (
+                    format!("network=\"{network}\",state=\"{state}\""),
+                    u64::try_from(n).unwrap_or(0),
+                )
+            })
+            .collect(),
     );
 }
 

@@ -8,8 +8,8 @@ use payrecon_chain_bitcoin::{ElectrumScanner, NodeScanner};
 
 use crate::networks::UtxoSource;
 use payrecon_chain_core::{
-    Amount, BlockId, ChainScanner, KnownTransfer, Method, Network, Probe, ScanError, SecretUrl,
-    SweepFees, Transfer,
+    Amount, Attestation, BlockId, ChainScanner, KnownTransfer, Method, Network, Probe, ScanError,
+    SecretUrl, SweepFees, Transfer,
 };
 use payrecon_chain_ethereum::EthereumScanner;
 use payrecon_chain_solana::SolanaScanner;
@@ -99,9 +99,11 @@ impl Rechecker {
                             .map(|s| Rechecker::Electrum(Box::new(ElectrumScanner::new(s))))
                             .collect()
                     }
-                    Some(UtxoSource::Node(s)) => {
-                        vec![Rechecker::Node(Box::new(NodeScanner::new(s)))]
-                    }
+                    Some(UtxoSource::Node(_)) => crate::networks::node_sources(network, utxo)
+                        .map_err(configured)?
+                        .into_iter()
+                        .map(|s| Rechecker::Node(Box::new(NodeScanner::new(s))))
+                        .collect(),
                     None => Vec::new(),
                 }
             }
@@ -136,6 +138,19 @@ impl Rechecker {
         Ok(sources)
     }
 
+    /// A client of one witness.
+    pub(crate) fn witness(source: &crate::networks::WitnessSource) -> Rechecker {
+        use crate::networks::WitnessSource;
+        match source {
+            WitnessSource::Electrum(s) => {
+                Rechecker::Electrum(Box::new(ElectrumScanner::new(s.clone())))
+            }
+            WitnessSource::Ethereum(s) => Rechecker::Ethereum(EthereumScanner::new(s.clone())),
+            WitnessSource::Tron(s) => Rechecker::Tron(TronScanner::new(s.clone())),
+            WitnessSource::Solana(s) => Rechecker::Solana(SolanaScanner::new(s.clone())),
+        }
+    }
+
     /// Where it reads the chain, whose credentials no error text may carry.
     pub(crate) fn source(&self) -> &SecretUrl {
         match self {
@@ -158,17 +173,18 @@ impl Rechecker {
         }
     }
 
-    async fn recheck(
+    /// What this source says, on its own, of each of `transfers` ([`ChainScanner::attest`]).
+    pub(crate) async fn attest(
         &mut self,
         transfers: &[KnownTransfer],
         settle_depth: u32,
-    ) -> Result<Vec<Option<u32>>, ScanError> {
+    ) -> Result<Vec<Attestation>, ScanError> {
         let found = match self {
-            Rechecker::Electrum(s) => s.recheck(transfers, settle_depth).await,
-            Rechecker::Node(s) => s.recheck(transfers, settle_depth).await,
-            Rechecker::Ethereum(s) => s.recheck(transfers, settle_depth).await,
-            Rechecker::Tron(s) => s.recheck(transfers, settle_depth).await,
-            Rechecker::Solana(s) => s.recheck(transfers, settle_depth).await,
+            Rechecker::Electrum(s) => s.attest(transfers, settle_depth).await,
+            Rechecker::Node(s) => s.attest(transfers, settle_depth).await,
+            Rechecker::Ethereum(s) => s.attest(transfers, settle_depth).await,
+            Rechecker::Tron(s) => s.attest(transfers, settle_depth).await,
+            Rechecker::Solana(s) => s.attest(transfers, settle_depth).await,
         };
         found.map_err(|e| e.scrubbed(self.source()))
     }
@@ -252,19 +268,24 @@ pub(crate) async fn recheck_batch(
     });
     let known: Vec<KnownTransfer> = batch.iter().map(|t| known(network, t)).collect();
     let now = checker
-        .recheck(&known, settle_depth)
+        .attest(&known, settle_depth)
         .await
         .map_err(|e| Error::Report(format!("the {network} node: {e}")))?;
-    for (transfer, confirmations) in batch.into_iter().zip(now) {
+    for (transfer, attestation) in batch.into_iter().zip(now) {
         report.checked += 1;
         let usd = Usd::from_cents(transfer.intent_usd_cents.unwrap_or(0)).unwrap_or(Usd::ZERO);
         let required = rule.map_or(1, |r| r.required(usd));
-        let problem = match confirmations {
-            None => "no longer on the chain".to_owned(),
-            Some(now) if now < required => {
-                format!("{now} confirmations, {required} required")
+        let confirmations = attestation.confirmations();
+        let problem = match attestation {
+            Attestation::Missing(_) => "no longer on the chain".to_owned(),
+            Attestation::Behind { head } => {
+                format!("the node's newest block {head} is below the transfer's")
             }
-            Some(_) => continue,
+            Attestation::Differs(what) => format!("the chain holds it otherwise: {what}"),
+            Attestation::Holds { confirmations, .. } if confirmations < required => {
+                format!("{confirmations} confirmations, {required} required")
+            }
+            Attestation::Holds { .. } => continue,
         };
         report.findings.push(AuditFinding {
             network: transfer.network,
@@ -292,7 +313,7 @@ fn known(network: Network, transfer: &ReportTransfer) -> KnownTransfer {
             to_address: transfer.to_address.clone(),
             asset: transfer.asset.clone(),
             amount: transfer.amount,
-            // The recheck reads confirmations only.
+            // The sender is not compared: sources name it alike or not at all.
             from_address: None,
         },
         confirmations: u32::try_from(transfer.confirmations).unwrap_or(0),

@@ -445,9 +445,27 @@ pub struct UtxoConfig {
     /// this or `electrum_url`, not both.
     #[serde(default)]
     pub rpc_url: Option<SecretUrl>,
+    /// More full nodes after `rpc_url`, in order, each with its user and password in its URL
+    /// (`rpc_user`, `rpc_password`, `rpc_cookie_file` and `push_peer` are the first's): when
+    /// the one serving fails or lags, the watcher goes on with the next, polled.
+    #[serde(default)]
+    pub rpc_urls: Vec<SecretUrl>,
     /// How many blocks a source may lag behind another before the watcher leaves it.
     #[serde(default = "utxo_source_lag")]
     pub max_source_lag_blocks: u64,
+    /// Second sources asked about each receipt before it is credited, one request each: every
+    /// witness must hold the same transaction, in the same block, paying the same address the
+    /// same amount of the same asset, as deep as the network's confirmations.
+    #[serde(default)]
+    pub witness_urls: Vec<SecretUrl>,
+    /// What a witness that stays silent (unreachable, behind) past `witness_wait_seconds`
+    /// means: `hold` the receipt as a `sources_disagree` exception, or `warn` and credit it.
+    /// A witness that contradicts the source always holds it.
+    #[serde(default)]
+    pub witness_policy: WitnessPolicy,
+    /// How long a receipt waits for its witnesses before the policy applies.
+    #[serde(default = "witness_wait_seconds")]
+    pub witness_wait_seconds: u32,
     /// The RPC user (`rpcuser` or an `rpcauth` line on the node), with `rpc_password`.
     #[serde(default)]
     pub rpc_user: Option<String>,
@@ -523,7 +541,11 @@ impl UtxoConfig {
             electrum_url: None,
             electrum_urls: Vec::new(),
             rpc_url: None,
+            rpc_urls: Vec::new(),
             max_source_lag_blocks: utxo_source_lag(),
+            witness_urls: Vec::new(),
+            witness_policy: WitnessPolicy::default(),
+            witness_wait_seconds: witness_wait_seconds(),
             rpc_user: None,
             rpc_password: None,
             rpc_cookie_file: None,
@@ -540,6 +562,17 @@ impl UtxoConfig {
             treasury_addresses: Vec::new(),
         }
     }
+}
+
+/// What a witness's silence means for a receipt it has not confirmed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WitnessPolicy {
+    /// Nothing is credited: the receipt waits as a `sources_disagree` exception.
+    #[default]
+    Hold,
+    /// The receipt is credited on the source's word, with a warning in the log.
+    Warn,
 }
 
 /// `[networks.ethereum]`.
@@ -574,6 +607,19 @@ pub struct EthereumConfig {
     /// How many blocks a source may lag behind another before the watcher leaves it.
     #[serde(default = "ethereum_source_lag")]
     pub max_source_lag_blocks: u64,
+    /// Second sources asked about each receipt before it is credited, one request each: every
+    /// witness must hold the same transaction, in the same block, paying the same address the
+    /// same amount of the same asset, as deep as the network's confirmations.
+    #[serde(default)]
+    pub witness_urls: Vec<SecretUrl>,
+    /// What a witness that stays silent (unreachable, behind) past `witness_wait_seconds`
+    /// means: `hold` the receipt as a `sources_disagree` exception, or `warn` and credit it.
+    /// A witness that contradicts the source always holds it.
+    #[serde(default)]
+    pub witness_policy: WitnessPolicy,
+    /// How long a receipt waits for its witnesses before the policy applies.
+    #[serde(default = "witness_wait_seconds")]
+    pub witness_wait_seconds: u32,
     /// `depth` (count `confirmations` blocks) or `finalized` (wait for the node's finalized
     /// block).
     #[serde(default)]
@@ -641,6 +687,19 @@ pub struct TronConfig {
     /// How many blocks a source may lag behind another before the watcher leaves it.
     #[serde(default = "tron_source_lag")]
     pub max_source_lag_blocks: u64,
+    /// Second sources asked about each receipt before it is credited, one request each: every
+    /// witness must hold the same transaction, in the same block, paying the same address the
+    /// same amount of the same asset, as deep as the network's confirmations.
+    #[serde(default)]
+    pub witness_urls: Vec<SecretUrl>,
+    /// What a witness that stays silent (unreachable, behind) past `witness_wait_seconds`
+    /// means: `hold` the receipt as a `sources_disagree` exception, or `warn` and credit it.
+    /// A witness that contradicts the source always holds it.
+    #[serde(default)]
+    pub witness_policy: WitnessPolicy,
+    /// How long a receipt waits for its witnesses before the policy applies.
+    #[serde(default = "witness_wait_seconds")]
+    pub witness_wait_seconds: u32,
     /// TronGrid's API key, sent as `TRON-PRO-API-KEY`.
     #[serde(default)]
     pub api_key: Option<Secret>,
@@ -708,6 +767,19 @@ pub struct SolanaConfig {
     /// How many slots a source may lag behind another before the watcher leaves it.
     #[serde(default = "solana_source_lag")]
     pub max_source_lag_blocks: u64,
+    /// Second sources asked about each receipt before it is credited, one request each: every
+    /// witness must hold the same transaction, in the same block, paying the same address the
+    /// same amount of the same asset, as deep as the network's confirmations.
+    #[serde(default)]
+    pub witness_urls: Vec<SecretUrl>,
+    /// What a witness that stays silent (unreachable, behind) past `witness_wait_seconds`
+    /// means: `hold` the receipt as a `sources_disagree` exception, or `warn` and credit it.
+    /// A witness that contradicts the source always holds it.
+    #[serde(default)]
+    pub witness_policy: WitnessPolicy,
+    /// How long a receipt waits for its witnesses before the policy applies.
+    #[serde(default = "witness_wait_seconds")]
+    pub witness_wait_seconds: u32,
     /// Open references swept per scan for payments that carry one but pay someone else.
     #[serde(default = "references_per_scan")]
     pub references_per_scan: usize,
@@ -747,6 +819,10 @@ fn gap_limit_warning() -> u32 {
 
 /// Blocks a source may lag: about half an hour of Bitcoin, a minute of Ethereum and Tron, a
 /// minute of Solana's slots.
+fn witness_wait_seconds() -> u32 {
+    600
+}
+
 fn utxo_source_lag() -> u64 {
     3
 }

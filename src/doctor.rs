@@ -287,7 +287,42 @@ async fn node(config: &Config, network: Network) -> (Vec<DoctorCheck>, Option<Pr
             max_source_lag(config, network),
         ));
     }
+    lines.extend(witnesses(config, network).await);
     (lines, first)
+}
+
+/// Each witness of `network` probed as a source is (a line each): on another chain, or not
+/// answering, it would hold every receipt of the network, so either fails.
+async fn witnesses(config: &Config, network: Network) -> Vec<DoctorCheck> {
+    let plan = match crate::networks::witnesses(&config.networks, network) {
+        Ok(Some(plan)) => plan,
+        Ok(None) => return Vec::new(),
+        Err(why) => {
+            return vec![line(
+                format!("{network} witnesses"),
+                Verdict::Fail,
+                why.to_string(),
+            )];
+        }
+    };
+    let count = plan.sources.len();
+    let mut lines = Vec::with_capacity(count);
+    for (i, witness) in plan.sources.iter().enumerate() {
+        let mut witness = Rechecker::witness(witness);
+        let check = format!(
+            "{network} witness {} of {count} ({})",
+            i + 1,
+            witness.source()
+        );
+        let (mut checked, _) = probe_source(config, network, check, &mut witness).await;
+        if checked.verdict == Verdict::Ok {
+            checked.detail.push_str(
+                "; asked about each receipt before it is credited (one request or two per receipt)",
+            );
+        }
+        lines.push(checked);
+    }
+    lines
 }
 
 /// Whether a network's sources that answered are within `max_lag` blocks of the newest.

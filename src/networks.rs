@@ -11,7 +11,8 @@ use payrecon_chain_solana::SolanaSettings;
 use payrecon_chain_tron::{TronAddress, TronSettings};
 
 use crate::config::{
-    Config, EthereumConfig, EthereumFinality, SolanaConfig, TronConfig, TronFinality, UtxoConfig,
+    Config, EthereumConfig, EthereumFinality, NetworksConfig, SolanaConfig, TronConfig,
+    TronFinality, UtxoConfig, WitnessPolicy,
 };
 use crate::error::Error;
 
@@ -24,6 +25,7 @@ pub fn check(config: &Config) -> Result<(), Error> {
     ] {
         if let Some(utxo) = utxo {
             electrum_sources(network, utxo)?;
+            node_sources(network, utxo)?;
         }
     }
     if let Some(ethereum) = &networks.ethereum {
@@ -34,6 +36,9 @@ pub fn check(config: &Config) -> Result<(), Error> {
     }
     if let Some(solana) = &networks.solana {
         solana_sources(solana)?;
+    }
+    for network in Network::ALL {
+        witnesses(networks, network)?;
     }
     Ok(())
 }
@@ -329,6 +334,217 @@ pub fn electrum_sources(
     )
 }
 
+/// A network's witnesses (`witness_urls`): second sources asked about each receipt before it
+/// is credited.
+#[derive(Clone, Debug)]
+pub struct WitnessPlan {
+    /// Each witness, as a scanner of its chain reads it.
+    pub sources: Vec<WitnessSource>,
+    /// What a silent witness means past `wait`.
+    pub policy: WitnessPolicy,
+    /// How long a receipt waits for its witnesses.
+    pub wait: std::time::Duration,
+}
+
+/// One witness.
+#[derive(Clone, Debug)]
+pub enum WitnessSource {
+    /// An Electrum server (Bitcoin, Litecoin).
+    Electrum(ElectrumSettings),
+    /// A JSON-RPC node.
+    Ethereum(EthereumSettings),
+    /// A full node's HTTP API.
+    Tron(TronSettings),
+    /// An RPC node.
+    Solana(SolanaSettings),
+}
+
+/// The witnesses of `network`, `None` when it has none (or no source to witness). A witness
+/// that is one of the network's sources, named twice, or of the wrong kind is refused.
+pub fn witnesses(
+    networks: &NetworksConfig,
+    network: Network,
+) -> Result<Option<WitnessPlan>, Error> {
+    let key = format!("networks.{network}.witness_urls");
+    let (urls, policy, wait_seconds, sources, confirmations): (_, _, _, Vec<SecretUrl>, _) =
+        match network {
+            Network::Bitcoin | Network::Litecoin => {
+                let utxo = match network {
+                    Network::Bitcoin => networks.bitcoin.as_ref(),
+                    _ => networks.litecoin.as_ref(),
+                };
+                let Some(utxo) = utxo else { return Ok(None) };
+                let sources = utxo
+                    .electrum_url
+                    .iter()
+                    .chain(&utxo.electrum_urls)
+                    .chain(&utxo.rpc_url);
+                (
+                    &utxo.witness_urls,
+                    utxo.witness_policy,
+                    utxo.witness_wait_seconds,
+                    sources.cloned().collect(),
+                    utxo.confirmations,
+                )
+            }
+            Network::Ethereum => {
+                let Some(eth) = &networks.ethereum else {
+                    return Ok(None);
+                };
+                let sources = eth.rpc_url.iter().chain(&eth.rpc_urls).cloned().collect();
+                (
+                    &eth.witness_urls,
+                    eth.witness_policy,
+                    eth.witness_wait_seconds,
+                    sources,
+                    eth.confirmations,
+                )
+            }
+            Network::Tron => {
+                let Some(tron) = &networks.tron else {
+                    return Ok(None);
+                };
+                let sources = tron.api_url.iter().chain(&tron.api_urls).cloned().collect();
+                (
+                    &tron.witness_urls,
+                    tron.witness_policy,
+                    tron.witness_wait_seconds,
+                    sources,
+                    tron.confirmations,
+                )
+            }
+            Network::Solana => {
+                let Some(solana) = &networks.solana else {
+                    return Ok(None);
+                };
+                let sources = solana
+                    .rpc_url
+                    .iter()
+                    .chain(&solana.rpc_urls)
+                    .cloned()
+                    .collect();
+                (
+                    &solana.witness_urls,
+                    solana.witness_policy,
+                    solana.witness_wait_seconds,
+                    sources,
+                    solana.confirmations,
+                )
+            }
+        };
+    if urls.is_empty() || sources.is_empty() {
+        return Ok(None);
+    }
+    if confirmations == 0 {
+        return Err(Error::Config(format!(
+            "{key} is set, but networks.{network}.confirmations is 0: a witness confirms a receipt in a block, so at least 1"
+        )));
+    }
+    let mut witnesses = Vec::with_capacity(urls.len());
+    for (index, url) in urls.iter().enumerate() {
+        if sources.iter().any(|s| s.expose() == url.expose())
+            || urls[..index].iter().any(|u| u.expose() == url.expose())
+        {
+            return Err(Error::Config(format!(
+                "{key}: {url} is named twice or is one of the network's sources: a witness is another, independent source"
+            )));
+        }
+        witnesses.push(witness_source(networks, network, url.clone(), &key)?);
+    }
+    Ok(Some(WitnessPlan {
+        sources: witnesses,
+        policy,
+        wait: std::time::Duration::from_secs(u64::from(wait_seconds)),
+    }))
+}
+
+/// One witness at `url`, read with the network's own settings (never its source's API key).
+fn witness_source(
+    networks: &NetworksConfig,
+    network: Network,
+    url: SecretUrl,
+    key: &str,
+) -> Result<WitnessSource, Error> {
+    let no_source = || {
+        Error::Config(format!(
+            "{key}: networks.{network} has no source to witness"
+        ))
+    };
+    Ok(match network {
+        Network::Bitcoin | Network::Litecoin => {
+            let utxo = match network {
+                Network::Bitcoin => networks.bitcoin.as_ref(),
+                _ => networks.litecoin.as_ref(),
+            }
+            .ok_or_else(no_source)?;
+            let scheme = url.expose().split("://").next().unwrap_or_default();
+            if scheme != "tcp" && scheme != "ssl" {
+                return Err(Error::Config(format!(
+                    "{key}: {url} is not an Electrum server (tcp:// or ssl://): a Bitcoin-family witness is one"
+                )));
+            }
+            let mut settings = ElectrumSettings::new(url, utxo_target(network, utxo)?);
+            settings.timeout = timeout(utxo.timeout_ms);
+            if let Some(cap) = utxo.max_answer_bytes {
+                settings.max_line_bytes = cap;
+            }
+            WitnessSource::Electrum(settings)
+        }
+        Network::Ethereum => {
+            let config = networks.ethereum.as_ref().ok_or_else(no_source)?;
+            let first = ethereum_settings(config)?.ok_or_else(no_source)?;
+            WitnessSource::Ethereum(EthereumSettings { url, ..first })
+        }
+        Network::Tron => {
+            let config = networks.tron.as_ref().ok_or_else(no_source)?;
+            let first = tron_settings(config)?.ok_or_else(no_source)?;
+            // The source's key is for its provider only.
+            WitnessSource::Tron(TronSettings {
+                url,
+                api_key: None,
+                ..first
+            })
+        }
+        Network::Solana => {
+            let config = networks.solana.as_ref().ok_or_else(no_source)?;
+            let first = solana_settings(config)?.ok_or_else(no_source)?;
+            WitnessSource::Solana(SolanaSettings { url, ..first })
+        }
+    })
+}
+
+/// Every full node of a UTXO network in order (`rpc_url`, then `rpc_urls`); none when it reads
+/// Electrum or nothing (`rpc_urls` beside `electrum_url` is refused). The nodes after the first
+/// take their credentials from their URLs and are polled.
+pub fn node_sources(network: Network, config: &UtxoConfig) -> Result<Vec<NodeSettings>, Error> {
+    let first = match utxo_source(network, config)? {
+        Some(UtxoSource::Node(settings)) => Some(settings),
+        Some(UtxoSource::Electrum(_)) if !config.rpc_urls.is_empty() => {
+            return Err(Error::Config(format!(
+                "networks.{network}.rpc_urls lists full nodes, but the network reads Electrum (electrum_url): one kind of source per network"
+            )));
+        }
+        _ => None,
+    };
+    for url in &config.rpc_urls {
+        payrecon_chain_bitcoin::NodeScanner::check_url(url)
+            .map_err(|e| Error::Config(format!("networks.{network}.rpc_urls: {e}")))?;
+    }
+    in_order(
+        network,
+        first,
+        &config.rpc_urls,
+        ("rpc_url", "rpc_urls"),
+        |first, url| NodeSettings {
+            rpc_url: url,
+            auth: NodeAuth::None,
+            push_peer: None,
+            ..first.clone()
+        },
+        |s| &s.rpc_url,
+    )
+}
+
 /// When a network's watcher leaves a source for the next.
 pub fn failover_policy(max_lag_blocks: u64) -> FailoverPolicy {
     FailoverPolicy {
@@ -384,5 +600,84 @@ mod tests {
         let twice =
             ethereum_sources(&ethereum(Some("http://a:8545"), &["http://a:8545"])).unwrap_err();
         assert!(twice.to_string().contains("named twice"), "{twice}");
+    }
+
+    #[test]
+    fn a_witness_is_another_source_of_the_right_kind() {
+        let config = |text: &str| Config::from_toml(text).unwrap().networks;
+        let eth = "[networks.ethereum]\nxpub = \"xpub\"\nchain_id = 1\nconfirmations = 12\nrpc_url = \"http://a:8545\"\n";
+        let plan = witnesses(
+            &config(&format!("{eth}witness_urls = [\"http://b:8545\"]")),
+            Network::Ethereum,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(plan.sources.len(), 1);
+        assert_eq!(plan.policy, WitnessPolicy::Hold);
+        assert_eq!(plan.wait, std::time::Duration::from_secs(600));
+        assert!(
+            witnesses(&config(eth), Network::Ethereum)
+                .unwrap()
+                .is_none()
+        );
+        let itself = witnesses(
+            &config(&format!("{eth}witness_urls = [\"http://a:8545\"]")),
+            Network::Ethereum,
+        )
+        .unwrap_err();
+        assert!(
+            itself
+                .to_string()
+                .contains("is one of the network's sources"),
+            "{itself}"
+        );
+        let ltc = "[networks.litecoin]\nxpub = \"xpub\"\nconfirmations = 6\nelectrum_url = \"tcp://a:50001\"\n";
+        let node = witnesses(
+            &config(&format!("{ltc}witness_urls = [\"http://b:9332\"]")),
+            Network::Litecoin,
+        )
+        .unwrap_err();
+        assert!(
+            node.to_string().contains("is not an Electrum server"),
+            "{node}"
+        );
+        let unconfirmed = witnesses(
+            &config(&format!(
+                "{}witness_urls = [\"http://b:8545\"]",
+                eth.replace("confirmations = 12", "confirmations = 0")
+            )),
+            Network::Ethereum,
+        )
+        .unwrap_err();
+        assert!(
+            unconfirmed.to_string().contains("at least 1"),
+            "{unconfirmed}"
+        );
+    }
+
+    #[test]
+    fn full_nodes_come_in_order_and_never_beside_electrum() {
+        let ltc = |source: &str| {
+            Config::from_toml(&format!(
+                "[networks.litecoin]\nxpub = \"xpub\"\nconfirmations = 6\n{source}"
+            ))
+            .unwrap()
+            .networks
+            .litecoin
+            .unwrap()
+        };
+        let nodes = node_sources(
+            Network::Litecoin,
+            &ltc("rpc_url = \"http://a:9332\"\nrpc_urls = [\"http://u:p@b:9332\"]\n"),
+        )
+        .unwrap();
+        assert_eq!(nodes.len(), 2);
+        assert!(matches!(nodes[1].auth, NodeAuth::None) && nodes[1].push_peer.is_none());
+        let mixed = node_sources(
+            Network::Litecoin,
+            &ltc("electrum_url = \"tcp://a:50001\"\nrpc_urls = [\"http://b:9332\"]\n"),
+        )
+        .unwrap_err();
+        assert!(mixed.to_string().contains("one kind of source"), "{mixed}");
     }
 }

@@ -52,6 +52,8 @@ pub struct PaymentSettings {
     pub wallets: UtxoWallets,
     /// Every derived-key network's current and retired keys and look-ahead.
     pub keys: BTreeMap<Network, NetworkKeys>,
+    /// The networks whose receipts witnesses confirm before they are credited.
+    pub witnesses: BTreeMap<Network, crate::networks::WitnessPlan>,
 }
 
 impl Default for PaymentSettings {
@@ -73,6 +75,7 @@ impl Default for PaymentSettings {
             },
             wallets: UtxoWallets::new(),
             keys: BTreeMap::new(),
+            witnesses: BTreeMap::new(),
         }
     }
 }
@@ -108,6 +111,11 @@ impl PaymentSettings {
             settings.policy.dust.insert(*method, limit);
         }
         add_networks(&mut settings, &config.networks)?;
+        for network in Network::ALL {
+            if let Some(plan) = crate::networks::witnesses(&config.networks, network)? {
+                settings.witnesses.insert(network, plan);
+            }
+        }
         Ok(settings)
     }
 

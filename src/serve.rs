@@ -16,8 +16,8 @@ use crate::config::Config;
 use crate::engine::Engine;
 use crate::error::Error;
 use crate::networks::{
-    UtxoSource, electrum_sources, ethereum_sources, failover_policy, solana_sources, tron_sources,
-    utxo_source,
+    UtxoSource, electrum_sources, ethereum_sources, failover_policy, node_sources, solana_sources,
+    tron_sources, utxo_source,
 };
 use crate::store::Backend;
 use crate::watcher::{LeaseOptions, Watcher, WatcherOptions};
@@ -65,10 +65,15 @@ pub async fn serve(
                     &shutdown,
                 );
             }
-            UtxoSource::Node(settings) => {
-                tracing::info!(%network, url = %settings.rpc_url, "starting the watcher");
-                let scanner = NodeScanner::new(settings);
-                watchers.spawn(&mut tasks, scanner, utxo.poll_interval_ms, &shutdown);
+            UtxoSource::Node(_) => {
+                let sources = node_sources(network, utxo)?;
+                watchers.spawn_sources(
+                    &mut tasks,
+                    network,
+                    sources.into_iter().map(NodeScanner::new).collect(),
+                    (utxo.max_source_lag_blocks, utxo.poll_interval_ms),
+                    &shutdown,
+                );
             }
         }
     }

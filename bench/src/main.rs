@@ -9,6 +9,7 @@
 mod books;
 mod edge;
 mod utxo_node;
+mod witness;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -84,6 +85,10 @@ enum BenchCommand {
     /// holding their live status open (opened by a child process), the memory per stream, the
     /// database reads the streams cause while nothing changes, and a shutdown with all open.
     Edge(EdgeArgs),
+    /// What a witness costs: the same payments settled by an Ethereum watcher on anvil without
+    /// a witness and with one (the same node behind a proxy that counts its requests), and a
+    /// round over a block with no payment both ways.
+    Witness(witness::WitnessArgs),
     /// The stream clients of `bench edge`, in a process of their own (run by it).
     #[command(hide = true)]
     EdgeClients(EdgeClientsArgs),
@@ -344,6 +349,16 @@ async fn run(command: BenchCommand, json: bool) -> anyhow::Result<()> {
         BenchCommand::Edge(args) => edge_workload(args, json).await,
         BenchCommand::EdgeClients(EdgeClientsArgs { url }) => edge::clients(&url).await,
         BenchCommand::Ledger(args) => ledger_workload(args, json).await,
+        BenchCommand::Witness(args) => {
+            let lines = witness::witness(args).await?;
+            report(
+                json,
+                None,
+                "crediting with one witness against none, ethereum on anvil".into(),
+                &lines,
+                ("payments", "/s"),
+            )
+        }
     }
 }
 

@@ -12,6 +12,7 @@ use crate::payments::{TICK_BATCH, check_batch, check_outflows};
 use crate::records::WatcherHealth;
 use crate::store::keys::UnissuedRow;
 use crate::store::operations::DueDelivery;
+use crate::store::witness::Verdicts;
 use crate::store::{leases, operations, payments};
 use chrono::{DateTime, Utc};
 use payrecon_chain_core::{
@@ -80,6 +81,7 @@ impl Engine {
         network: Network,
         batch: &ScanBatch,
         unissued: &[UnissuedRow],
+        witnessed: &Verdicts,
         lease: Option<&crate::leases::Lease>,
     ) -> Result<(), Error> {
         check_batch(network, &batch.events, &batch.cursor)?;
@@ -90,6 +92,7 @@ impl Engine {
             Quarantined {
                 unreadable: &batch.unreadable,
                 unexplained: &batch.unexplained,
+                witnessed,
             },
             Some((network, &batch.cursor, unissued)),
             lease,
@@ -144,6 +147,7 @@ impl Engine {
         if let Some((network, cursor, _)) = cursor {
             quarantine(tx.conn(), network, quarantined.unreadable, now).await?;
             open_unexplained(tx.conn(), network, quarantined.unexplained, now).await?;
+            record_witnessed(tx.conn(), network, quarantined.witnessed, now).await?;
             crate::store::cursors::put(tx.conn(), network, cursor, now).await?;
         }
         crash_point("apply.before_commit");
@@ -151,6 +155,12 @@ impl Engine {
         crash_point("apply.after_commit");
         self.notify_events();
         Ok(())
+    }
+
+    /// Receipts the witnesses were asked about, per network and state, for `/metrics`.
+    pub(crate) async fn witness_counts(&self) -> Result<Vec<(Network, &'static str, i64)>, Error> {
+        let mut conn = self.db().pool().acquire().await?;
+        Ok(crate::store::witness::counts(&mut conn).await?)
     }
 
     /// How far each network's chain has been read, for its deadlines.
@@ -303,18 +313,64 @@ impl ChainReads {
     }
 }
 
-/// What a scan hands operators instead of booking it.
+/// What a scan hands operators instead of booking it, and what its witnesses said.
 #[derive(Clone, Copy)]
 struct Quarantined<'a> {
     unreadable: &'a [Unreadable],
     unexplained: &'a [Unexplained],
+    witnessed: &'a Verdicts,
 }
 
 impl Quarantined<'_> {
     const NONE: Quarantined<'static> = Quarantined {
         unreadable: &[],
         unexplained: &[],
+        witnessed: Verdicts::NONE,
     };
+}
+
+/// Records what the witnesses said: each receipt's check, a `sources_disagree` exception per
+/// receipt they do not confirm (`sources_disagree:<transfer>`, naming its intent), and the
+/// close of that exception once they do.
+async fn record_witnessed(
+    conn: &mut sqlx::AnyConnection,
+    network: Network,
+    witnessed: &Verdicts,
+    now: DateTime<Utc>,
+) -> Result<(), Error> {
+    let now_ms = now.timestamp_millis();
+    crate::store::witness::put_checks(conn, &witnessed.checks, now_ms).await?;
+    for id in &witnessed.confirmed {
+        let exception = format!("sources_disagree:{id}");
+        if payments::close_exception(conn, &exception, "confirmed by every witness", now_ms).await?
+        {
+            tracing::info!(%network, transfer = %id, "the witnesses now confirm a held receipt: its exception closed");
+        }
+    }
+    for (id, detail) in &witnessed.disagreements {
+        let transfer = payments::get_transfer(conn, id).await?;
+        let address = transfer
+            .as_ref()
+            .map(|t| t.to_address.as_str())
+            .unwrap_or_default();
+        let intents = payments::intents_by_watch_keys(conn, network, &[address]).await?;
+        let intent = intents.first();
+        let record = crate::records::ExceptionRecord {
+            id: format!("sources_disagree:{id}"),
+            kind: "sources_disagree".into(),
+            intent_id: intent.map(|i| i.id.clone()),
+            order_ref: intent.map(|i| i.order_ref.to_string()),
+            transfer: Some(id.to_string()),
+            detail: format!(
+                "{detail}. Nothing of it is credited while the sources disagree; see the operators' guide."
+            ),
+            opened_at: now,
+            resolved_at: None,
+            resolution: None,
+        };
+        payments::open_exception(conn, &record).await?;
+    }
+    Ok(())
 }
 
 /// Opens one exception per balance change of a watched address that no transaction explains

@@ -22,6 +22,7 @@ pub mod payments;
 pub mod reports;
 mod statistics;
 pub(crate) mod wallet;
+pub(crate) mod witness;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,7 +50,7 @@ const POSTGRES_MAX_CONNECTIONS: u32 = 16;
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The schema, in order. Each version has one script per database.
-const MIGRATIONS: [(i64, &str, &str, &str); 20] = [
+const MIGRATIONS: [(i64, &str, &str, &str); 21] = [
     (
         1,
         "foundation",
@@ -169,6 +170,12 @@ const MIGRATIONS: [(i64, &str, &str, &str); 20] = [
         "active source",
         include_str!("../../migrations/sqlite/0020_active_source.sql"),
         include_str!("../../migrations/postgres/0020_active_source.sql"),
+    ),
+    (
+        21,
+        "witness checks",
+        include_str!("../../migrations/sqlite/0021_witness_checks.sql"),
+        include_str!("../../migrations/postgres/0021_witness_checks.sql"),
     ),
 ];
 

@@ -798,6 +798,26 @@ pub(crate) async fn open_exception(
     Ok(result.rows_affected() == 1)
 }
 
+/// Closes an open exception payrecon itself settled (a witness that confirmed what it held),
+/// with `resolution`; returns whether it was open.
+pub(crate) async fn close_exception(
+    conn: &mut AnyConnection,
+    id: &str,
+    resolution: &str,
+    at_ms: i64,
+) -> Result<bool, StoreError> {
+    let updated = sqlx::query(
+        "UPDATE exceptions SET resolved_at_ms = $2, resolution = $3, resolved_by = 'payrecon' \
+         WHERE id = $1 AND resolved_at_ms IS NULL",
+    )
+    .bind(id)
+    .bind(at_ms)
+    .bind(resolution)
+    .execute(conn)
+    .await?;
+    Ok(updated.rows_affected() == 1)
+}
+
 /// Opens many exceptions, each unless one with its id exists. Returns the ids that are new.
 pub(crate) async fn open_exceptions(
     conn: &mut AnyConnection,

@@ -10,6 +10,7 @@
 mod ahead;
 mod holdings;
 mod view;
+mod witness;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -150,6 +151,9 @@ pub struct Watcher<S> {
     /// A round since the last caught-up one found money ahead of a key's counter: the window
     /// moved, and new addresses wait for a round that looks at where it lies now.
     found_ahead: bool,
+    /// The network's witnesses, when it has some: asked about each receipt before it is
+    /// credited.
+    witnesses: Option<witness::Witnesses>,
 }
 
 /// Why a run of rounds ended without an error.
@@ -183,6 +187,7 @@ impl<S: ChainScanner> Watcher<S> {
             chain_read_until: None,
             source: scanner.source().to_string(),
         });
+        let witnesses = witness::Witnesses::of(&engine, scanner.network());
         Watcher {
             engine,
             scanner,
@@ -193,6 +198,7 @@ impl<S: ChainScanner> Watcher<S> {
             last_round: Arc::new(Mutex::new(Instant::now())),
             live: None,
             found_ahead: false,
+            witnesses,
         }
     }
 
@@ -257,11 +263,22 @@ impl<S: ChainScanner> Watcher<S> {
         }
         let events = batch.events.len() + batch.outflows.len();
         if events > 0 || view.cursor.as_ref() != Some(&batch.cursor) {
+            let verdicts = match &mut self.witnesses {
+                Some(witnesses) => {
+                    let source = self.scanner.source().to_string();
+                    let now = self.engine.clock().now();
+                    witnesses
+                        .review(&self.engine, &mut batch, &source, now)
+                        .await
+                        .map_err(engine_failure)?
+                }
+                None => crate::store::witness::Verdicts::default(),
+            };
             let unissued = live.unissued(&batch.events);
             self.found_ahead |= !unissued.is_empty();
             let applied = self
                 .engine
-                .apply_scan(network, &batch, &unissued, self.lease.as_ref())
+                .apply_scan(network, &batch, &unissued, &verdicts, self.lease.as_ref())
                 .await;
             if let Err(Error::LeaseLost(_)) = applied {
                 self.lease = None;

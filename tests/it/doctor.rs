@@ -7,7 +7,7 @@
 use std::process::Command;
 
 use crate::common;
-use common::anvil::Anvil;
+use common::anvil::{Anvil, RpcProxy};
 use common::regtest::{Chain, fresh_account_xpub};
 
 /// The devnet's configuration for `chain` and `anvil`, USDT at `usdt`, the database in `dir`.
@@ -178,7 +178,36 @@ async fn the_doctor_passes_the_devnet_and_names_each_broken_configuration() {
         );
     }
 
+    // A witness: checked as a source is, and said to be asked about each receipt.
+    let witness = RpcProxy::start(&anvil.url, 10_000, 0).await;
+    let witnessed = good.replace(
+        &eth_line,
+        &format!("{eth_line}\nwitness_urls = [\"{}\"]", witness.url),
+    );
+    let (passed, checks) = doctor(dir.path(), &witnessed);
+    assert!(passed, "{checks:#?}");
+    let name = format!("ethereum witness 1 of 1 ({})", witness.url);
+    assert!(
+        checks.iter().any(|(n, verdict, detail)| *n == name
+            && verdict == "ok"
+            && detail.contains("asked about each receipt")),
+        "{name} in {checks:#?}"
+    );
+    let other_chain = RpcProxy::start(&anvil.url, 10_000, 0).await;
+    other_chain
+        .chain_id
+        .store(1, std::sync::atomic::Ordering::SeqCst);
+
     let broken = [
+        (
+            "a witness on another chain",
+            good.replace(
+                &eth_line,
+                &format!("{eth_line}\nwitness_urls = [\"{}\"]", other_chain.url),
+            ),
+            "ethereum witness 1 of 1",
+            "serves another chain",
+        ),
         (
             "a wrong chain id",
             good.replace("chain_id = 31337", "chain_id = 1"),

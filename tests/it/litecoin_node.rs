@@ -184,6 +184,30 @@ async fn payrecon_serve_on_the_node_killed_and_restarted_credits_once() {
     assert_eq!(config.cli(&["balance", "42"])["available_usd"], "100.00");
 }
 
+/// `payrecon serve` with two full nodes, the first down (nothing listens on its port): the
+/// watcher goes on with the second, polled, and a payment settles.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn payrecon_serve_goes_on_with_the_next_full_node_when_the_first_is_down() {
+    let chain = Chain::lock().await;
+    let config = ServeConfig::litecoin_node("http://user:pass@127.0.0.1:9", &chain.p2p_peer, "");
+    config.rewrite(|text| {
+        text.replace(
+            "push_peer",
+            &format!("rpc_urls = [\"{}\"]\npush_peer", chain.rpc_url),
+        )
+    });
+    let (intent, address) = config.topup_and_pay("ltc");
+    let serving = config.serve();
+    chain.send(&address, "1").await;
+    chain.mine(1).await;
+    eventually(
+        "serve to credit the top-up through the second node",
+        || async { config.cli(&["pay", "show", &intent])["status"] == "settled" },
+    )
+    .await;
+    serving.stop().await;
+}
+
 /// A network names one source: both, or none while its method is enabled, is refused at
 /// start with the keys named.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

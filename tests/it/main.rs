@@ -46,3 +46,4 @@ mod tron_sweep;
 mod upgrades;
 mod wallet;
 mod wallet_devnet;
+mod witnesses;

@@ -104,6 +104,28 @@ impl AddressDeriver for SegwitDeriver {
     }
 }
 
+/// What an output pays, as a transfer in `reported`'s place, for a witness's or the audit's
+/// answer: the reported address where its script is that address's, else the script itself.
+pub(crate) fn output_as_transfer(
+    reported: &payrecon_chain_core::Transfer,
+    method: payrecon_chain_core::Method,
+    script: &bitcoin::ScriptBuf,
+    amount: payrecon_chain_core::Amount,
+) -> payrecon_chain_core::Transfer {
+    let to_reported = script_pubkey(&reported.to_address).is_ok_and(|ours| ours == *script);
+    payrecon_chain_core::Transfer {
+        id: reported.id.clone(),
+        to_address: if to_reported {
+            reported.to_address.clone()
+        } else {
+            script.to_hex_string()
+        },
+        asset: payrecon_chain_core::ReceivedAsset::Method { method },
+        amount,
+        from_address: None,
+    }
+}
+
 /// The scriptPubKey an address pays: what an Electrum server indexes by.
 pub fn script_pubkey(address: &str) -> Result<bitcoin::ScriptBuf, DeriveError> {
     let (_, version, program) =

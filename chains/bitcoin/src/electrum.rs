@@ -20,11 +20,12 @@ use payrecon_chain_core::bitcoin::block::Header;
 use payrecon_chain_core::bitcoin::{BlockHash, ScriptBuf, Txid};
 use payrecon_chain_core::blocks;
 use payrecon_chain_core::{
-    Amount, BlockId, ChainCursor, ChainEvent, ChainScanner, HeldOutputs, KeyIndex, KnownTransfer,
-    Method, Network, OutflowEvent, Probe, ReceivedAsset, ScanBatch, ScanError, SecretUrl, Transfer,
-    TransferId, Unreadable, WatchKeys, WatchView,
+    Amount, Attestation, BlockId, ChainCursor, ChainEvent, ChainScanner, HeldOutputs, KeyIndex,
+    KnownTransfer, Method, Network, OutflowEvent, Probe, ReceivedAsset, ScanBatch, ScanError,
+    SecretUrl, Transfer, TransferId, Unreadable, WatchKeys, WatchView,
 };
 
+use crate::derive::output_as_transfer;
 use crate::electrum_stream::{self, ElectrumClient};
 use crate::mweb::{self, Decoded};
 use crate::spends::{Lookup, Spending};
@@ -152,11 +153,11 @@ impl ChainScanner for ElectrumScanner {
         self.balances(&addresses, until_ms).await
     }
 
-    async fn recheck(
+    async fn attest(
         &mut self,
         transfers: &[KnownTransfer],
         _settle_depth: u32,
-    ) -> Result<Vec<Option<u32>>, ScanError> {
+    ) -> Result<Vec<Attestation>, ScanError> {
         let settings = self.settings.clone();
         let session = self.session.take();
         let transfers = transfers.to_vec();
@@ -166,7 +167,7 @@ impl ChainScanner for ElectrumScanner {
                 None => Session::connect(&settings, None)?,
             };
             session.follow_tip()?;
-            let found = session.recheck(&settings, &transfers)?;
+            let found = session.attest(&settings, &transfers)?;
             Ok::<_, ScanError>((session, found))
         })
         .await
@@ -430,13 +431,16 @@ impl Session {
         Ok(to_read)
     }
 
-    /// Each transfer's depth now, from its address's history as the server has it.
-    fn recheck(
+    /// What the server says of each transfer: its place in its address's history, and the
+    /// output at its position in the transaction the server answers (which must hash to its
+    /// id), in the block whose header the server serves at that height.
+    fn attest(
         &mut self,
         settings: &ElectrumSettings,
         transfers: &[KnownTransfer],
-    ) -> Result<Vec<Option<u32>>, ScanError> {
-        let mut found = Vec::with_capacity(transfers.len());
+    ) -> Result<Vec<Attestation>, ScanError> {
+        let method = settings.target.method();
+        let mut answers = Vec::with_capacity(transfers.len());
         for chunk in transfers.chunks(settings.batch_size.max(1)) {
             let scripts = chunk
                 .iter()
@@ -449,19 +453,61 @@ impl Session {
                     })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            for (known, history) in chunk.iter().zip(self.histories(&scripts)?) {
-                let entry = history
+            let histories = self.histories(&scripts)?;
+            for (known, history) in chunk.iter().zip(histories) {
+                let reported = &known.transfer;
+                let Some(entry) = history
                     .iter()
-                    .find(|h| h.tx_hash.to_string() == known.transfer.id.txid);
-                found.push(entry.map(|h| match u64::try_from(h.height) {
-                    Ok(height) if height > 0 && height <= self.tip_height => {
-                        u32::try_from(self.tip_height - height + 1).unwrap_or(u32::MAX)
+                    .find(|h| h.tx_hash.to_string() == reported.id.txid)
+                else {
+                    answers.push(Attestation::Missing(
+                        "the address's history there lacks it".into(),
+                    ));
+                    continue;
+                };
+                let height = u64::try_from(entry.height).ok().filter(|h| *h > 0);
+                if height.is_some_and(|h| h > self.tip_height) {
+                    answers.push(Attestation::Behind {
+                        head: self.tip_height,
+                    });
+                    continue;
+                }
+                let raw = self
+                    .client
+                    .batch_transaction_get_raw([&entry.tx_hash])
+                    .map_err(classify)?;
+                let parts = parts_of(&entry.tx_hash, &raw[0])?.into_parts()?;
+                let found = usize::try_from(reported.id.position)
+                    .ok()
+                    .and_then(|vout| parts.outputs.get(vout))
+                    .map(|(out_script, value)| {
+                        output_as_transfer(reported, method, out_script, Amount::from(*value))
+                    });
+                let (block, confirmations) = match height {
+                    Some(height) => {
+                        let hash = self
+                            .client
+                            .block_header(height_u32(height)? as usize)
+                            .map_err(classify)?
+                            .block_hash();
+                        let block = BlockId {
+                            height,
+                            hash: hash.to_string(),
+                        };
+                        let depth = self.tip_height - height + 1;
+                        (Some(block), u32::try_from(depth).unwrap_or(u32::MAX))
                     }
-                    _ => 0,
-                }));
+                    None => (None, 0),
+                };
+                answers.push(Attestation::of_found(
+                    reported,
+                    found.as_ref(),
+                    block,
+                    confirmations,
+                ));
             }
         }
-        Ok(found)
+        Ok(answers)
     }
 
     /// The last block before `until_ms` (the tip when none is that late), found by halving

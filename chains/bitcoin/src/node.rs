@@ -25,14 +25,15 @@ use payrecon_chain_core::bitcoin::ScriptBuf;
 use payrecon_chain_core::bitcoin::hex::FromHex;
 use payrecon_chain_core::blocks::{self, BlockRange};
 use payrecon_chain_core::{
-    Amount, ChainEvent, ChainScanner, HeldOutputs, KeyIndex, KnownTransfer, Method, Network, Probe,
-    ReceivedAsset, ScanBatch, ScanError, SecretUrl, Transfer, TransferId, Unreadable, WatchView,
-    excerpt,
+    Amount, Attestation, BlockId, ChainEvent, ChainScanner, HeldOutputs, KeyIndex, KnownTransfer,
+    Method, Network, Probe, ReceivedAsset, ScanBatch, ScanError, SecretUrl, Transfer, TransferId,
+    Unreadable, WatchView, excerpt,
 };
 use serde::Deserialize;
 use serde_json::json;
 use serde_json::value::RawValue;
 
+use crate::derive::output_as_transfer;
 use crate::mweb;
 use crate::p2p::PushChannel;
 use crate::rpc::{NodeAuth, NodeRpc, RpcError};
@@ -130,6 +131,9 @@ struct NodeTransaction {
     /// `getrawtransaction` only: depth of its block, absent while in the mempool.
     #[serde(default)]
     confirmations: Option<u32>,
+    /// `getrawtransaction` only: its block, absent while in the mempool.
+    #[serde(default)]
+    blockhash: Option<String>,
 }
 
 /// An input's previous outpoint; a coinbase input has none.
@@ -634,58 +638,41 @@ impl ChainScanner for NodeScanner {
         self.mempool_unreadable.clear();
     }
 
-    async fn recheck(
+    /// The transaction from the node's index (or mempool), else from the block it was
+    /// reported in, and the output at the transfer's position.
+    async fn attest(
         &mut self,
         transfers: &[KnownTransfer],
         _settle_depth: u32,
-    ) -> Result<Vec<Option<u32>>, ScanError> {
+    ) -> Result<Vec<Attestation>, ScanError> {
+        let method = self.settings.target.method();
         let rpc = self.connect().await?;
         let head: u64 = rpc.call("getblockcount", json!([])).await?;
-        let mut found = Vec::with_capacity(transfers.len());
+        let mut answers = Vec::with_capacity(transfers.len());
         for known in transfers {
-            let txid = &known.transfer.id.txid;
-            // With `txindex` (or while in the mempool) the node finds any transaction.
-            let answer: Result<NodeTransaction, RpcError> = rpc
-                .try_call("getrawtransaction", json!([txid, true]))
-                .await?;
-            let depth = match answer {
-                Ok(tx) if tx.confirmations.is_some_and(|c| c > 0) => tx.confirmations,
-                // The index still knows a transaction a reorg took out of the chain (with
-                // its stale block, zero confirmations): only the mempool can hold it now.
-                Ok(_) => match rpc
-                    .try_call::<serde_json::Value>("getmempoolentry", json!([txid]))
-                    .await?
-                {
-                    Ok(_) => Some(0),
-                    Err(RpcError { code, .. }) if code == RPC_NOT_FOUND => None,
-                    Err(error) => return Err(error.into_scan_error("getmempoolentry")),
-                },
-                Err(RpcError { code, .. }) if code == RPC_NOT_FOUND => {
-                    // Without `txindex`: is it still in the block it was recorded in?
-                    match known.block_height {
-                        Some(height) => {
-                            let in_block = match block_hash(rpc, height).await? {
-                                Some(hash) => {
-                                    #[derive(Deserialize)]
-                                    struct Txids {
-                                        tx: Vec<String>,
-                                    }
-                                    let block: Txids =
-                                        rpc.call("getblock", json!([hash, 1])).await?;
-                                    block.tx.contains(txid)
-                                }
-                                None => false,
-                            };
-                            in_block.then(|| blocks::depth(height, head))
-                        }
-                        None => None,
-                    }
+            let reported = &known.transfer;
+            let read = match located(rpc, known, head).await? {
+                Located::Found(read) => read,
+                Located::Not(answer) => {
+                    answers.push(answer);
+                    continue;
                 }
-                Err(error) => return Err(error.into_scan_error("getrawtransaction")),
             };
-            found.push(depth);
+            let (tx, block) = read;
+            let outputs = tx.outputs().map_err(ScanError::Fatal)?;
+            let found = outputs
+                .iter()
+                .find(|o| o.n == reported.id.position)
+                .map(|o| output_as_transfer(reported, method, &o.script, o.amount));
+            let confirmations = block.as_ref().map_or(0, |b| blocks::depth(b.height, head));
+            answers.push(Attestation::of_found(
+                reported,
+                found.as_ref(),
+                block,
+                confirmations,
+            ));
         }
-        Ok(found)
+        Ok(answers)
     }
 
     async fn news(&mut self) {
@@ -693,6 +680,87 @@ impl ChainScanner for NodeScanner {
             Some(push) => push.news().await,
             None => std::future::pending().await,
         }
+    }
+}
+
+/// Where [`NodeScanner::attest`] found a reported transaction.
+enum Located {
+    /// The transaction and its block (`None` in the mempool).
+    Found((NodeTransaction, Option<BlockId>)),
+    /// Not found, or the node is behind: the answer to give.
+    Not(Attestation),
+}
+
+/// Finds `known`'s transaction: through the node's index (`txindex`, or the mempool), else in
+/// the block it was reported in.
+async fn located(rpc: &NodeRpc, known: &KnownTransfer, head: u64) -> Result<Located, ScanError> {
+    let txid = &known.transfer.id.txid;
+    let answer: Result<NodeTransaction, RpcError> = rpc
+        .try_call("getrawtransaction", json!([txid, true]))
+        .await?;
+    match answer {
+        Ok(tx) => {
+            let mined = tx
+                .blockhash
+                .clone()
+                .filter(|_| tx.confirmations.unwrap_or(0) > 0);
+            let block = match mined {
+                Some(hash) => {
+                    #[derive(Deserialize)]
+                    struct Height {
+                        height: u64,
+                    }
+                    let header: Height = rpc.call("getblockheader", json!([hash])).await?;
+                    Some(BlockId {
+                        height: header.height,
+                        hash,
+                    })
+                }
+                // The index still knows a transaction a reorg took out of the chain (with its
+                // stale block, zero confirmations): only the mempool can hold it now.
+                None if tx.blockhash.is_some() => {
+                    let pooled = rpc
+                        .try_call::<serde_json::Value>("getmempoolentry", json!([txid]))
+                        .await?;
+                    match pooled {
+                        Ok(_) => None,
+                        Err(RpcError { code, .. }) if code == RPC_NOT_FOUND => {
+                            return Ok(Located::Not(Attestation::Missing(
+                                "the node holds it in a block no longer on its chain".into(),
+                            )));
+                        }
+                        Err(error) => return Err(error.into_scan_error("getmempoolentry")),
+                    }
+                }
+                None => None,
+            };
+            Ok(Located::Found((tx, block)))
+        }
+        Err(RpcError { code, .. }) if code == RPC_NOT_FOUND => {
+            let Some(height) = known.block_height else {
+                return Ok(Located::Not(Attestation::Missing(
+                    "the node knows no such transaction".into(),
+                )));
+            };
+            if height > head {
+                return Ok(Located::Not(Attestation::Behind { head }));
+            }
+            let Some(hash) = block_hash(rpc, height).await? else {
+                return Ok(Located::Not(Attestation::Behind { head }));
+            };
+            #[derive(Deserialize)]
+            struct Transactions {
+                tx: Vec<NodeTransaction>,
+            }
+            let block: Transactions = rpc.call("getblock", json!([hash, 2])).await?;
+            Ok(match block.tx.into_iter().find(|tx| tx.txid == *txid) {
+                Some(tx) => Located::Found((tx, Some(BlockId { height, hash }))),
+                None => Located::Not(Attestation::Missing(format!(
+                    "the node's block {height} does not hold it"
+                ))),
+            })
+        }
+        Err(error) => Err(error.into_scan_error("getrawtransaction")),
     }
 }
 

@@ -9,8 +9,8 @@
 use std::time::{Duration, Instant};
 
 use crate::{
-    Amount, BlockId, ChainScanner, KnownTransfer, Method, Network, Probe, ScanBatch, ScanError,
-    SecretUrl, SweepFees, WatchView,
+    Amount, Attestation, BlockId, ChainScanner, KnownTransfer, Method, Network, Probe, ScanBatch,
+    ScanError, SecretUrl, SweepFees, WatchView,
 };
 
 /// When to leave a source that answers but lags, and when to try the first one again.
@@ -194,13 +194,13 @@ impl<S: ChainScanner> ChainScanner for Failover<S> {
         self.sources[self.active].reset();
     }
 
-    async fn recheck(
+    async fn attest(
         &mut self,
         transfers: &[KnownTransfer],
         settle_depth: u32,
-    ) -> Result<Vec<Option<u32>>, ScanError> {
+    ) -> Result<Vec<Attestation>, ScanError> {
         self.sources[self.active]
-            .recheck(transfers, settle_depth)
+            .attest(transfers, settle_depth)
             .await
     }
 
@@ -308,11 +308,11 @@ mod tests {
 
         fn reset(&mut self) {}
 
-        async fn recheck(
+        async fn attest(
             &mut self,
             _: &[KnownTransfer],
             _: u32,
-        ) -> Result<Vec<Option<u32>>, ScanError> {
+        ) -> Result<Vec<Attestation>, ScanError> {
             Ok(Vec::new())
         }
 

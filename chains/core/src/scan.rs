@@ -170,6 +170,69 @@ pub struct Unexplained {
     pub reason: String,
 }
 
+/// What a source says, on its own, about a transfer another source reported.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Attestation {
+    /// It holds the same transfer (address, asset, amount), successful, this deep: in `block`
+    /// once mined (`None` while in the mempool).
+    Holds {
+        /// The block that carries it, as this source has it.
+        block: Option<BlockId>,
+        /// Its confirmations on this source.
+        confirmations: u32,
+    },
+    /// Its newest block is below the one the transfer was reported in: ask again later.
+    Behind {
+        /// Its newest block's height.
+        head: u64,
+    },
+    /// It knows no such transaction, or holds it failed: why, in a few words.
+    Missing(String),
+    /// It holds the transaction, but it does not pay what was reported: what it pays instead.
+    Differs(String),
+}
+
+impl Attestation {
+    /// The confirmations it holds the transfer at; `None` when it does not hold it.
+    pub fn confirmations(&self) -> Option<u32> {
+        match self {
+            Attestation::Holds { confirmations, .. } => Some(*confirmations),
+            Attestation::Behind { .. } | Attestation::Missing(_) | Attestation::Differs(_) => None,
+        }
+    }
+
+    /// `Holds` when `found` is the reported transfer (same id, address, asset, amount), else
+    /// `Differs` naming what `found` pays; `Missing` when the transaction pays nothing there.
+    pub fn of_found(
+        reported: &Transfer,
+        found: Option<&Transfer>,
+        block: Option<BlockId>,
+        confirmations: u32,
+    ) -> Attestation {
+        match found {
+            None => Attestation::Missing(format!(
+                "transaction {} pays nothing at position {}",
+                reported.id.txid, reported.id.position
+            )),
+            Some(found)
+                if found.id == reported.id
+                    && found.to_address == reported.to_address
+                    && found.asset == reported.asset
+                    && found.amount == reported.amount =>
+            {
+                Attestation::Holds {
+                    block,
+                    confirmations,
+                }
+            }
+            Some(found) => Attestation::Differs(format!(
+                "it pays {} base units of {} to {}",
+                found.amount, found.asset, found.to_address
+            )),
+        }
+    }
+}
+
 /// What one scan found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ScanBatch {
@@ -305,14 +368,16 @@ pub trait ChainScanner: Send {
     /// Drops connections and session state after a failure; the next scan starts afresh.
     fn reset(&mut self);
 
-    /// Looks recorded transfers up again, straight from the node, for the finance audit: per
-    /// transfer, the confirmations it has now as a scan with `settle_depth` would report them,
-    /// or `None` when the chain no longer holds it (or holds it failed). Watchers never call it.
-    fn recheck(
+    /// Looks recorded transfers up again on this source, on its own: per transfer, whether it
+    /// holds the same transaction paying the same address the same amount of the same asset,
+    /// in which block and how deep (as a scan with `settle_depth` would report it). What a
+    /// witness answers before a receipt is credited, and the finance audit's recheck.
+    /// Watchers never call it on their own source.
+    fn attest(
         &mut self,
         transfers: &[KnownTransfer],
         settle_depth: u32,
-    ) -> impl Future<Output = Result<Vec<Option<u32>>, ScanError>> + Send;
+    ) -> impl Future<Output = Result<Vec<Attestation>, ScanError>> + Send;
 
     /// What each address held of its method's asset at the last block before `until_ms` (the
     /// tip when no block is that late yet), and that block: finance's check of the holdings at
@@ -373,5 +438,59 @@ pub trait ChainScanner: Send {
     /// resolves, and a lost subscription only costs latency.
     fn news(&mut self) -> impl Future<Output = ()> + Send {
         std::future::pending()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Method, ReceivedAsset};
+
+    fn transfer(amount: u64, to: &str) -> Transfer {
+        Transfer {
+            id: TransferId {
+                network: Network::Ethereum,
+                txid: "0xab".into(),
+                position: 0,
+            },
+            to_address: to.into(),
+            asset: ReceivedAsset::Method {
+                method: Method::Eth,
+            },
+            amount: Amount::from(amount),
+            from_address: Some("0xsender".into()),
+        }
+    }
+
+    #[test]
+    fn an_attestation_holds_only_the_same_transfer() {
+        let reported = transfer(5, "0xshop");
+        let block = BlockId {
+            height: 7,
+            hash: "0x07".into(),
+        };
+        // The sender is not compared: sources name it alike or not at all.
+        let mut same = transfer(5, "0xshop");
+        same.from_address = None;
+        assert_eq!(
+            Attestation::of_found(&reported, Some(&same), Some(block.clone()), 3),
+            Attestation::Holds {
+                block: Some(block.clone()),
+                confirmations: 3
+            }
+        );
+        let less = Attestation::of_found(&reported, Some(&transfer(4, "0xshop")), None, 3);
+        assert!(
+            matches!(&less, Attestation::Differs(what) if what.contains("4 base units")),
+            "{less:?}"
+        );
+        let elsewhere = Attestation::of_found(&reported, Some(&transfer(5, "0xother")), None, 3);
+        assert!(
+            matches!(&elsewhere, Attestation::Differs(what) if what.contains("0xother")),
+            "{elsewhere:?}"
+        );
+        let nothing = Attestation::of_found(&reported, None, None, 3);
+        assert!(matches!(nothing, Attestation::Missing(_)));
+        assert_eq!(nothing.confirmations(), None);
     }
 }

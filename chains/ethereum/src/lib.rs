@@ -1,6 +1,7 @@
 //! Ethereum: ETH, USDT and USDC. BIP44 coin 60 receive addresses (watch-only, EIP-55) and the
 //! block scanner that finds payments to them.
 
+mod attest;
 mod consistency;
 mod derive;
 pub mod internal;

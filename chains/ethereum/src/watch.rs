@@ -27,9 +27,9 @@ use alloy::transports::{RpcError, TransportError, TransportErrorKind};
 use futures_util::{StreamExt as _, TryStreamExt as _};
 use payrecon_chain_core::blocks::{self, BlockRange};
 use payrecon_chain_core::{
-    Amount, BlockId, ChainScanner, Finding, KeyIndex, KnownTransfer, Method, Network, Outflow,
-    Probe, ReceivedAsset, ScanBatch, ScanError, SecretUrl, SweepFees, Transfer, TransferId,
-    WatchView,
+    Amount, Attestation, BlockId, ChainScanner, Finding, KeyIndex, KnownTransfer, Method, Network,
+    Outflow, Probe, ReceivedAsset, ScanBatch, ScanError, SecretUrl, SweepFees, Transfer,
+    TransferId, WatchView,
 };
 use tokio::sync::broadcast::error::RecvError;
 
@@ -129,7 +129,7 @@ impl EthereumSettings {
 
     /// The ERC-20 transfer a `Transfer` log records, with its block, if it pays a watched
     /// address. Position 0 is the native value, so log `n` is position `n + 1`.
-    fn token_transfer(
+    pub(crate) fn token_transfer(
         &self,
         log: &Log,
         watched: &KeyIndex<Address>,
@@ -493,35 +493,16 @@ impl ChainScanner for EthereumScanner {
         })
     }
 
-    async fn recheck(
+    async fn attest(
         &mut self,
         transfers: &[KnownTransfer],
         settle_depth: u32,
-    ) -> Result<Vec<Option<u32>>, ScanError> {
+    ) -> Result<Vec<Attestation>, ScanError> {
         let provider = self.provider().await?;
         let head = provider.get_block_number().await.map_err(classify)?;
         let finalized = finalized_height(&provider, self.settings.finality).await?;
-        let mut found = Vec::with_capacity(transfers.len());
-        for known in transfers {
-            let hash: B256 = known.transfer.id.txid.parse().map_err(|e| {
-                ScanError::Fatal(format!(
-                    "{} is not a transaction hash: {e}",
-                    known.transfer.id.txid
-                ))
-            })?;
-            // A node answers receipts of canonical transactions only: no receipt, no transfer.
-            let receipt = provider
-                .get_transaction_receipt(hash)
-                .await
-                .map_err(classify)?;
-            found.push(
-                receipt
-                    .filter(|r| r.status())
-                    .and_then(|r| r.block_number)
-                    .map(|height| blocks::confirmations(height, head, finalized, settle_depth)),
-            );
-        }
-        Ok(found)
+        let depth = (head, finalized, settle_depth);
+        crate::attest::attest(&provider, &self.settings, transfers, depth).await
     }
 
     /// The balances at the last block before `until_ms` (see [`Self::balances_at_height`]).

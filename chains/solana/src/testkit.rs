@@ -171,6 +171,22 @@ impl FakeSolana {
         signature
     }
 
+    /// The transaction `signature` of this node, as it stands, appears on `other` too (its
+    /// slot moving up to it): a second node of the same cluster that has seen it.
+    pub fn share_with(&self, other: &FakeSolana, signature: &str) {
+        let tx = {
+            let node = self.node.lock().expect("node");
+            node.txs
+                .iter()
+                .find(|tx| tx.signature == signature)
+                .cloned()
+                .expect("a transaction of this node")
+        };
+        let mut other = other.node.lock().expect("node");
+        other.slot = other.slot.max(tx.slot);
+        other.txs.push(tx);
+    }
+
     /// The fee every transaction of this node pays, in lamports.
     pub fn fee(&self) -> u64 {
         recorded(TRANSACTION)["response"]["result"]["meta"]["fee"]

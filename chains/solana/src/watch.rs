@@ -18,9 +18,9 @@ use std::time::Duration;
 
 use futures_util::{StreamExt as _, TryStreamExt as _};
 use payrecon_chain_core::{
-    Amount, BlockId, ChainCursor, ChainEvent, ChainScanner, Finding, KeyIndex, KnownOutflow,
-    KnownTransfer, Method, Network, Outflow, OutflowEvent, Probe, ReceivedAsset, ScanBatch,
-    ScanError, SecretUrl, Transfer, TransferId, WatchView, WatchedLookup,
+    Amount, Attestation, BlockId, ChainCursor, ChainEvent, ChainScanner, Finding, KeyIndex,
+    KnownOutflow, KnownTransfer, Method, Network, Outflow, OutflowEvent, Probe, ReceivedAsset,
+    ScanBatch, ScanError, SecretUrl, Transfer, TransferId, WatchView, WatchedLookup,
 };
 use solana_commitment_config::CommitmentConfig;
 use solana_pubkey::Pubkey;
@@ -407,26 +407,54 @@ impl ChainScanner for SolanaScanner {
         })
     }
 
-    async fn recheck(
+    /// The signature's status for its slot and finality (1 once finalized, as a scan
+    /// reports it), then the transaction itself, decoded as a scan decodes it.
+    async fn attest(
         &mut self,
         transfers: &[KnownTransfer],
         _settle_depth: u32,
-    ) -> Result<Vec<Option<u32>>, ScanError> {
+    ) -> Result<Vec<Attestation>, ScanError> {
         let client = self.client()?;
-        let mut found = Vec::with_capacity(transfers.len());
+        let mut answers = Vec::with_capacity(transfers.len());
         for chunk in transfers.chunks(STATUSES_PER_CALL) {
-            found.extend(
-                statuses(&client, chunk.iter().map(|k| k.transfer.id.txid.as_str()))
-                    .await?
-                    .into_iter()
-                    .map(|status| {
-                        status
-                            .filter(|s| s.err.is_none())
-                            .map(|s| u32::from(is_final(&s)))
-                    }),
-            );
+            let found =
+                statuses(&client, chunk.iter().map(|k| k.transfer.id.txid.as_str())).await?;
+            for (known, status) in chunk.iter().zip(found) {
+                let reported = &known.transfer;
+                let Some(status) = status else {
+                    answers.push(Attestation::Missing(
+                        "no such transaction is known there".into(),
+                    ));
+                    continue;
+                };
+                if status.err.is_some() {
+                    answers.push(Attestation::Missing("it failed there".into()));
+                    continue;
+                }
+                let tx = transaction(&client, &reported.id.txid).await?;
+                let reference = Pubkey::from_str(&reported.to_address).map_err(|e| {
+                    ScanError::Fatal(format!("{} is not a Solana key: {e}", reported.to_address))
+                })?;
+                let references = HashMap::from([(reference, reported.to_address.as_str())]);
+                let found = verify(
+                    &reported.id.txid,
+                    &tx,
+                    &self.settings.recipient,
+                    &references,
+                )?;
+                let block = BlockId {
+                    height: status.slot,
+                    hash: format!("slot:{}", status.slot),
+                };
+                answers.push(Attestation::of_found(
+                    reported,
+                    found.as_ref(),
+                    Some(block),
+                    u32::from(is_final(&status)),
+                ));
+            }
         }
-        Ok(found)
+        Ok(answers)
     }
 
     fn reset(&mut self) {

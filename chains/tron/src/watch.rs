@@ -15,9 +15,9 @@ use std::time::Duration;
 use futures_util::{StreamExt as _, TryStreamExt as _};
 use payrecon_chain_core::blocks::{self, BlockRange};
 use payrecon_chain_core::{
-    Amount, ChainScanner, Finding, KeyIndex, KnownTransfer, Method, Network, Outflow, Probe,
-    ReceivedAsset, ScanBatch, ScanError, SecretUrl, SweepFees, Transfer, TransferId, Unreadable,
-    WatchView, WatchedLookup,
+    Amount, Attestation, BlockId, ChainScanner, Finding, KeyIndex, KnownTransfer, Method, Network,
+    Outflow, Probe, ReceivedAsset, ScanBatch, ScanError, SecretUrl, SweepFees, Transfer,
+    TransferId, Unreadable, WatchView, WatchedLookup,
 };
 use serde::Deserialize as _;
 
@@ -249,39 +249,49 @@ impl ChainScanner for TronScanner {
         })
     }
 
-    async fn recheck(
+    async fn attest(
         &mut self,
         transfers_to_check: &[KnownTransfer],
         settle_depth: u32,
-    ) -> Result<Vec<Option<u32>>, ScanError> {
+    ) -> Result<Vec<Attestation>, ScanError> {
         let client = self.client()?;
         let head = client.now_block(false).await?.block_header.raw_data.number;
         let solidified = solidified_height(&client, self.settings.finality).await?;
-        let mut found = Vec::with_capacity(transfers_to_check.len());
+        let mut answers = Vec::with_capacity(transfers_to_check.len());
         for known in transfers_to_check {
-            // Read its block again and decode it as a scan would: the transfer must still be
-            // there, successful, to the same address.
-            let Some(height) = known.block_height.filter(|h| *h <= head) else {
-                found.push(None);
+            // Read its block again and decode it as a scan would: the transfer must be there,
+            // successful, paying the same address the same amount of the same asset.
+            let Some(height) = known.block_height else {
+                answers.push(Attestation::Missing("it was reported unmined".into()));
                 continue;
             };
-            let address: TronAddress = known.transfer.to_address.parse().map_err(|e| {
+            if height > head {
+                answers.push(Attestation::Behind { head });
+                continue;
+            }
+            let reported = &known.transfer;
+            let address: TronAddress = reported.to_address.parse().map_err(|e| {
                 ScanError::Fatal(format!(
                     "{} is not a Tron address: {e}",
-                    known.transfer.to_address
+                    reported.to_address
                 ))
             })?;
-            let watched = HashMap::from([(address, known.transfer.to_address.as_str())]);
+            let watched = HashMap::from([(address, reported.to_address.as_str())]);
             let read = read_block(&client, height, &watched).await?;
-            let present = transfers(&self.settings, &read.block, &read.infos, &watched)?
-                .0
-                .iter()
-                .any(|t| t.id == known.transfer.id && t.amount == known.transfer.amount);
-            found.push(
-                present.then(|| blocks::confirmations(height, head, solidified, settle_depth)),
-            );
+            let found = transfers(&self.settings, &read.block, &read.infos, &watched)?.0;
+            let block = BlockId {
+                height,
+                hash: read.block.block_id.clone(),
+            };
+            let confirmations = blocks::confirmations(height, head, solidified, settle_depth);
+            answers.push(Attestation::of_found(
+                reported,
+                found.iter().find(|t| t.id == reported.id),
+                Some(block),
+                confirmations,
+            ));
         }
-        Ok(found)
+        Ok(answers)
     }
 
     /// Burned resources at the committee's prices: a USDT sweep's energy and bytes, a TRX

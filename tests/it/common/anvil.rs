@@ -381,6 +381,9 @@ pub fn ethereum(anvil: &Anvil, tokens: &Tokens, xpub: &str, confirmations: u32) 
         rpc_url: Some(anvil.url.clone().into()),
         rpc_urls: Vec::new(),
         max_source_lag_blocks: 5,
+        witness_urls: Vec::new(),
+        witness_policy: Default::default(),
+        witness_wait_seconds: 600,
         finality: EthereumFinality::Depth,
         start_block: None,
         poll_interval_ms: 50,
@@ -484,6 +487,11 @@ pub struct RpcProxy {
     pub down: Arc<std::sync::atomic::AtomicBool>,
     /// The proxy's head is this many blocks behind anvil's, as a provider's lagging backend.
     pub lag_blocks: Arc<std::sync::atomic::AtomicU64>,
+    /// Transactions the proxy knows nothing of (receipt and transaction answered `null`), as
+    /// an honest node answers about a payment another source invented.
+    pub unknown_txs: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+    /// While not 0, the chain id the proxy answers, as a node of another chain would.
+    pub chain_id: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl RpcProxy {
@@ -492,11 +500,19 @@ impl RpcProxy {
         let empty_logs = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let down = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let lag_blocks = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let unknown_txs = Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
+        let chain_id = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let state = (
             upstream.to_owned(),
             reqwest::Client::new(),
             counts.clone(),
-            (empty_logs.clone(), down.clone(), lag_blocks.clone()),
+            (
+                empty_logs.clone(),
+                down.clone(),
+                lag_blocks.clone(),
+                unknown_txs.clone(),
+                chain_id.clone(),
+            ),
         );
         let app =
             axum::Router::new().fallback(axum::routing::post(move |body: axum::body::Bytes| {
@@ -511,6 +527,8 @@ impl RpcProxy {
             empty_logs,
             down,
             lag_blocks,
+            unknown_txs,
+            chain_id,
         }
     }
 }
@@ -523,11 +541,13 @@ type ProxyState = (
         Arc<std::sync::atomic::AtomicBool>,
         Arc<std::sync::atomic::AtomicBool>,
         Arc<std::sync::atomic::AtomicU64>,
+        Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+        Arc<std::sync::atomic::AtomicU64>,
     ),
 );
 
 async fn proxy(
-    (upstream, http, counts, (empty_logs, down, lag_blocks)): ProxyState,
+    (upstream, http, counts, (empty_logs, down, lag_blocks, unknown_txs, chain_id)): ProxyState,
     body: axum::body::Bytes,
     max_log_blocks: u64,
     rate_limit_every: usize,
@@ -552,6 +572,21 @@ async fn proxy(
     {
         let empty = json!({"jsonrpc": "2.0", "id": request["id"], "result": []});
         return ([("content-type", "application/json")], empty.to_string()).into_response();
+    }
+    let other_chain = chain_id.load(Ordering::SeqCst);
+    if other_chain > 0 && request["method"] == "eth_chainId" {
+        let id =
+            json!({"jsonrpc": "2.0", "id": request["id"], "result": format!("0x{other_chain:x}")});
+        return ([("content-type", "application/json")], id.to_string()).into_response();
+    }
+    let asks_about_tx = request["method"] == "eth_getTransactionReceipt"
+        || request["method"] == "eth_getTransactionByHash";
+    if asks_about_tx
+        && let Some(hash) = request["params"][0].as_str()
+        && unknown_txs.lock().unwrap().contains(&hash.to_lowercase())
+    {
+        let unknown = json!({"jsonrpc": "2.0", "id": request["id"], "result": null});
+        return ([("content-type", "application/json")], unknown.to_string()).into_response();
     }
     if request["method"] == "eth_getLogs" {
         let filter = &request["params"][0];
