@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
-use payrecon_chain_core::{Method, Secret, SecretUrl};
+use payrecon_chain_core::{Method, Network, Secret, SecretUrl};
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 
@@ -342,6 +342,10 @@ pub struct PaymentsConfig {
     /// watches on Ethereum read on the chain at the watcher's cursor, and money there that no
     /// receipt explains booked and held in a `holdings_difference` exception. `0` turns it off.
     pub holdings_check_minutes: u32,
+    /// Per network, a block explorer's page of a transaction, `{txid}` where its id goes
+    /// (`litecoin = "https://litecoinspace.org/tx/{txid}"`): the checkout page links each
+    /// payment that arrived there. Mainnets have one by default; `""` turns it off.
+    pub explorer_urls: BTreeMap<Network, String>,
 }
 
 impl Default for PaymentsConfig {
@@ -357,6 +361,7 @@ impl Default for PaymentsConfig {
             label: "payrecon".to_owned(),
             dust: BTreeMap::new(),
             holdings_check_minutes: 60,
+            explorer_urls: BTreeMap::new(),
         }
     }
 }

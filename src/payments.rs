@@ -54,6 +54,8 @@ pub struct PaymentSettings {
     pub keys: BTreeMap<Network, NetworkKeys>,
     /// The networks whose receipts witnesses confirm before they are credited.
     pub witnesses: BTreeMap<Network, crate::networks::WitnessPlan>,
+    /// Per network, a block explorer's page of a transaction (`{txid}` where its id goes).
+    pub explorers: BTreeMap<Network, String>,
 }
 
 impl Default for PaymentSettings {
@@ -76,6 +78,7 @@ impl Default for PaymentSettings {
             wallets: UtxoWallets::new(),
             keys: BTreeMap::new(),
             witnesses: BTreeMap::new(),
+            explorers: BTreeMap::new(),
         }
     }
 }
@@ -116,6 +119,7 @@ impl PaymentSettings {
                 settings.witnesses.insert(network, plan);
             }
         }
+        settings.explorers = explorers(config)?;
         Ok(settings)
     }
 
@@ -252,6 +256,62 @@ fn key_fits_network(
     Err(Error::Config(format!(
         "networks.{network}.xpub is {key}, and networks.{network}.network says {chain} ({utxo_network:?}): give the account key of the wallet for that chain"
     )))
+}
+
+/// Each network's block explorer: the mainnet ones by default (a test network has none), as
+/// `payments.explorer_urls` overrides them (`""` for none).
+fn explorers(config: &Config) -> Result<BTreeMap<Network, String>, Error> {
+    let networks = &config.networks;
+    let utxo_mainnet = |utxo: &Option<crate::config::UtxoConfig>| {
+        utxo.as_ref().is_some_and(|c| c.network == "mainnet")
+    };
+    let mut explorers = BTreeMap::new();
+    for (network, mainnet, url) in [
+        (
+            Network::Bitcoin,
+            utxo_mainnet(&networks.bitcoin),
+            "https://mempool.space/tx/{txid}",
+        ),
+        (
+            Network::Litecoin,
+            utxo_mainnet(&networks.litecoin),
+            "https://litecoinspace.org/tx/{txid}",
+        ),
+        (
+            Network::Ethereum,
+            networks.ethereum.as_ref().is_some_and(|c| c.chain_id == 1),
+            "https://etherscan.io/tx/{txid}",
+        ),
+        (
+            Network::Tron,
+            networks.tron.is_some(),
+            "https://tronscan.org/#/transaction/{txid}",
+        ),
+        (
+            Network::Solana,
+            networks.solana.is_some(),
+            "https://explorer.solana.com/tx/{txid}",
+        ),
+    ] {
+        if mainnet {
+            explorers.insert(network, url.to_owned());
+        }
+    }
+    for (network, url) in &config.payments.explorer_urls {
+        if url.is_empty() {
+            explorers.remove(network);
+            continue;
+        }
+        let web = url.starts_with("https://") || url.starts_with("http://");
+        if !web || !url.contains("{txid}") || url.len() > 300 {
+            return Err(Error::Config(format!(
+                "payments.explorer_urls.{network}: {:?} is not an http(s) address with {{txid}} where the transaction id goes",
+                payrecon_chain_core::excerpt(url)
+            )));
+        }
+        explorers.insert(*network, url.clone());
+    }
+    Ok(explorers)
 }
 
 fn add_networks(settings: &mut PaymentSettings, networks: &NetworksConfig) -> Result<(), Error> {
@@ -745,4 +805,40 @@ pub(crate) fn check_batch(
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn explorers_are_the_mainnets_unless_configured() {
+        let config = |text: &str| Config::from_toml(text).unwrap();
+        let mainnet = config(
+            "[networks.litecoin]\nxpub = \"x\"\nconfirmations = 6\n\
+             [networks.bitcoin]\nxpub = \"x\"\nnetwork = \"regtest\"\nconfirmations = 2\n",
+        );
+        let found = explorers(&mainnet).unwrap();
+        assert_eq!(
+            found.get(&Network::Litecoin).map(String::as_str),
+            Some("https://litecoinspace.org/tx/{txid}")
+        );
+        assert!(
+            !found.contains_key(&Network::Bitcoin),
+            "a test network has none"
+        );
+        let configured = config(
+            "[payments.explorer_urls]\nlitecoin = \"\"\nbitcoin = \"https://x.example/tx/{txid}\"\n\
+             [networks.litecoin]\nxpub = \"x\"\nconfirmations = 6\n",
+        );
+        let found = explorers(&configured).unwrap();
+        assert!(!found.contains_key(&Network::Litecoin));
+        assert_eq!(found.len(), 1);
+        let wrong = config("[payments.explorer_urls]\nsolana = \"javascript:alert(1)\"\n");
+        let refused = explorers(&wrong).unwrap_err().to_string();
+        assert!(
+            refused.contains("payments.explorer_urls.solana"),
+            "{refused}"
+        );
+    }
 }

@@ -26,6 +26,52 @@ pub struct Checkout {
     pub instructions: PaymentInstructions,
     /// Where it stands; what the live status pushes.
     pub status: CheckoutStatus,
+    /// What arrived at the instructions' address, first seen first: the record a closed page
+    /// keeps beside its instructions.
+    pub arrived: Vec<Arrived>,
+}
+
+/// One payment that arrived, as the customer reads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Arrived {
+    /// Amount and asset (`1.3 LTC`).
+    pub amount: String,
+    /// The method it was paid in, for its network's name.
+    pub method: payrecon_chain_core::Method,
+    /// The transaction, as the chain's explorers print it.
+    pub txid: String,
+    /// Its page on the network's block explorer, where one is configured.
+    pub explorer_url: Option<String>,
+    /// When it was first seen (its block's time when first seen in a block).
+    pub received_at: DateTime<Utc>,
+    /// Its confirmations at the last observation.
+    pub confirmations: u32,
+}
+
+impl Arrived {
+    /// What arrived of `transfers`: the shop's methods' receipts still on the chain (another
+    /// token is nobody's payment), with `explorer`'s page (`{txid}` replaced) of each.
+    pub(crate) fn of(transfers: &[StoredTransfer], explorer: Option<&str>) -> Vec<Arrived> {
+        let mut arrived: Vec<Arrived> = transfers
+            .iter()
+            .filter(|t| !t.removed)
+            .filter_map(|t| {
+                let ReceivedAsset::Method { method } = t.asset else {
+                    return None;
+                };
+                Some(Arrived {
+                    amount: format!("{} {}", method.format_amount(t.amount), method.asset()),
+                    method,
+                    txid: t.id.txid.clone(),
+                    explorer_url: explorer.map(|url| url.replace("{txid}", &t.id.txid)),
+                    received_at: DateTime::from_timestamp_millis(t.seen_at_ms)?,
+                    confirmations: t.confirmations,
+                })
+            })
+            .collect();
+        arrived.sort_by_key(|a| a.received_at);
+        arrived
+    }
 }
 
 /// Where a checkout stands, in the terms the customer reads. Equal snapshots read the same,

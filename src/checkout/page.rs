@@ -212,6 +212,9 @@ pub(crate) fn render(
         );
     }
 
+    if !status.open && !checkout.arrived.is_empty() {
+        render_record(&mut html, &text, checkout);
+    }
     let _ = write!(
         html,
         "<section class=\"status\" aria-live=\"polite\">\n<h2>{label}</h2>\n\
@@ -247,6 +250,82 @@ pub(crate) fn render(
         text.get("no-script")
     );
     html
+}
+
+/// What a closed page keeps: each payment that arrived (amount, asset and network, the
+/// transaction with its explorer link, when it was received, how deep), when the intent was
+/// credited, and the instructions it was paid on (the address shortened).
+fn render_record(html: &mut String, text: &Text<'_>, checkout: &Checkout) {
+    let utc = |at: &DateTime<Utc>| at.format("%Y-%m-%d %H:%M").to_string();
+    let _ = write!(
+        html,
+        "<section id=\"arrived\" class=\"field\">\n<h2>{}</h2>\n<ul>\n",
+        text.get("arrived-heading")
+    );
+    for arrived in &checkout.arrived {
+        let txid = escape(&arrived.txid);
+        let transaction = match &arrived.explorer_url {
+            Some(url) => format!(
+                "<a class=\"txid\" href=\"{}\" rel=\"noopener noreferrer\">{txid}</a>",
+                escape(url)
+            ),
+            None => format!("<code class=\"txid\">{txid}</code>"),
+        };
+        let _ = write!(
+            html,
+            "<li class=\"receipt\"><p><strong>{amount}</strong>, {network}</p>\n\
+             <p>{transaction_label}: {transaction}</p>\n<p>{received}; {confirmations}</p></li>\n",
+            amount = escape(&arrived.amount),
+            network = text.get(&format!("method-{}", arrived.method.id())),
+            transaction_label = text.get("arrived-transaction"),
+            received = text.with("arrived-received", &[("at", utc(&arrived.received_at))]),
+            confirmations = text.with(
+                "arrived-confirmations",
+                &[("confirmations", arrived.confirmations.to_string())]
+            ),
+        );
+    }
+    html.push_str("</ul>\n");
+    let intent = &checkout.instructions.intent;
+    if let Some(settled_at) = intent
+        .settled_at
+        .filter(|_| checkout.status.status == IntentStatus::Settled)
+    {
+        let _ = writeln!(
+            html,
+            "<p id=\"settled-at\">{}</p>",
+            text.with("arrived-settled", &[("at", utc(&settled_at))])
+        );
+    }
+    let _ = write!(
+        html,
+        "</section>\n<section id=\"instructions-kept\" class=\"field\">\n<h2>{heading}</h2>\n<p>{body}</p>\n</section>\n",
+        heading = text.get("kept-heading"),
+        body = escape(&text.with(
+            "kept-body",
+            &[
+                ("amount", checkout.instructions.amount_decimal.clone()),
+                ("asset", checkout.instructions.asset.clone()),
+                ("address", shortened(&intent.pay_to)),
+                (
+                    "network",
+                    text.get(&format!("method-{}", intent.method.id()))
+                ),
+            ]
+        )),
+    );
+}
+
+/// An address as a closed page names it: enough to match it with the wallet's history, never
+/// whole, so nobody copies it to pay again.
+fn shortened(address: &str) -> String {
+    let chars: Vec<char> = address.chars().collect();
+    if chars.len() <= 12 {
+        return address.to_owned();
+    }
+    let head: String = chars[..8].iter().collect();
+    let tail: String = chars[chars.len() - 4..].iter().collect();
+    format!("{head}…{tail}")
 }
 
 /// Amount, asset and network, address, QR code, wallet link and countdown.
@@ -400,6 +479,9 @@ mod tests {
             "confirmations",
             "required",
             "deadline",
+            "at",
+            "address",
+            "network",
         ]
         .into_iter()
         .map(|name| (name, FluentValue::from("x")))

@@ -3,7 +3,7 @@
 
 use super::watchers::ChainReads;
 use super::{BalancePayment, Created, NewOrder, customer_balance, debit_for_order};
-use crate::checkout::{Checkout, CheckoutStatus, intent_by_key};
+use crate::checkout::{Arrived, Checkout, CheckoutStatus, intent_by_key};
 use crate::engine::Engine;
 use crate::error::Error;
 use crate::history::{AccountHistory, HistoryItem, MAX_HISTORY_PAGE, Position};
@@ -188,7 +188,9 @@ impl Engine {
         let reads = self.chain_reads().await?;
         let read = reads.of(intent.network());
         let status = CheckoutStatus::of(&intent, &transfers, required, self.clock().now(), read);
+        let explorer = self.payment_settings().explorers.get(&intent.network());
         Ok(Checkout {
+            arrived: Arrived::of(&transfers, explorer.map(String::as_str)),
             instructions: self.instructions(intent, Some(&reads)),
             status,
         })

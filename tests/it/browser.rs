@@ -339,7 +339,8 @@ async fn litecoin_checkout(chain: &common::regtest::Chain) -> (ServeConfig, Stri
         &["ltc"],
         r#"{"LTC":"100"}"#,
         &format!(
-            "[http]\nlisten = \"127.0.0.1:{port}\"\n[networks.litecoin]\nxpub = \"{xpub}\"\n\
+            "[payments.explorer_urls]\nlitecoin = \"https://explorer.example/ltc/tx/{{txid}}\"\n\
+             [http]\nlisten = \"127.0.0.1:{port}\"\n[networks.litecoin]\nxpub = \"{xpub}\"\n\
              network = \"regtest\"\nconfirmations = 2\nrpc_url = \"{rpc}\"\npush_peer = \"{peer}\"\n\
              poll_interval_ms = 100\n",
             xpub = common::regtest::fresh_account_xpub(),
@@ -442,7 +443,7 @@ async fn a_customer_pays_on_the_checkout_page_in_three_languages() {
 
     let page = browser.open(&link, headless::PHONE, None).await;
     let _: bool = headless::evaluate(&page, "window.sameDocument = true").await;
-    chain.send(&address, "1").await;
+    let txid = chain.send(&address, "1").await;
     headless::wait_until(
         &page,
         "window.sameDocument && document.getElementById('status').textContent \
@@ -479,6 +480,28 @@ async fn a_customer_pays_on_the_checkout_page_in_three_languages() {
         !settled.contains(&address),
         "a paid page no longer offers the address"
     );
+    // It keeps what arrived and the instructions it was paid on.
+    for kept in [
+        "What arrived",
+        "1 LTC, Litecoin (LTC) on the Litecoin network",
+        &txid,
+        "2 confirmations",
+        "Confirmed and credited",
+        "Your payment instructions",
+        &format!("Pay 1 LTC to {}…", &address[..8]),
+    ] {
+        // Headings read in capitals (the style sheet's).
+        assert!(
+            settled.to_lowercase().contains(&kept.to_lowercase()),
+            "{kept:?} in {settled}"
+        );
+    }
+    let link: String = headless::evaluate(
+        &page,
+        "document.querySelector('#arrived a.txid')?.href ?? ''",
+    )
+    .await;
+    assert_eq!(link, format!("https://explorer.example/ltc/tx/{txid}"));
     headless::screenshot(&page, headless::PHONE, "checkout", "live-settled").await;
     page.close().await;
 
