@@ -53,6 +53,9 @@ pub enum Error {
     /// No such exception.
     #[error("unknown exception {0}")]
     ExceptionNotFound(String),
+    /// No such refund.
+    #[error("unknown refund {0}")]
+    RefundNotFound(String),
     /// The operator's action does not fit the exception; nothing was written.
     #[error("cannot resolve {exception}: {reason}")]
     ActionRefused {

@@ -76,6 +76,7 @@ mod outflows;
 mod payments;
 mod rates;
 mod records;
+mod refund;
 mod report;
 mod serve;
 mod shutdown;
@@ -126,8 +127,10 @@ pub use order::{
 pub use payments::{PaymentInstructions, PaymentSettings};
 pub use records::{
     AssetRollForward, CryptoRate, ExceptionRecord, FailingEndpoint, FundedIndexes, HoldingsCheck,
-    IntentEvent, OperatorAction, ReportingRate, StoredTransfer, Valuation, WatcherHealth,
+    IntentEvent, OperatorAction, Refund, RefundState, ReportingRate, StoredTransfer, Valuation,
+    WatcherHealth,
 };
+pub use refund::RefundAmount;
 pub use report::{CsvSection, ReportFormat, ReportQuery, ReportTotals};
 pub use serve::serve;
 pub use store::{BackupReport, Durability, SCHEMA_VERSION, StoreError as DatabaseError};

@@ -110,6 +110,27 @@ pub(crate) async fn settle(
     crate::matcher::record_status_change(tx, &intent, from, now).await
 }
 
+/// An exception not yet resolved, and its intent where it has one: what an operator acts on.
+pub(crate) async fn open_exception(
+    tx: &mut WriteTx,
+    exception_id: &str,
+) -> Result<(ExceptionRecord, Option<PaymentIntent>), Error> {
+    let exception = crate::store::operations::get_exception(tx.conn(), exception_id)
+        .await?
+        .ok_or_else(|| Error::ExceptionNotFound(exception_id.chars().take(80).collect()))?;
+    if let Some(resolution) = &exception.resolution {
+        return Err(Error::ActionRefused {
+            exception: exception.id.clone(),
+            reason: format!("already resolved ({resolution})"),
+        });
+    }
+    let intent = match &exception.intent_id {
+        Some(id) => payments::get_intent(tx.conn(), id).await?,
+        None => None,
+    };
+    Ok((exception, intent))
+}
+
 /// Where the money of `exception` sits, if it holds any.
 pub(crate) async fn held_money(
     tx: &mut WriteTx,

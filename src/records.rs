@@ -277,3 +277,64 @@ pub struct AssetRollForward {
 fn zero() -> String {
     "0".to_owned()
 }
+
+/// Where a refund stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RefundState {
+    /// An address and an amount are recorded; an operator has not approved it yet.
+    Requested,
+    /// An operator approved it: the merchant's wallet is to send it.
+    Approved,
+    /// Withdrawn before it was sent: its amount is free again.
+    Cancelled,
+}
+
+impl RefundState {
+    /// `requested`, `approved`, `cancelled`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RefundState::Requested => "requested",
+            RefundState::Approved => "approved",
+            RefundState::Cancelled => "cancelled",
+        }
+    }
+
+    pub(crate) fn parse(text: &str) -> Option<RefundState> {
+        match text {
+            "requested" => Some(RefundState::Requested),
+            "approved" => Some(RefundState::Approved),
+            "cancelled" => Some(RefundState::Cancelled),
+            _ => None,
+        }
+    }
+}
+
+/// One refund.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Refund {
+    /// `rf_<32 hex digits>`.
+    pub id: String,
+    /// The exception whose money goes back.
+    pub exception_id: String,
+    /// Its intent and order, where it has them.
+    pub intent_id: Option<String>,
+    /// The order.
+    pub order_ref: Option<String>,
+    /// The method the money arrived in, which it goes back in.
+    pub method: Method,
+    /// How much, in base units.
+    pub amount: Amount,
+    /// How much, in the asset's units (`0.3`).
+    pub amount_decimal: String,
+    /// `all`, `overpaid` or `exact`: how the amount was asked for.
+    pub amount_kind: String,
+    /// The customer's address, as the chain's explorers print it.
+    pub address: String,
+    /// Where it stands.
+    pub state: RefundState,
+    /// When it was requested.
+    pub created_at: DateTime<Utc>,
+    /// When its state last changed.
+    pub updated_at: DateTime<Utc>,
+}

@@ -21,7 +21,7 @@ use clap::{Parser, Subcommand};
 use payrecon::{Config, Engine, Verdict};
 
 use finance::{LedgerCommand, ReportCommand};
-use operators::{ExceptionCommand, TokenCommand, WebhookCommand};
+use operators::{ExceptionCommand, RefundCommand, TokenCommand, WebhookCommand};
 use output::emit;
 use shop::{AccountCommand, OrderCommand, PayCommand, TopupCommand};
 
@@ -110,6 +110,9 @@ enum Command {
     /// Exceptions and the operators' actions on them.
     #[command(subcommand)]
     Exception(ExceptionCommand),
+    /// Refunds of what exceptions hold: the customer's address and amount, approval.
+    #[command(subcommand)]
+    Refund(RefundCommand),
     /// Bearer tokens of the HTTP API.
     #[command(subcommand)]
     Token(TokenCommand),
@@ -302,6 +305,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             seen_hours,
         } => operators::stuck(marked_paid_minutes, seen_hours, &engine, json).await,
         Command::Exception(command) => operators::exception(command, &engine, json).await,
+        Command::Refund(command) => operators::refund(command, &engine, json).await,
         Command::Token(command) => operators::token(command, &engine, json).await,
         Command::Webhook(command) => operators::webhook(command, &engine, &config, json).await,
         Command::Find { text } => operators::find(text, &engine, json).await,

@@ -9,6 +9,92 @@ use super::named;
 use super::output::{describe_intent, describe_order, describe_order_view, emit};
 
 #[derive(Debug, Subcommand)]
+pub(super) enum RefundCommand {
+    /// Record where an exception's money goes back: the customer's address on the network it
+    /// arrived on, and how much (never more than is held and not yet refunded).
+    Request {
+        /// The exception whose money goes back (as `exception list` shows it).
+        exception: String,
+        /// The customer's address.
+        #[arg(long)]
+        address: String,
+        /// `all` that is left, the `overpaid` part, or an amount in the asset's units.
+        #[arg(long, default_value = "all")]
+        amount: String,
+        /// Who records it (in the refund's history).
+        #[arg(long)]
+        actor: String,
+    },
+    /// Approve a requested refund: the merchant's wallet is to send it.
+    Approve {
+        /// The refund id (`rf_…`).
+        id: String,
+        /// Who approves.
+        #[arg(long)]
+        actor: String,
+    },
+    /// Withdraw a refund not yet sent: its amount is free for another.
+    Cancel {
+        /// The refund id (`rf_…`).
+        id: String,
+        /// Who withdraws it.
+        #[arg(long)]
+        actor: String,
+        /// Why.
+        #[arg(long)]
+        reason: String,
+    },
+    /// Refunds, oldest first: of one exception, or all.
+    List {
+        /// Only this exception's.
+        #[arg(long)]
+        exception: Option<String>,
+    },
+}
+
+/// `payrecon refund …`.
+pub(super) async fn refund(
+    command: RefundCommand,
+    engine: &Engine,
+    json: bool,
+) -> anyhow::Result<()> {
+    let refunds = match command {
+        RefundCommand::Request {
+            exception,
+            address,
+            amount,
+            actor,
+        } => vec![
+            engine
+                .request_refund(&exception, &address, &amount, &actor)
+                .await?,
+        ],
+        RefundCommand::Approve { id, actor } => vec![engine.approve_refund(&id, &actor).await?],
+        RefundCommand::Cancel { id, actor, reason } => {
+            vec![engine.cancel_refund(&id, &actor, &reason).await?]
+        }
+        RefundCommand::List { exception } => engine.refunds(exception.as_deref()).await?,
+    };
+    emit(json, &refunds, || {
+        refunds
+            .iter()
+            .map(|r| {
+                format!(
+                    "{} [{}] {} {} to {} (exception {})",
+                    r.id,
+                    r.state.as_str(),
+                    r.amount_decimal,
+                    r.method.asset(),
+                    r.address,
+                    r.exception_id
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    })
+}
+
+#[derive(Debug, Subcommand)]
 pub(super) enum ExceptionCommand {
     /// Exceptions, oldest first.
     List {

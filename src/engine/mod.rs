@@ -6,6 +6,7 @@
 mod books;
 mod finance;
 mod operators;
+mod refunds;
 mod shop;
 mod wallet;
 mod watchers;

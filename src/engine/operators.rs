@@ -5,7 +5,7 @@ use crate::engine::Engine;
 use crate::error::Error;
 use crate::operator::{
     Action, Booking, MAX_ACTOR_LEN, MAX_REASON_LEN, Resolved, book_action, check_text, held_money,
-    resolution_key, settle,
+    open_exception, resolution_key, settle,
 };
 use crate::order::OrderRef;
 use crate::records::{ExceptionRecord, StoredTransfer};
@@ -77,20 +77,7 @@ impl Engine {
         check_text("reason", reason, MAX_REASON_LEN)?;
         let now = self.clock().now();
         let mut tx = self.db().begin_write().await?;
-        let exception = operations::get_exception(tx.conn(), exception_id)
-            .await?
-            .ok_or_else(|| Error::ExceptionNotFound(exception_id.chars().take(80).collect()))?;
-        let refuse = |why: String| Error::ActionRefused {
-            exception: exception.id.clone(),
-            reason: why,
-        };
-        if let Some(resolution) = &exception.resolution {
-            return Err(refuse(format!("already resolved ({resolution})")));
-        }
-        let intent = match &exception.intent_id {
-            Some(id) => payments::get_intent(tx.conn(), id).await?,
-            None => None,
-        };
+        let (exception, intent) = open_exception(&mut tx, exception_id).await?;
         let order = match &intent {
             Some(intent) => orders::lock_order(&mut tx, &intent.order_ref)
                 .await?

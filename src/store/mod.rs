@@ -19,6 +19,7 @@ pub mod operations;
 pub mod orders;
 pub(crate) mod outflows;
 pub mod payments;
+pub(crate) mod refunds;
 pub mod reports;
 mod statistics;
 pub(crate) mod wallet;
@@ -50,7 +51,7 @@ const POSTGRES_MAX_CONNECTIONS: u32 = 16;
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The schema, in order. Each version has one script per database.
-const MIGRATIONS: [(i64, &str, &str, &str); 21] = [
+const MIGRATIONS: [(i64, &str, &str, &str); 22] = [
     (
         1,
         "foundation",
@@ -176,6 +177,12 @@ const MIGRATIONS: [(i64, &str, &str, &str); 21] = [
         "witness checks",
         include_str!("../../migrations/sqlite/0021_witness_checks.sql"),
         include_str!("../../migrations/postgres/0021_witness_checks.sql"),
+    ),
+    (
+        22,
+        "refunds",
+        include_str!("../../migrations/sqlite/0022_refunds.sql"),
+        include_str!("../../migrations/postgres/0022_refunds.sql"),
     ),
 ];
 

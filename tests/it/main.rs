@@ -36,6 +36,7 @@ mod operations;
 mod outflows;
 mod outflows_properties;
 mod rates;
+mod refunds;
 mod restores;
 mod solana_replay;
 mod solana_sweep;

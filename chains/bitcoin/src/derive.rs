@@ -126,6 +126,82 @@ pub(crate) fn output_as_transfer(
     }
 }
 
+/// The scriptPubKey of an address a customer gives on `chain`'s `network`: segwit (the chain's
+/// own bech32 prefix) or legacy base58 (P2PKH, P2SH, by the chain's version bytes). An
+/// address of another chain or network is refused with the chain it belongs to where known.
+pub fn customer_script(
+    address: &str,
+    chain: UtxoChain,
+    network: UtxoNetwork,
+) -> Result<bitcoin::ScriptBuf, DeriveError> {
+    let refuse = |why: &str| {
+        DeriveError::Config(format!(
+            "{:?} is not a {} address: {why}",
+            payrecon_chain_core::excerpt(address),
+            describe(chain, network)
+        ))
+    };
+    let text = address.trim();
+    if let Ok((found, _, _)) = segwit::decode(text) {
+        let wanted = hrp(chain, network);
+        if found.as_str() != wanted {
+            let other = [UtxoChain::Bitcoin, UtxoChain::Litecoin]
+                .into_iter()
+                .flat_map(|c| {
+                    [
+                        UtxoNetwork::Mainnet,
+                        UtxoNetwork::Testnet,
+                        UtxoNetwork::Regtest,
+                    ]
+                    .map(|n| (c, n))
+                })
+                .find(|(c, n)| hrp(*c, *n) == found.as_str());
+            return Err(refuse(&match other {
+                Some((c, n)) => format!("it is a {} address", describe(c, n)),
+                None => format!("its prefix {}1 is not {wanted}1", found.as_str()),
+            }));
+        }
+        return script_pubkey(text).map_err(|e| refuse(&e.to_string()));
+    }
+    let bytes = bitcoin::base58::decode_check(text)
+        .map_err(|_| refuse("neither bech32 nor base58 with a valid checksum"))?;
+    let (version, hash) = match bytes.split_first() {
+        Some((version, hash)) if hash.len() == 20 => (*version, hash),
+        _ => return Err(refuse("a legacy address carries a 20-byte hash")),
+    };
+    let hash: [u8; 20] = hash.try_into().expect("20 bytes");
+    let (p2pkh, p2sh): (&[u8], &[u8]) = match (chain, network) {
+        (UtxoChain::Bitcoin, UtxoNetwork::Mainnet) => (&[0x00], &[0x05]),
+        (UtxoChain::Bitcoin, _) => (&[0x6f], &[0xc4]),
+        // Litecoin's M-addresses, and the 3-addresses it used before them.
+        (UtxoChain::Litecoin, UtxoNetwork::Mainnet) => (&[0x30], &[0x32, 0x05]),
+        (UtxoChain::Litecoin, _) => (&[0x6f], &[0x3a, 0xc4]),
+    };
+    if p2pkh.contains(&version) {
+        Ok(bitcoin::ScriptBuf::new_p2pkh(
+            &bitcoin::hashes::Hash::from_byte_array(hash),
+        ))
+    } else if p2sh.contains(&version) {
+        Ok(bitcoin::ScriptBuf::new_p2sh(
+            &bitcoin::hashes::Hash::from_byte_array(hash),
+        ))
+    } else {
+        Err(refuse(&format!(
+            "its version byte {version:#04x} is another chain's or network's"
+        )))
+    }
+}
+
+/// `Litecoin mainnet`, `Bitcoin regtest`: for people.
+fn describe(chain: UtxoChain, network: UtxoNetwork) -> String {
+    let network = match network {
+        UtxoNetwork::Mainnet => "mainnet",
+        UtxoNetwork::Testnet => "testnet",
+        UtxoNetwork::Regtest => "regtest",
+    };
+    format!("{chain:?} {network}")
+}
+
 /// The scriptPubKey an address pays: what an Electrum server indexes by.
 pub fn script_pubkey(address: &str) -> Result<bitcoin::ScriptBuf, DeriveError> {
     let (_, version, program) =
@@ -140,6 +216,66 @@ pub fn script_pubkey(address: &str) -> Result<bitcoin::ScriptBuf, DeriveError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_customer_address_is_of_its_chain_and_network() {
+        // BIP173's and Litecoin's published examples.
+        let ok = [
+            (
+                "bc1qw508d6qejxtdg4y5r3zarvary0c5xw7kv8f3t4",
+                UtxoChain::Bitcoin,
+                UtxoNetwork::Mainnet,
+            ),
+            (
+                "1BvBMSEYstWetqTFn5Au4m4GFg7xJaNVN2",
+                UtxoChain::Bitcoin,
+                UtxoNetwork::Mainnet,
+            ),
+            (
+                "3J98t1WpEZ73CNmQviecrnyiWrnqRhWNLy",
+                UtxoChain::Bitcoin,
+                UtxoNetwork::Mainnet,
+            ),
+            (
+                "LVg2kJoFNg45Nbpy53h7Fe1wKyeXVRhMH9",
+                UtxoChain::Litecoin,
+                UtxoNetwork::Mainnet,
+            ),
+        ];
+        for (address, chain, network) in ok {
+            customer_script(address, chain, network).unwrap();
+        }
+        let on_bitcoin = customer_script(
+            "bc1qw508d6qejxtdg4y5r3zarvary0c5xw7kv8f3t4",
+            UtxoChain::Litecoin,
+            UtxoNetwork::Mainnet,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            on_bitcoin.contains("it is a Bitcoin mainnet address"),
+            "{on_bitcoin}"
+        );
+        let legacy_bitcoin = customer_script(
+            "1BvBMSEYstWetqTFn5Au4m4GFg7xJaNVN2",
+            UtxoChain::Litecoin,
+            UtxoNetwork::Mainnet,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            legacy_bitcoin.contains("version byte 0x00"),
+            "{legacy_bitcoin}"
+        );
+        let typo = customer_script(
+            "LVg2kJoFNg45Nbpy53h7Fe1wKyeXVRhMH8",
+            UtxoChain::Litecoin,
+            UtxoNetwork::Mainnet,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(typo.contains("checksum"), "{typo}");
+    }
 
     use payrecon_chain_core::test_vectors::BIP84_ZPUB;
 

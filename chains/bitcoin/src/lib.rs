@@ -15,8 +15,8 @@ mod spends;
 mod wallet;
 
 pub use chain::UtxoTarget;
-pub use derive::script_pubkey;
 pub use derive::{SegwitDeriver, UtxoChain, UtxoNetwork};
+pub use derive::{customer_script, script_pubkey};
 pub use electrum::{ElectrumScanner, ElectrumSettings};
 pub use node::{NodeScanner, NodeSettings};
 pub use rpc::{NodeAuth, RpcError};

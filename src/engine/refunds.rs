@@ -1,0 +1,139 @@
+//! Refunds: recording where an exception's money goes back, and an operator's approval.
+
+use payrecon_chain_core::Amount;
+
+use crate::engine::Engine;
+use crate::error::Error;
+use crate::operator::{MAX_ACTOR_LEN, MAX_REASON_LEN, check_text, held_money, open_exception};
+use crate::records::{Refund, RefundState};
+use crate::refund::{RefundAmount, amount_of, customer_address};
+use crate::store::{payments, refunds};
+
+/// Refunds listed at most at once.
+const MAX_LISTED: i64 = 10_000;
+
+impl Engine {
+    /// Records a refund of what `exception_id` holds, to the customer's `address` (checked as
+    /// a payment address on the network the money arrived on; none of the shop's own), of
+    /// `amount`: `all` that is left, the `overpaid` part, or an amount in the asset's units.
+    /// Never more than is held and not yet taken by another refund; two requests at once are
+    /// decided one after the other.
+    pub async fn request_refund(
+        &self,
+        exception_id: &str,
+        address: &str,
+        amount: &str,
+        actor: &str,
+    ) -> Result<Refund, Error> {
+        check_text("actor", actor, MAX_ACTOR_LEN)?;
+        let now = self.clock().now();
+        let mut tx = self.db().begin_write().await?;
+        refunds::lock_exception(tx.conn(), exception_id).await?;
+        let (exception, intent) = open_exception(&mut tx, exception_id).await?;
+        let held = held_money(&mut tx, &exception, intent.as_ref())
+            .await?
+            .ok_or_else(|| Error::ActionRefused {
+                exception: exception.id.clone(),
+                reason: "it holds no money to refund".into(),
+            })?;
+        let asked = RefundAmount::parse(amount, held.method)?;
+        let network = held.method.network();
+        let settings = self.payment_settings();
+        let utxo_network = settings.wallets.get(&network).map(|w| w.network);
+        let address = customer_address(network, utxo_network, address)?;
+        let own = settings.policy.is_treasury(network, &address)
+            || !payments::intents_by_watch_keys(tx.conn(), network, &[&address])
+                .await?
+                .is_empty();
+        if own {
+            return Err(Error::InvalidInput(format!(
+                "refund address {address} is one of the shop's own: give the customer's"
+            )));
+        }
+        let refunded = refunds::list(tx.conn(), Some(&exception.id), MAX_LISTED)
+            .await?
+            .iter()
+            .filter(|r| r.state != RefundState::Cancelled)
+            .map(|r| r.amount.base_units())
+            .sum();
+        let (units, kind) = amount_of(asked, &exception.kind, held.method, (held.units, refunded))?;
+        let amount = Amount::from_base_units(units);
+        let refund = Refund {
+            id: format!("rf_{}", uuid::Uuid::new_v4().simple()),
+            exception_id: exception.id.clone(),
+            intent_id: exception.intent_id.clone(),
+            order_ref: exception.order_ref.clone(),
+            method: held.method,
+            amount,
+            amount_decimal: held.method.format_amount(amount),
+            amount_kind: kind.to_owned(),
+            address,
+            state: RefundState::Requested,
+            created_at: now,
+            updated_at: now,
+        };
+        refunds::insert(tx.conn(), &refund, actor).await?;
+        tx.commit().await?;
+        tracing::info!(refund = %refund.id, exception = %refund.exception_id, amount = %refund.amount_decimal, method = %refund.method, "refund requested");
+        Ok(refund)
+    }
+
+    /// An operator approves a requested refund: the merchant's wallet is to send it.
+    pub async fn approve_refund(&self, id: &str, actor: &str) -> Result<Refund, Error> {
+        check_text("actor", actor, MAX_ACTOR_LEN)?;
+        self.move_refund(
+            id,
+            &[RefundState::Requested],
+            RefundState::Approved,
+            (actor, "approved"),
+        )
+        .await
+    }
+
+    /// Withdraws a refund not yet sent, with why: its amount is free for another.
+    pub async fn cancel_refund(
+        &self,
+        id: &str,
+        actor: &str,
+        reason: &str,
+    ) -> Result<Refund, Error> {
+        check_text("actor", actor, MAX_ACTOR_LEN)?;
+        check_text("reason", reason, MAX_REASON_LEN)?;
+        self.move_refund(
+            id,
+            &[RefundState::Requested, RefundState::Approved],
+            RefundState::Cancelled,
+            (actor, reason),
+        )
+        .await
+    }
+
+    /// The refunds of one exception, or all, oldest first.
+    pub async fn refunds(&self, exception_id: Option<&str>) -> Result<Vec<Refund>, Error> {
+        let mut conn = self.db().pool().acquire().await?;
+        Ok(refunds::list(&mut conn, exception_id, MAX_LISTED).await?)
+    }
+
+    async fn move_refund(
+        &self,
+        id: &str,
+        from: &[RefundState],
+        to: RefundState,
+        (actor, detail): (&str, &str),
+    ) -> Result<Refund, Error> {
+        let now = self.clock().now().timestamp_millis();
+        let mut tx = self.db().begin_write().await?;
+        let not_found = || Error::RefundNotFound(id.chars().take(80).collect());
+        let refund = refunds::get(tx.conn(), id).await?.ok_or_else(not_found)?;
+        if !refunds::change_state(tx.conn(), id, from, to, (actor, detail, now)).await? {
+            return Err(Error::InvalidInput(format!(
+                "refund {id} is {}: it cannot become {}",
+                refund.state.as_str(),
+                to.as_str()
+            )));
+        }
+        let moved = refunds::get(tx.conn(), id).await?.ok_or_else(not_found)?;
+        tx.commit().await?;
+        Ok(moved)
+    }
+}
