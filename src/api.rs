@@ -184,6 +184,10 @@ pub fn routers(engine: Engine, options: ApiOptions, shutdown: watch::Receiver<bo
         .route("/v1/exceptions", get(exceptions))
         .route("/v1/support/find", get(support_find))
         .route("/v1/exceptions/{id}/resolve", post(resolve))
+        .route("/v1/exceptions/{id}/refunds", post(request_refund))
+        .route("/v1/refunds", get(refunds))
+        .route("/v1/refunds/{id}/approve", post(approve_refund))
+        .route("/v1/refunds/{id}/cancel", post(cancel_refund))
         .route("/v1/audit-log", get(audit_log))
         .route("/v1/webhooks/{endpoint}/replay", post(replay_webhooks));
     if options.metrics_here {
@@ -255,9 +259,10 @@ impl From<Error> for ApiError {
             Error::OrderRule(_) | Error::InvalidInput(_) | Error::Ledger(_) => {
                 (S::UNPROCESSABLE_ENTITY, "invalid")
             }
-            Error::OrderNotFound(_) | Error::IntentNotFound(_) | Error::ExceptionNotFound(_) => {
-                (S::NOT_FOUND, "not_found")
-            }
+            Error::OrderNotFound(_)
+            | Error::IntentNotFound(_)
+            | Error::ExceptionNotFound(_)
+            | Error::RefundNotFound(_) => (S::NOT_FOUND, "not_found"),
             Error::OrderConflict(_)
             | Error::AlreadySettled(_)
             | Error::NotARental(_)
@@ -728,6 +733,70 @@ async fn resolve(
         .resolve_exception(&id, &request.action, &caller.name, &request.reason)
         .await?;
     ok(&resolved)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RefundRequest {
+    address: String,
+    #[serde(default = "all_left")]
+    amount: String,
+}
+
+fn all_left() -> String {
+    "all".to_owned()
+}
+
+async fn request_refund(
+    State(state): State<ApiState>,
+    Authorized(caller): Operator,
+    Path(id): Path<String>,
+    ApiJson(request): ApiJson<RefundRequest>,
+) -> ApiResult {
+    let refund = state
+        .engine
+        .request_refund(&id, &request.address, &request.amount, &caller.name)
+        .await?;
+    ok(&refund)
+}
+
+#[derive(Deserialize)]
+struct RefundsQuery {
+    exception: Option<String>,
+}
+
+async fn refunds(
+    State(state): State<ApiState>,
+    _: Operator,
+    Query(query): Query<RefundsQuery>,
+) -> ApiResult {
+    ok(&state.engine.refunds(query.exception.as_deref()).await?)
+}
+
+async fn approve_refund(
+    State(state): State<ApiState>,
+    Authorized(caller): Operator,
+    Path(id): Path<String>,
+) -> ApiResult {
+    ok(&state.engine.approve_refund(&id, &caller.name).await?)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CancelRefund {
+    reason: String,
+}
+
+async fn cancel_refund(
+    State(state): State<ApiState>,
+    Authorized(caller): Operator,
+    Path(id): Path<String>,
+    ApiJson(request): ApiJson<CancelRefund>,
+) -> ApiResult {
+    ok(&state
+        .engine
+        .cancel_refund(&id, &caller.name, &request.reason)
+        .await?)
 }
 
 async fn audit_log(State(state): State<ApiState>, _: Operator, query: PageQuery) -> ApiResult {

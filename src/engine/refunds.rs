@@ -73,7 +73,9 @@ impl Engine {
             updated_at: now,
         };
         refunds::insert(tx.conn(), &refund, actor).await?;
+        record_event(tx.conn(), &refund, now).await?;
         tx.commit().await?;
+        self.notify_events();
         tracing::info!(refund = %refund.id, exception = %refund.exception_id, amount = %refund.amount_decimal, method = %refund.method, "refund requested");
         Ok(refund)
     }
@@ -133,7 +135,42 @@ impl Engine {
             )));
         }
         let moved = refunds::get(tx.conn(), id).await?.ok_or_else(not_found)?;
+        record_event(tx.conn(), &moved, self.clock().now()).await?;
         tx.commit().await?;
+        self.notify_events();
         Ok(moved)
     }
+}
+
+/// The refund's new state on the event stream, in its transaction: webhooks tell the shop of
+/// every change (`refund_requested`, `refund_approved`, `refund_cancelled`).
+async fn record_event(
+    conn: &mut sqlx::AnyConnection,
+    refund: &Refund,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<(), Error> {
+    let kind = match refund.state {
+        RefundState::Requested => "refund_requested",
+        RefundState::Approved => "refund_approved",
+        RefundState::Cancelled => "refund_cancelled",
+    };
+    let detail = serde_json::json!({
+        "refund": refund.id,
+        "exception": refund.exception_id,
+        "state": refund.state,
+        "amount": refund.amount_decimal,
+        "asset": refund.method.asset(),
+        "method": refund.method,
+        "address": refund.address,
+    });
+    payments::append_event(
+        conn,
+        refund.intent_id.as_deref(),
+        refund.order_ref.as_deref(),
+        kind,
+        &detail,
+        now,
+    )
+    .await?;
+    Ok(())
 }

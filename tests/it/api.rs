@@ -431,7 +431,8 @@ on_both_databases! {
             "/v1/orders/{reference}/pay-from-balance", "/v1/balances/{account}", "/v1/reports/reconcile", "/v1/stuck",
             "/v1/exceptions/{id}/resolve", "/v1/audit-log", "/v1/webhooks/{endpoint}/replay", "/metrics", "/ready",
             "/v1/periods/{period}/close", "/v1/periods/{period}/reopen", "/v1/exports/journal", "/v1/reports/rollforward",
-            "/v1/holdings", "/v1/wallet/{network}/export", "/v1/reports/holdings"] {
+            "/v1/holdings", "/v1/wallet/{network}/export", "/v1/reports/holdings", "/v1/refunds",
+            "/v1/exceptions/{id}/refunds", "/v1/refunds/{id}/approve", "/v1/refunds/{id}/cancel"] {
             assert!(spec["paths"][path].is_object(), "{path} is described");
         }
         let page = api.http.get(format!("{}/ui/stuck", api.base)).send().await.unwrap().text().await.unwrap();
@@ -440,6 +441,34 @@ on_both_databases! {
         let (status, body) = api.call("GET", "/ready", None, None).await;
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(body["error"]["message"], "database unreachable", "the driver's words stay in the log");
+    }
+
+    async fn operators_record_refunds_over_http_and_webhooks_tell_the_shop(db) {
+        let seeded = seed(&db).await;
+        let api = Api::start(&seeded).await;
+        let operator = Some(api.operator.as_str());
+        let overpaid = seeded.engine.exceptions(None).await.unwrap().into_iter().find(|e| e.kind == "overpaid").unwrap();
+        let path = format!("/v1/exceptions/{}/refunds", overpaid.id);
+        let (status, _) = api.call("POST", &path, Some(api.shop.as_str()), Some(&json!({"address": "bc1qw508d6qejxtdg4y5r3zarvary0c5xw7kv8f3t4"}))).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "operators' work");
+        let (status, body) = api.call("POST", &path, operator, Some(&json!({"address": "0x52908400098527886E0F7030069857D2E4169EE7"}))).await;
+        assert_eq!((status, error_code(&body)), (StatusCode::UNPROCESSABLE_ENTITY, "invalid"), "{body}");
+        let (status, refund) = api.call("POST", &path, operator, Some(&json!({"address": "bc1qw508d6qejxtdg4y5r3zarvary0c5xw7kv8f3t4", "amount": "overpaid"}))).await;
+        assert_eq!(status, StatusCode::OK, "{refund}");
+        assert_eq!((refund["state"].as_str(), refund["amount_decimal"].as_str()), (Some("requested"), Some("0.00075")));
+        let id = refund["id"].as_str().unwrap();
+        let (status, approved) = api.call("POST", &format!("/v1/refunds/{id}/approve"), operator, None).await;
+        assert_eq!((status, approved["state"].as_str()), (StatusCode::OK, Some("approved")), "{approved}");
+        let (status, body) = api.call("POST", "/v1/refunds/rf_nothing/approve", operator, None).await;
+        assert_eq!((status, error_code(&body)), (StatusCode::NOT_FOUND, "not_found"));
+        let (status, listed) = api.call("GET", &format!("/v1/refunds?exception={}", overpaid.id), operator, None).await;
+        assert_eq!((status, listed.as_array().map(Vec::len)), (StatusCode::OK, Some(1)), "{listed}");
+        let events = seeded.engine.events_after(0, 1000).await.unwrap();
+        let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).filter(|k| k.starts_with("refund_")).collect();
+        assert_eq!(kinds, ["refund_requested", "refund_approved"]);
+        let approved_event = events.iter().find(|e| e.kind == "refund_approved").unwrap();
+        assert_eq!(approved_event.detail["refund"], id);
+        assert_eq!(approved_event.order_ref.as_deref(), overpaid.order_ref.as_deref());
     }
 
     async fn finance_reads_holdings_and_the_wallet_export_over_http(db) {
