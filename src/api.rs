@@ -153,6 +153,7 @@ pub fn routers(engine: Engine, options: ApiOptions, shutdown: watch::Receiver<bo
         .route("/ui/reconcile", get(|| async { Html(RECONCILE_PAGE) }))
         .route("/pay/{key}", get(checkout::checkout_page))
         .route("/pay/{key}/paid", post(checkout::checkout_paid))
+        .route("/pay/{key}/refund", post(checkout::checkout_refund))
         .route("/assets/checkout.css", get(checkout::stylesheet))
         .route("/assets/checkout.js", get(checkout::script))
         .route("/v1/orders", post(create_order))

@@ -109,7 +109,7 @@ pub(crate) fn customer_address(
             };
             let utxo_network = utxo_network.unwrap_or(UtxoNetwork::Mainnet);
             payrecon_chain_bitcoin::customer_script(text, chain, utxo_network)
-                .map_err(|e| refuse(e.to_string()))?;
+                .map_err(|e| refuse(plain(e)))?;
             Ok(text.to_owned())
         }
         Network::Ethereum => {
@@ -129,8 +129,17 @@ pub(crate) fn customer_address(
             .map(|a| a.to_string())
             .map_err(|e| refuse(format!("{text:?} is not a Tron address: {e}"))),
         Network::Solana => {
-            payrecon_chain_solana::solana_address(text).map_err(|e| refuse(e.to_string()))
+            payrecon_chain_solana::solana_address(text).map_err(|e| refuse(plain(e)))
         }
+    }
+}
+
+/// What a chain's address check says, without the key-configuration wording its error type
+/// wraps it in: a customer reads it.
+fn plain(error: payrecon_chain_core::DeriveError) -> String {
+    match error {
+        payrecon_chain_core::DeriveError::Config(why) => why,
+        other => other.to_string(),
     }
 }
 

@@ -122,7 +122,7 @@ pub(super) async fn checkout_page(
             html(
                 StatusCode::OK,
                 &language,
-                page::render(&checkout, &key, &language, now),
+                page::render(&checkout, &key, &language, now, None),
             )
         }
         Err(error) => unknown_or_failed(error, &language),
@@ -150,6 +150,42 @@ pub(super) async fn checkout_paid(
             protect(response.headers_mut());
             response
         }
+        Err(error) => unknown_or_failed(error, &language),
+    }
+}
+
+/// The refund form's one field.
+#[derive(Deserialize)]
+pub(super) struct RefundForm {
+    address: String,
+}
+
+/// `POST /pay/{key}/refund`: the customer's address for the money of this payment waiting to
+/// be refunded, then back to the page, which shows the refund asked for; an address that
+/// cannot receive it is refused on the page itself (422), saying why, with nothing recorded.
+pub(super) async fn checkout_refund(
+    State(state): State<ApiState>,
+    PageRequest { key, language }: PageRequest,
+    axum::Form(form): axum::Form<RefundForm>,
+) -> Response {
+    match state
+        .engine
+        .checkout_request_refund(&key, &form.address)
+        .await
+    {
+        Ok(_) => {
+            let mut response = Redirect::to(&format!("/pay/{key}?lang={language}")).into_response();
+            protect(response.headers_mut());
+            response
+        }
+        Err(Error::InvalidInput(why)) => match state.engine.checkout(&key).await {
+            Ok(checkout) => {
+                let now = state.engine.clock().now();
+                let page = page::render(&checkout, &key, &language, now, Some(&why));
+                html(StatusCode::UNPROCESSABLE_ENTITY, &language, page)
+            }
+            Err(error) => unknown_or_failed(error, &language),
+        },
         Err(error) => unknown_or_failed(error, &language),
     }
 }

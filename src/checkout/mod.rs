@@ -29,6 +29,11 @@ pub struct Checkout {
     /// What arrived at the instructions' address, first seen first: the record a closed page
     /// keeps beside its instructions.
     pub arrived: Vec<Arrived>,
+    /// Money of this payment the customer may ask back (overpaid, late, another asset, …)
+    /// and has not yet: the page offers the refund form.
+    pub refundable: bool,
+    /// The refunds of this payment's money, oldest first, as the page shows them.
+    pub refunds: Vec<crate::records::Refund>,
 }
 
 /// One payment that arrived, as the customer reads it.

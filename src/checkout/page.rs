@@ -147,6 +147,7 @@ pub(crate) fn render(
     key: &str,
     language: &LanguageIdentifier,
     now: DateTime<Utc>,
+    refund_refused: Option<&str>,
 ) -> String {
     let text = Text { language };
     let intent = &checkout.instructions.intent;
@@ -225,6 +226,7 @@ pub(crate) fn render(
         code = status.code(),
         sentence = escape(&status_sentence(&text, status, reference)),
     );
+    render_refunds(&mut html, &text, checkout, key, refund_refused);
     if status.superseded && status.open {
         let _ = writeln!(
             html,
@@ -313,6 +315,72 @@ fn render_record(html: &mut String, text: &Text<'_>, checkout: &Checkout) {
                 ),
             ]
         )),
+    );
+}
+
+/// The refunds of this payment's money, and the form asking for one while some waits: the
+/// customer's address, checked as a payment address on the network the money arrived on.
+fn render_refunds(
+    html: &mut String,
+    text: &Text<'_>,
+    checkout: &Checkout,
+    key: &str,
+    refused: Option<&str>,
+) {
+    let reference = checkout.instructions.intent.order_ref.as_str();
+    if !checkout.refunds.is_empty() {
+        let _ = write!(
+            html,
+            "<section id=\"refunds\" class=\"field\">\n<h2>{}</h2>\n<ul>\n",
+            text.get("refunds-heading")
+        );
+        for refund in &checkout.refunds {
+            let _ = writeln!(
+                html,
+                "<li class=\"refund\" data-state=\"{state}\">{line}</li>",
+                state = refund.state.as_str(),
+                line = escape(&text.with(
+                    &format!("refund-{}", refund.state.as_str()),
+                    &[
+                        (
+                            "amount",
+                            format!("{} {}", refund.amount_decimal, refund.method.asset())
+                        ),
+                        ("address", refund.address.clone()),
+                        ("reference", reference.to_owned()),
+                    ]
+                )),
+            );
+        }
+        html.push_str("</ul>\n</section>\n");
+    }
+    if !checkout.refundable {
+        return;
+    }
+    let lang = text.language.to_string();
+    let _ = write!(
+        html,
+        "<form id=\"refund-form\" class=\"field\" method=\"post\" action=\"/pay/{key}/refund?lang={lang}\">\n\
+         <h2>{heading}</h2>\n<p>{body}</p>\n",
+        key = escape(key),
+        heading = text.get("refund-heading"),
+        body = text.get("refund-body"),
+    );
+    if let Some(why) = refused {
+        let _ = writeln!(
+            html,
+            "<p id=\"refund-refused\" class=\"warning\" role=\"alert\">{sentence} <code>{why}</code></p>",
+            sentence = text.get("refund-refused"),
+            why = escape(why),
+        );
+    }
+    let _ = write!(
+        html,
+        "<label for=\"refund-address\">{label}</label>\n\
+         <input id=\"refund-address\" name=\"address\" required maxlength=\"128\" autocomplete=\"off\" spellcheck=\"false\">\n\
+         <button id=\"refund\" type=\"submit\">{button}</button>\n</form>\n",
+        label = text.get("refund-address-label"),
+        button = text.get("refund-button"),
     );
 }
 

@@ -6,7 +6,7 @@
 mod books;
 mod finance;
 mod operators;
-mod refunds;
+pub(crate) mod refunds;
 mod shop;
 mod wallet;
 mod watchers;

@@ -80,6 +80,39 @@ impl Engine {
         Ok(refund)
     }
 
+    /// The customer's refund address from the checkout page: for each open exception of the
+    /// intent that holds money and has no refund yet, a refund of all that is left to
+    /// `address`, requested by `customer` (an operator approves it before anything is sent).
+    /// An address refused for one is refused for all; nothing to refund is refused too.
+    pub async fn checkout_request_refund(
+        &self,
+        key: &str,
+        address: &str,
+    ) -> Result<Vec<Refund>, Error> {
+        let mut conn = self.db().pool().acquire().await?;
+        let intent = crate::checkout::intent_by_key(&mut conn, key).await?;
+        let waiting = refundable(&mut conn, &intent).await?;
+        drop(conn);
+        let mut requested = Vec::new();
+        for exception in waiting {
+            match self
+                .request_refund(&exception, address, "all", "customer")
+                .await
+            {
+                Ok(refund) => requested.push(refund),
+                // Its money was taken meanwhile, or it holds none to send back.
+                Err(Error::ActionRefused { .. }) => {}
+                Err(other) => return Err(other),
+            }
+        }
+        if requested.is_empty() {
+            return Err(Error::InvalidInput(
+                "nothing of this payment is waiting to be refunded".into(),
+            ));
+        }
+        Ok(requested)
+    }
+
     /// An operator approves a requested refund: the merchant's wallet is to send it.
     pub async fn approve_refund(&self, id: &str, actor: &str) -> Result<Refund, Error> {
         check_text("actor", actor, MAX_ACTOR_LEN)?;
@@ -173,4 +206,36 @@ async fn record_event(
     )
     .await?;
     Ok(())
+}
+
+/// Exceptions whose money a customer may ask back: overpaid, late, underpaid, another asset,
+/// after settlement.
+const REFUNDABLE: [&str; 5] = [
+    "overpaid",
+    "paid_late",
+    "underpaid",
+    "wrong_asset",
+    "paid_after_settlement",
+];
+
+/// The open exceptions of `intent` that hold a customer's money and have no refund that is not
+/// cancelled: what its checkout page offers to send back.
+pub(crate) async fn refundable(
+    conn: &mut sqlx::AnyConnection,
+    intent: &crate::intent::PaymentIntent,
+) -> Result<Vec<String>, Error> {
+    let refunds = refunds::of_intent(conn, &intent.id).await?;
+    Ok(payments::exceptions(conn, Some(intent.order_ref.as_str()))
+        .await?
+        .into_iter()
+        .filter(|e| {
+            e.intent_id.as_deref() == Some(intent.id.as_str())
+                && e.resolved_at.is_none()
+                && REFUNDABLE.contains(&e.kind.as_str())
+                && !refunds
+                    .iter()
+                    .any(|r| r.exception_id == e.id && r.state != RefundState::Cancelled)
+        })
+        .map(|e| e.id)
+        .collect())
 }

@@ -145,6 +145,20 @@ pub(crate) async fn list(
     rows.iter().map(read).collect()
 }
 
+/// The refunds of one intent's exceptions, oldest first.
+pub(crate) async fn of_intent(
+    conn: &mut AnyConnection,
+    intent_id: &str,
+) -> Result<Vec<Refund>, StoreError> {
+    let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM refunds WHERE intent_id = $1 ORDER BY created_at_ms, id"
+    )))
+    .bind(intent_id)
+    .fetch_all(conn)
+    .await?;
+    rows.iter().map(read).collect()
+}
+
 fn read(row: &sqlx::any::AnyRow) -> Result<Refund, StoreError> {
     let corrupt = |what: String| StoreError::Corrupt(format!("refund: {what}"));
     let method: String = row.try_get("method")?;

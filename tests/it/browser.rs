@@ -653,3 +653,104 @@ async fn expired_and_late_payments_pages_say_what_to_do_instead() {
     browser.close().await;
     serving.stop().await;
 }
+
+/// A customer who paid too much asks for the excess back on the checkout page: the form in
+/// three languages, an address of another network refused on the page with a clear message
+/// and nothing recorded, then the customer's own address recorded, and the operator's
+/// approval shown on the page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_customer_asks_for_an_overpayment_back_on_the_checkout_page() {
+    let chain = common::regtest::Chain::lock().await;
+    let (config, base) = litecoin_checkout(&chain).await;
+    let (intent, address) = config.topup_and_pay("ltc");
+    let shown = config.cli(&["pay", "show", &intent]);
+    let link = format!("{base}{}", shown["checkout_path"].as_str().unwrap());
+    let serving = config.serve();
+    ready(&base).await;
+    chain.send(&address, "1.3").await;
+    chain.mine(2).await;
+    common::regtest::eventually("the overpaid payment to settle", || async {
+        config.cli(&["pay", "show", &intent])["status"] == "settled"
+    })
+    .await;
+
+    for (lang, button) in [
+        ("en", "Ask for a refund"),
+        ("de", "Erstattung beantragen"),
+        ("id", "Minta pengembalian dana"),
+    ] {
+        let page = reqwest::get(format!("{link}?lang={lang}"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(page.contains(button), "{lang}: {page}");
+    }
+
+    let browser = headless::Headless::launch().await;
+    let page = browser.open(&link, headless::PHONE, None).await;
+    let submit = |address: &str| {
+        format!(
+            "document.getElementById('refund-address').value = '{address}'; \
+             document.getElementById('refund-form').submit(); true"
+        )
+    };
+    let _: bool =
+        headless::evaluate(&page, &submit("bc1qw508d6qejxtdg4y5r3zarvary0c5xw7kv8f3t4")).await;
+    headless::wait_until(
+        &page,
+        "document.getElementById('refund-refused') !== null",
+        "the page to refuse an address of another network",
+    )
+    .await;
+    let refused = headless::visible_text(&page).await;
+    assert!(
+        refused.contains("This address cannot receive the refund"),
+        "{refused}"
+    );
+    assert!(
+        refused.contains("it is a Bitcoin mainnet address"),
+        "{refused}"
+    );
+    assert!(
+        config
+            .cli(&["refund", "list"])
+            .as_array()
+            .unwrap()
+            .is_empty(),
+        "nothing recorded"
+    );
+    headless::screenshot(&page, headless::PHONE, "checkout", "refund-refused").await;
+
+    let own = chain.wallet_address().await;
+    let _: bool = headless::evaluate(&page, &submit(&own)).await;
+    headless::wait_until(
+        &page,
+        "document.querySelector('li.refund[data-state=requested]') !== null",
+        "the page to show the refund asked for",
+    )
+    .await;
+    let asked = headless::visible_text(&page).await;
+    assert!(
+        asked.contains(&format!("0.3 LTC to {own}: asked for")),
+        "{asked}"
+    );
+    let no_form: bool =
+        headless::evaluate(&page, "document.getElementById('refund-form') === null").await;
+    assert!(no_form, "the money waiting is asked for: no second form");
+    headless::screenshot(&page, headless::PHONE, "checkout", "refund-requested").await;
+
+    let refunds = config.cli(&["refund", "list"]);
+    assert_eq!(refunds[0]["amount_kind"], "all");
+    let id = refunds[0]["id"].as_str().unwrap();
+    config.cli(&["refund", "approve", id, "--actor", "ops"]);
+    let approved = reqwest::get(&link).await.unwrap().text().await.unwrap();
+    assert!(
+        approved.contains("approved. The shop is sending it."),
+        "{approved}"
+    );
+    page.close().await;
+    browser.close().await;
+    serving.stop().await;
+}
