@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use crate::error::Error;
 use crate::payments::PaymentSettings;
-use crate::records::{FailingEndpoint, WatcherHealth};
+use crate::records::{FailingEndpoint, RefundState, WatcherHealth};
 use crate::wallet::WalletExport;
 
 /// When waiting turns into stuck.
@@ -23,6 +23,8 @@ pub struct StuckOptions {
     pub watcher_silent: Duration,
     /// A watcher this many blocks behind the node's head is behind.
     pub watcher_lag_blocks: u64,
+    /// A refund asked for and not approved, or approved and not sent, for this long.
+    pub refund_waiting: Duration,
 }
 
 impl Default for StuckOptions {
@@ -32,6 +34,7 @@ impl Default for StuckOptions {
             seen_unconfirmed: Duration::hours(2),
             watcher_silent: Duration::minutes(5),
             watcher_lag_blocks: 20,
+            refund_waiting: Duration::hours(24),
         }
     }
 }
@@ -56,10 +59,11 @@ pub struct StuckItem {
 }
 
 /// The categories of the stuck view, in the order it lists them.
-const CATEGORIES: [&str; 8] = [
+const CATEGORIES: [&str; 9] = [
     "marked_paid_unseen",
     "seen_unconfirmed",
     "exception",
+    "refund",
     "watcher",
     "webhook",
     "rates",
@@ -323,6 +327,50 @@ pub(crate) fn holdings_check_item(check: crate::records::HoldingsCheck) -> Optio
             "look each holdings_difference exception up in a block explorer: a payment made while nothing watched the address, or a withdrawal or block reward",
             "check that the network's node serves eth_call at past blocks (payrecon doctor)",
         ],
+    })
+}
+
+/// A refund waiting past `options.refund_waiting`: for an operator's approval, or, approved,
+/// for the merchant's wallet to send it; `None` otherwise.
+pub(crate) fn refund_item(
+    refund: &crate::records::Refund,
+    options: &StuckOptions,
+    now: DateTime<Utc>,
+) -> Option<StuckItem> {
+    if now - refund.updated_at < options.refund_waiting {
+        return None;
+    }
+    let amount = format!("{} {}", refund.amount_decimal, refund.method.asset());
+    let (what, actions) = match refund.state {
+        RefundState::Requested => (
+            format!(
+                "a refund of {amount} to {} waits for an operator's approval",
+                refund.address
+            ),
+            vec![
+                "check the address with the customer, then payrecon refund approve",
+                "or payrecon refund cancel, saying why",
+            ],
+        ),
+        RefundState::Approved => (
+            format!(
+                "an approved refund of {amount} to {} has not been sent",
+                refund.address
+            ),
+            vec![
+                "send it from the merchant's wallet, then close the exception with mark-refunded and the txid",
+            ],
+        ),
+        RefundState::Cancelled => return None,
+    };
+    Some(StuckItem {
+        category: "refund",
+        kind: format!("refund_{}", refund.state.as_str()),
+        what,
+        subject: refund.id.clone(),
+        order_ref: refund.order_ref.clone(),
+        since: refund.updated_at,
+        actions,
     })
 }
 

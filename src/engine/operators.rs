@@ -278,37 +278,10 @@ impl Engine {
             }
         }
         if wanted(&items) > 0 {
-            // The few rows of watchers, webhook endpoints and rates, ordered like the rest.
-            let mut few = Vec::new();
-            for health in operations::watcher_health(&mut conn).await? {
-                few.extend(watcher_item(&health, options, now));
-            }
-            for failing in operations::failing_endpoints(&mut conn).await? {
-                few.push(webhook_item(failing, now));
-            }
+            // The few rows of watchers, webhook endpoints, rates and the rest, ordered like
+            // the rest.
             drop(conn);
-            few.extend(stale_rates(self.payment_settings(), now).await);
-            for (network, wallet) in &self.payment_settings().wallets {
-                let export = self.wallet_export(*network).await?;
-                few.extend(wallet_gap_item(&export, wallet.gap_limit_warning, now));
-            }
-            for check in self.holdings_checks().await? {
-                few.extend(crate::stuck::holdings_check_item(check));
-            }
-            if let (count, Some(oldest)) = self.unvalued_overdue().await? {
-                few.push(crate::stuck::unvalued_item(count, oldest));
-            }
-            if self
-                .payment_settings()
-                .keys
-                .values()
-                .any(|keys| !keys.retired.is_empty())
-            {
-                let holdings = self
-                    .holdings(None, crate::wallet::HoldingsSort::Amount, false, 0, 1)
-                    .await?;
-                few.extend(crate::stuck::retired_key_items(&holdings.key_totals, now));
-            }
+            let few = self.few_stuck(options, now).await?;
             let mut few: Vec<(usize, StuckItem)> = few
                 .into_iter()
                 .map(|item| (StuckCursor::after(&item).category, item))
@@ -322,6 +295,50 @@ impl Engine {
         Ok(Page::of(items, limit, |item| {
             StuckCursor::after(item).text()
         }))
+    }
+
+    /// The stuck view's categories of a few rows each: watchers, webhook endpoints, rates,
+    /// wallets, the holdings check, refunds waiting, the books, retired keys.
+    async fn few_stuck(
+        &self,
+        options: &StuckOptions,
+        now: DateTime<chrono::Utc>,
+    ) -> Result<Vec<StuckItem>, Error> {
+        let mut conn = self.db().pool().acquire().await?;
+        let mut few = Vec::new();
+        for health in operations::watcher_health(&mut conn).await? {
+            few.extend(watcher_item(&health, options, now));
+        }
+        for failing in operations::failing_endpoints(&mut conn).await? {
+            few.push(webhook_item(failing, now));
+        }
+        drop(conn);
+        few.extend(stale_rates(self.payment_settings(), now).await);
+        for (network, wallet) in &self.payment_settings().wallets {
+            let export = self.wallet_export(*network).await?;
+            few.extend(wallet_gap_item(&export, wallet.gap_limit_warning, now));
+        }
+        for check in self.holdings_checks().await? {
+            few.extend(crate::stuck::holdings_check_item(check));
+        }
+        for refund in self.refunds_waiting().await? {
+            few.extend(crate::stuck::refund_item(&refund, options, now));
+        }
+        if let (count, Some(oldest)) = self.unvalued_overdue().await? {
+            few.push(crate::stuck::unvalued_item(count, oldest));
+        }
+        if self
+            .payment_settings()
+            .keys
+            .values()
+            .any(|keys| !keys.retired.is_empty())
+        {
+            let holdings = self
+                .holdings(None, crate::wallet::HoldingsSort::Amount, false, 0, 1)
+                .await?;
+            few.extend(crate::stuck::retired_key_items(&holdings.key_totals, now));
+        }
+        Ok(few)
     }
 
     /// Every watcher's last written health.

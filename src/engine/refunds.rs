@@ -149,6 +149,17 @@ impl Engine {
         Ok(refunds::list(&mut conn, exception_id, MAX_LISTED).await?)
     }
 
+    /// Refunds asked for or approved, not yet done: what the stuck view weighs.
+    pub(crate) async fn refunds_waiting(&self) -> Result<Vec<Refund>, Error> {
+        let mut conn = self.db().pool().acquire().await?;
+        Ok(refunds::in_states(
+            &mut conn,
+            &[RefundState::Requested, RefundState::Approved],
+            MAX_LISTED,
+        )
+        .await?)
+    }
+
     async fn move_refund(
         &self,
         id: &str,

@@ -145,6 +145,30 @@ pub(crate) async fn list(
     rows.iter().map(read).collect()
 }
 
+/// Refunds in any of `states`, longest unchanged first (at most `limit`).
+pub(crate) async fn in_states(
+    conn: &mut AnyConnection,
+    states: &[RefundState],
+    limit: i64,
+) -> Result<Vec<Refund>, StoreError> {
+    let mut found = Vec::new();
+    for state in states {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {COLUMNS} FROM refunds WHERE state = $1 ORDER BY updated_at_ms, id LIMIT $2"
+        )))
+        .bind(state.as_str())
+        .bind(limit)
+        .fetch_all(&mut *conn)
+        .await?;
+        for row in &rows {
+            found.push(read(row)?);
+        }
+    }
+    found.sort_by_key(|r| r.updated_at);
+    found.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+    Ok(found)
+}
+
 /// The refunds of one intent's exceptions, oldest first.
 pub(crate) async fn of_intent(
     conn: &mut AnyConnection,

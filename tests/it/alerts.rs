@@ -30,7 +30,7 @@ fn promtool(args: &[&str]) -> String {
 
 #[test]
 fn the_alert_rules_load_and_each_fires_only_when_it_should() {
-    assert!(promtool(&["check", "rules", "alerts.yml"]).contains("SUCCESS: 12 rules found"));
+    assert!(promtool(&["check", "rules", "alerts.yml"]).contains("SUCCESS: 13 rules found"));
     promtool(&["test", "rules", "alerts_test.yml"]);
     // One firing and one silent case per alert.
     let rules = std::fs::read_to_string(deploy().join("prometheus/alerts.yml")).unwrap();

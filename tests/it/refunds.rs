@@ -16,7 +16,7 @@ const CUSTOMER: &str = "bc1qw508d6qejxtdg4y5r3zarvary0c5xw7kv8f3t4";
 
 on_both_databases! {
     async fn a_refund_takes_what_is_held_to_the_customers_address_once(db) {
-        let (engine, _clock) = engine(&db, config(|_| {})).await;
+        let (engine, clock) = engine(&db, config(|_| {})).await;
         engine.create_topup(&topup("T1", "42", "500")).await.unwrap();
         let pay = engine.create_payment(&order("T1"), Method::Btc).await.unwrap();
         let a = Tx::new(Network::Bitcoin, "a", &pay.intent.watch_key, Method::Btc, 700_000, start_time());
@@ -71,6 +71,13 @@ on_both_databases! {
             .map(|r| r.amount.base_units())
             .sum();
         assert_eq!(live, 75_000, "never more than is held");
+        // A refund waiting a day is stuck, counted in /metrics.
+        clock.advance(chrono::Duration::hours(25));
+        let stuck = engine.stuck(&Default::default()).await.unwrap();
+        let waiting: Vec<&str> = stuck.iter().filter(|i| i.category == "refund").map(|i| i.kind.as_str()).collect();
+        assert_eq!(waiting, ["refund_requested", "refund_requested"], "the two live ones: {stuck:?}");
+        let metrics = payrecon::test_utils::api::metrics_text(&engine).await.unwrap();
+        assert!(metrics.contains("payrecon_stuck_items{category=\"refund\",kind=\"refund_requested\"} 2"), "{metrics}");
         // Recording a refund moves no money yet.
         sound(&engine).await;
     }
