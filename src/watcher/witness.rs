@@ -170,7 +170,10 @@ impl Witnesses {
                     self.asked.remove(&id);
                 }
                 WitnessState::Disagrees => {
-                    tracing::warn!(network = %id.network, transfer = %id, %detail, "a witness does not confirm a receipt: held for operators");
+                    // Once, when it comes to disagree; it is asked again every few seconds.
+                    if check.is_none_or(|c| c.state != WitnessState::Disagrees) {
+                        tracing::warn!(network = %id.network, transfer = %id, %detail, "a witness does not confirm a receipt: held for operators");
+                    }
                     verdicts
                         .disagreements
                         .push((id.clone(), format!("{reported}; {detail}")));
