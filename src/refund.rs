@@ -110,7 +110,13 @@ pub(crate) fn customer_address(
             let utxo_network = utxo_network.unwrap_or(UtxoNetwork::Mainnet);
             payrecon_chain_bitcoin::customer_script(text, chain, utxo_network)
                 .map_err(|e| refuse(plain(e)))?;
-            Ok(text.to_owned())
+            // Bech32 may be written in capitals (QR codes do); explorers print it in small.
+            let bech32 = text.contains('1') && text == text.to_ascii_uppercase();
+            Ok(if bech32 {
+                text.to_ascii_lowercase()
+            } else {
+                text.to_owned()
+            })
         }
         Network::Ethereum => {
             let mixed = text.chars().any(|c| c.is_ascii_uppercase())
@@ -199,6 +205,13 @@ mod tests {
             bitcoin_on_litecoin.contains("Bitcoin mainnet"),
             "{bitcoin_on_litecoin}"
         );
+        let capitals = customer_address(
+            Network::Bitcoin,
+            Some(UtxoNetwork::Mainnet),
+            "BC1QW508D6QEJXTDG4Y5R3ZARVARY0C5XW7KV8F3T4",
+        )
+        .unwrap();
+        assert_eq!(capitals, "bc1qw508d6qejxtdg4y5r3zarvary0c5xw7kv8f3t4");
         let tron_on_ethereum = customer_address(
             Network::Ethereum,
             None,

@@ -1,6 +1,6 @@
 //! Refunds: recording where an exception's money goes back, and an operator's approval.
 
-use payrecon_chain_core::Amount;
+use payrecon_chain_core::{Amount, Network};
 
 use crate::engine::Engine;
 use crate::error::Error;
@@ -41,7 +41,17 @@ impl Engine {
         let settings = self.payment_settings();
         let utxo_network = settings.wallets.get(&network).map(|w| w.network);
         let address = customer_address(network, utxo_network, address)?;
+        // Solana's payments all go to the shop's one recipient, which no watch key names.
+        let recipient = match network {
+            Network::Solana => settings
+                .derivers
+                .get(&network)
+                .and_then(|deriver| deriver.derive(0).ok())
+                .map(|derived| derived.address),
+            _ => None,
+        };
         let own = settings.policy.is_treasury(network, &address)
+            || recipient.as_deref() == Some(address.as_str())
             || !payments::intents_by_watch_keys(tx.conn(), network, &[&address])
                 .await?
                 .is_empty();

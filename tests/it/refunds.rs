@@ -57,6 +57,19 @@ on_both_databases! {
         assert!(beyond.contains("0.00025 BTC is left"), "{beyond}");
         assert!(engine.request_refund("unmatched:nothing", CUSTOMER, "all", "ops").await.is_err());
 
+        // On Solana every payment goes to the shop's one recipient: never a refund address.
+        engine.create_topup(&topup("S1", "43", "100")).await.unwrap();
+        let sol = engine.create_payment(&order("S1"), Method::Sol).await.unwrap();
+        let paid = Tx::new(Network::Solana, "s1", &sol.intent.watch_key, Method::Sol, 2_000_000_000, start_time());
+        engine.apply_chain_events(&[paid.observed(1, 10)]).await.unwrap();
+        let sol_overpaid = engine.exceptions(Some(&order("S1"))).await.unwrap().remove(0);
+        let recipient = engine
+            .request_refund(&sol_overpaid.id, &sol.intent.pay_to, "overpaid", "ops")
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(recipient.contains("one of the shop's own"), "{recipient}");
+
         // Two requests at once for all that is left: one is recorded, the other refused.
         let (first, second) = tokio::join!(
             engine.request_refund(&overpaid.id, CUSTOMER, "all", "ops"),

@@ -144,7 +144,9 @@ pub fn customer_script(
     let text = address.trim();
     if let Ok((found, _, _)) = segwit::decode(text) {
         let wanted = hrp(chain, network);
-        if found.as_str() != wanted {
+        // Bech32 is written in small letters or in capitals, never mixed.
+        let found = found.as_str().to_ascii_lowercase();
+        if found != wanted {
             let other = [UtxoChain::Bitcoin, UtxoChain::Litecoin]
                 .into_iter()
                 .flat_map(|c| {
@@ -155,10 +157,10 @@ pub fn customer_script(
                     ]
                     .map(|n| (c, n))
                 })
-                .find(|(c, n)| hrp(*c, *n) == found.as_str());
+                .find(|(c, n)| hrp(*c, *n) == found);
             return Err(refuse(&match other {
                 Some((c, n)) => format!("it is a {} address", describe(c, n)),
-                None => format!("its prefix {}1 is not {wanted}1", found.as_str()),
+                None => format!("its prefix {found}1 is not {wanted}1"),
             }));
         }
         return script_pubkey(text).map_err(|e| refuse(&e.to_string()));
