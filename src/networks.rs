@@ -366,6 +366,7 @@ pub fn witnesses(
     network: Network,
 ) -> Result<Option<WitnessPlan>, Error> {
     let key = format!("networks.{network}.witness_urls");
+    // The network's sources as its watcher reads them, so a witness is never one of them.
     let (urls, policy, wait_seconds, sources, confirmations): (_, _, _, Vec<SecretUrl>, _) =
         match network {
             Network::Bitcoin | Network::Litecoin => {
@@ -374,16 +375,13 @@ pub fn witnesses(
                     _ => networks.litecoin.as_ref(),
                 };
                 let Some(utxo) = utxo else { return Ok(None) };
-                let sources = utxo
-                    .electrum_url
-                    .iter()
-                    .chain(&utxo.electrum_urls)
-                    .chain(&utxo.rpc_url);
+                let electrum = electrum_sources(network, utxo)?.into_iter().map(|s| s.url);
+                let nodes = node_sources(network, utxo)?.into_iter().map(|s| s.rpc_url);
                 (
                     &utxo.witness_urls,
                     utxo.witness_policy,
                     utxo.witness_wait_seconds,
-                    sources.cloned().collect(),
+                    electrum.chain(nodes).collect(),
                     utxo.confirmations,
                 )
             }
@@ -391,12 +389,11 @@ pub fn witnesses(
                 let Some(eth) = &networks.ethereum else {
                     return Ok(None);
                 };
-                let sources = eth.rpc_url.iter().chain(&eth.rpc_urls).cloned().collect();
                 (
                     &eth.witness_urls,
                     eth.witness_policy,
                     eth.witness_wait_seconds,
-                    sources,
+                    ethereum_sources(eth)?.into_iter().map(|s| s.url).collect(),
                     eth.confirmations,
                 )
             }
@@ -404,12 +401,11 @@ pub fn witnesses(
                 let Some(tron) = &networks.tron else {
                     return Ok(None);
                 };
-                let sources = tron.api_url.iter().chain(&tron.api_urls).cloned().collect();
                 (
                     &tron.witness_urls,
                     tron.witness_policy,
                     tron.witness_wait_seconds,
-                    sources,
+                    tron_sources(tron)?.into_iter().map(|s| s.url).collect(),
                     tron.confirmations,
                 )
             }
@@ -417,17 +413,11 @@ pub fn witnesses(
                 let Some(solana) = &networks.solana else {
                     return Ok(None);
                 };
-                let sources = solana
-                    .rpc_url
-                    .iter()
-                    .chain(&solana.rpc_urls)
-                    .cloned()
-                    .collect();
                 (
                     &solana.witness_urls,
                     solana.witness_policy,
                     solana.witness_wait_seconds,
-                    sources,
+                    solana_sources(solana)?.into_iter().map(|s| s.url).collect(),
                     solana.confirmations,
                 )
             }
@@ -632,6 +622,19 @@ mod tests {
             "{itself}"
         );
         let ltc = "[networks.litecoin]\nxpub = \"xpub\"\nconfirmations = 6\nelectrum_url = \"tcp://a:50001\"\n";
+        let full = "[networks.litecoin]\nxpub = \"xpub\"\nconfirmations = 6\n\
+                    rpc_url = \"http://a:9332\"\nrpc_urls = [\"http://b:9332\"]\n";
+        let second_node = witnesses(
+            &config(&format!("{full}witness_urls = [\"http://b:9332\"]")),
+            Network::Litecoin,
+        )
+        .unwrap_err();
+        assert!(
+            second_node
+                .to_string()
+                .contains("is one of the network's sources"),
+            "{second_node}"
+        );
         let node = witnesses(
             &config(&format!("{ltc}witness_urls = [\"http://b:9332\"]")),
             Network::Litecoin,
