@@ -286,9 +286,8 @@ fn release_entry(
         kind: EntryKind::Adjustment,
         reference: None,
         memo: format!(
-            "{} {} {why}",
-            method.format_amount(Amount::from_base_units(units)),
-            method.asset()
+            "{} {why}",
+            method.format_with_asset(Amount::from_base_units(units))
         ),
         postings: vec![
             Posting::debit(source.clone(), crypto, units as i128),
@@ -298,12 +297,8 @@ fn release_entry(
 }
 
 pub(crate) fn describe(held: &Held) -> String {
-    format!(
-        "{} {}",
-        held.method
-            .format_amount(Amount::from_base_units(held.units)),
-        held.method.asset()
-    )
+    held.method
+        .format_with_asset(Amount::from_base_units(held.units))
 }
 
 pub(crate) fn check_text(what: &str, text: &str, max: usize) -> Result<(), Error> {
@@ -357,10 +352,8 @@ pub(crate) fn book_action(
     let entry = match (action, held) {
         (Action::Dismiss, Some(held)) => {
             return Err(refuse(format!(
-                "it holds {} {}: accept it, credit it or refund it",
-                held.method
-                    .format_amount(Amount::from_base_units(held.units)),
-                held.method.asset()
+                "it holds {}: accept it, credit it or refund it",
+                describe(held)
             )));
         }
         (Action::Dismiss, None) => None,

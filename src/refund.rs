@@ -60,13 +60,7 @@ pub(crate) fn amount_of(
     (held, refunded): (u128, u128),
 ) -> Result<(u128, &'static str), Error> {
     let left = held.saturating_sub(refunded);
-    let describe = |units: u128| {
-        format!(
-            "{} {}",
-            method.format_amount(Amount::from_base_units(units)),
-            method.asset()
-        )
-    };
+    let describe = |units: u128| method.format_with_asset(Amount::from_base_units(units));
     let units = match asked {
         RefundAmount::All => left,
         RefundAmount::Overpaid if kind == "overpaid" => left,

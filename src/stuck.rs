@@ -340,7 +340,7 @@ pub(crate) fn refund_item(
     if now - refund.updated_at < options.refund_waiting {
         return None;
     }
-    let amount = format!("{} {}", refund.amount_decimal, refund.method.asset());
+    let amount = refund.method.format_with_asset(refund.amount);
     let (what, actions) = match refund.state {
         RefundState::Requested => (
             format!(

@@ -65,7 +65,7 @@ impl Arrived {
                     return None;
                 };
                 Some(Arrived {
-                    amount: format!("{} {}", method.format_amount(t.amount), method.asset()),
+                    amount: method.format_with_asset(t.amount),
                     method,
                     txid: t.id.txid.clone(),
                     explorer_url: explorer.map(|url| url.replace("{txid}", &t.id.txid)),

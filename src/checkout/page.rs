@@ -342,10 +342,7 @@ fn render_refunds(
                 line = escape(&text.with(
                     &format!("refund-{}", refund.state.as_str()),
                     &[
-                        (
-                            "amount",
-                            format!("{} {}", refund.amount_decimal, refund.method.asset())
-                        ),
+                        ("amount", refund.method.format_with_asset(refund.amount)),
                         ("address", refund.address.clone()),
                         ("reference", reference.to_owned()),
                     ]

@@ -369,11 +369,7 @@ fn other_block(
 fn reported(known: &KnownTransfer, source: &str) -> String {
     let transfer = &known.transfer;
     let amount = match &transfer.asset {
-        ReceivedAsset::Method { method } => format!(
-            "{} {}",
-            transfer.amount.to_decimal_string(method.decimals()),
-            method.asset()
-        ),
+        ReceivedAsset::Method { method } => method.format_with_asset(transfer.amount),
         other => format!("{} base units of {other}", transfer.amount),
     };
     let block = known

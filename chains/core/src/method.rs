@@ -249,6 +249,11 @@ impl Method {
     pub fn format_amount(self, amount: crate::Amount) -> String {
         amount.to_decimal_string(self.decimals())
     }
+
+    /// The amount with its asset, as people read it (`1.3 LTC`).
+    pub fn format_with_asset(self, amount: crate::Amount) -> String {
+        format!("{} {}", self.format_amount(amount), self.asset())
+    }
 }
 
 impl fmt::Display for Method {
