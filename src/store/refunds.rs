@@ -151,22 +151,18 @@ pub(crate) async fn in_states(
     states: &[RefundState],
     limit: i64,
 ) -> Result<Vec<Refund>, StoreError> {
-    let mut found = Vec::new();
+    let backend = super::backend_of_conn(conn);
+    let sql = format!(
+        "SELECT {COLUMNS} FROM refunds WHERE state IN ({}) ORDER BY updated_at_ms, id LIMIT {}",
+        super::list_placeholders_after(backend, 0, states.len()),
+        super::placeholder(backend, states.len() + 1)
+    );
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
     for state in states {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {COLUMNS} FROM refunds WHERE state = $1 ORDER BY updated_at_ms, id LIMIT $2"
-        )))
-        .bind(state.as_str())
-        .bind(limit)
-        .fetch_all(&mut *conn)
-        .await?;
-        for row in &rows {
-            found.push(read(row)?);
-        }
+        query = query.bind(state.as_str());
     }
-    found.sort_by_key(|r| r.updated_at);
-    found.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
-    Ok(found)
+    let rows = query.bind(limit).fetch_all(conn).await?;
+    rows.iter().map(read).collect()
 }
 
 /// The refunds of one intent's exceptions, oldest first.

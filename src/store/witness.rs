@@ -1,6 +1,8 @@
 //! What the witnesses said of each receipt: the state that holds a receipt below its
 //! network's confirmations until every witness holds it.
 
+use std::collections::HashSet;
+
 use payrecon_chain_core::{Network, TransferId};
 use sqlx::{AnyConnection, Row};
 
@@ -61,29 +63,49 @@ pub(crate) struct WitnessCheck {
     pub(crate) detail: String,
 }
 
-/// The checks recorded for `ids` (all of one network), those that exist.
+/// The checks recorded for `ids` (all of one network), those that exist: one statement per
+/// few hundred transactions, as `payments::transfers_by_ids` reads transfers.
 pub(crate) async fn checks_of(
     conn: &mut AnyConnection,
     ids: &[&TransferId],
 ) -> Result<Vec<WitnessCheck>, StoreError> {
+    let Some(network) = ids.first().map(|id| id.network) else {
+        return Ok(Vec::new());
+    };
+    let wanted: HashSet<&TransferId> = ids.iter().copied().collect();
+    let mut txids: Vec<&str> = ids.iter().map(|id| id.txid.as_str()).collect();
+    txids.sort_unstable();
+    txids.dedup();
+    let backend = super::backend_of_conn(conn);
     let mut found = Vec::new();
-    for id in ids {
-        let row = sqlx::query(
-            "SELECT state, first_asked_ms, detail FROM witness_checks \
-             WHERE network = $1 AND txid = $2 AND position = $3",
-        )
-        .bind(id.network.as_str())
-        .bind(id.txid.as_str())
-        .bind(i64::from(id.position))
-        .fetch_optional(&mut *conn)
-        .await?;
-        if let Some(row) = row {
-            found.push(WitnessCheck {
-                id: (*id).clone(),
-                state: WitnessState::parse(&row.try_get::<String, _>("state")?)?,
-                first_asked_ms: row.try_get("first_asked_ms")?,
-                detail: row.try_get("detail")?,
-            });
+    for chunk in txids.chunks(super::rows_per_statement(1) - 1) {
+        let sql = format!(
+            "SELECT txid, position, state, first_asked_ms, detail FROM witness_checks \
+             WHERE network = {} AND txid IN ({})",
+            super::placeholder(backend, 1),
+            super::list_placeholders_after(backend, 1, chunk.len())
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(network.as_str());
+        for txid in chunk {
+            query = query.bind(*txid);
+        }
+        for row in query.fetch_all(&mut *conn).await? {
+            let position: i64 = row.try_get("position")?;
+            let id = TransferId {
+                network,
+                txid: row.try_get("txid")?,
+                position: u32::try_from(position).map_err(|_| {
+                    StoreError::Corrupt(format!("witness check position {position}"))
+                })?,
+            };
+            if wanted.contains(&id) {
+                found.push(WitnessCheck {
+                    state: WitnessState::parse(&row.try_get::<String, _>("state")?)?,
+                    first_asked_ms: row.try_get("first_asked_ms")?,
+                    detail: row.try_get("detail")?,
+                    id,
+                });
+            }
         }
     }
     Ok(found)
