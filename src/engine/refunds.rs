@@ -101,7 +101,8 @@ impl Engine {
     ) -> Result<Vec<Refund>, Error> {
         let mut conn = self.db().pool().acquire().await?;
         let intent = crate::checkout::intent_by_key(&mut conn, key).await?;
-        let waiting = refundable(&mut conn, &intent).await?;
+        let refunds = refunds::of_intent(&mut conn, &intent.id).await?;
+        let waiting = refundable(&mut conn, &intent, &refunds).await?;
         drop(conn);
         let mut requested = Vec::new();
         for exception in waiting {
@@ -239,20 +240,18 @@ const REFUNDABLE: [&str; 5] = [
     "paid_after_settlement",
 ];
 
-/// The open exceptions of `intent` that hold a customer's money and have no refund that is not
-/// cancelled: what its checkout page offers to send back.
+/// The open exceptions of `intent` that hold a customer's money and have none of its `refunds`
+/// (not cancelled): what its checkout page offers to send back.
 pub(crate) async fn refundable(
     conn: &mut sqlx::AnyConnection,
     intent: &crate::intent::PaymentIntent,
+    refunds: &[Refund],
 ) -> Result<Vec<String>, Error> {
-    let refunds = refunds::of_intent(conn, &intent.id).await?;
-    Ok(payments::exceptions(conn, Some(intent.order_ref.as_str()))
+    Ok(payments::open_exceptions_of_intent(conn, &intent.id)
         .await?
         .into_iter()
         .filter(|e| {
-            e.intent_id.as_deref() == Some(intent.id.as_str())
-                && e.resolved_at.is_none()
-                && REFUNDABLE.contains(&e.kind.as_str())
+            REFUNDABLE.contains(&e.kind.as_str())
                 && !refunds
                     .iter()
                     .any(|r| r.exception_id == e.id && r.state != RefundState::Cancelled)

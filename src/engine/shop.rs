@@ -177,10 +177,10 @@ impl Engine {
         let mut conn = self.db().pool().acquire().await?;
         let intent = intent_by_key(&mut conn, key).await?;
         let mut transfers = payments::transfers_of_intent(&mut conn, &intent.id).await?;
-        let refundable = !crate::engine::refunds::refundable(&mut conn, &intent)
+        let refunds = crate::store::refunds::of_intent(&mut conn, &intent.id).await?;
+        let refundable = !crate::engine::refunds::refundable(&mut conn, &intent, &refunds)
             .await?
             .is_empty();
-        let refunds = crate::store::refunds::of_intent(&mut conn, &intent.id).await?;
         drop(conn);
         let policy = &self.payment_settings().policy;
         // Dust is nobody's payment: the customer never reads of it.

@@ -847,6 +847,22 @@ pub(crate) async fn open_exceptions(
     Ok(opened)
 }
 
+/// The open exceptions of one intent, oldest first (by `exceptions_by_intent`): what its
+/// checkout page weighs on each view.
+pub(crate) async fn open_exceptions_of_intent(
+    conn: &mut AnyConnection,
+    intent_id: &str,
+) -> Result<Vec<ExceptionRecord>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT id, kind, intent_id, order_ref, transfer, detail, opened_at_ms, resolved_at_ms, resolution \
+         FROM exceptions WHERE intent_id = $1 AND resolved_at_ms IS NULL ORDER BY opened_at_ms, id",
+    )
+    .bind(intent_id)
+    .fetch_all(conn)
+    .await?;
+    rows.iter().map(decode_exception).collect()
+}
+
 /// The exceptions of an order (through its intents), or of everything when `None`.
 pub(crate) async fn exceptions(
     conn: &mut AnyConnection,
