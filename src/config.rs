@@ -346,6 +346,9 @@ pub struct PaymentsConfig {
     /// (`litecoin = "https://litecoinspace.org/tx/{txid}"`): the checkout page links each
     /// payment that arrived there. Mainnets have one by default; `""` turns it off.
     pub explorer_urls: BTreeMap<Network, String>,
+    /// Per method, who pays a refund's network fee: `shop` (the default: the customer gets
+    /// the whole amount back) or `customer` (taken from the amount; native coins only).
+    pub refund_fee_payer: BTreeMap<Method, crate::records::FeePayer>,
 }
 
 impl Default for PaymentsConfig {
@@ -362,6 +365,7 @@ impl Default for PaymentsConfig {
             dust: BTreeMap::new(),
             holdings_check_minutes: 60,
             explorer_urls: BTreeMap::new(),
+            refund_fee_payer: BTreeMap::new(),
         }
     }
 }

@@ -331,6 +331,8 @@ pub enum EntryKind {
     /// Crypto the merchant moved between its own wallets: the native coin its treasury sends
     /// a payment address to pay for sweeping the tokens there.
     InternalTransfer,
+    /// Held money sent back to a customer, booked once the chain carries it deep enough.
+    Refund,
 }
 
 impl EntryKind {
@@ -343,6 +345,7 @@ impl EntryKind {
             EntryKind::Adjustment => "adjustment",
             EntryKind::Outflow => "outflow",
             EntryKind::InternalTransfer => "internal_transfer",
+            EntryKind::Refund => "refund",
         }
     }
 }
@@ -358,6 +361,7 @@ impl FromStr for EntryKind {
             EntryKind::Adjustment,
             EntryKind::Outflow,
             EntryKind::InternalTransfer,
+            EntryKind::Refund,
         ]
         .into_iter()
         .find(|k| k.as_str() == s)

@@ -111,6 +111,7 @@ pub use books::{
 pub use catalog::Catalog;
 pub use config::Config;
 pub use doctor::{DoctorCheck, Verdict, doctor};
+pub use engine::refund_chain::PreparedRefund;
 pub use engine::{BalancePayment, Created, Engine};
 pub use error::Error;
 pub use history::{AccountHistory, HistoryItem};
@@ -126,9 +127,9 @@ pub use order::{
 };
 pub use payments::{PaymentInstructions, PaymentSettings};
 pub use records::{
-    AssetRollForward, CryptoRate, ExceptionRecord, FailingEndpoint, FundedIndexes, HoldingsCheck,
-    IntentEvent, OperatorAction, Refund, RefundState, ReportingRate, StoredTransfer, Valuation,
-    WatcherHealth,
+    AssetRollForward, CryptoRate, ExceptionRecord, FailingEndpoint, FeePayer, FundedIndexes,
+    HoldingsCheck, IntentEvent, OperatorAction, Refund, RefundState, ReportingRate, StoredTransfer,
+    Valuation, WatcherHealth,
 };
 pub use refund::RefundAmount;
 pub use report::{CsvSection, ReportFormat, ReportQuery, ReportTotals};

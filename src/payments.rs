@@ -56,6 +56,8 @@ pub struct PaymentSettings {
     pub witnesses: BTreeMap<Network, crate::networks::WitnessPlan>,
     /// Per network, a block explorer's page of a transaction (`{txid}` where its id goes).
     pub explorers: BTreeMap<Network, String>,
+    /// Per method, who pays a refund's network fee (the shop when not named).
+    pub refund_fee_payer: BTreeMap<Method, crate::records::FeePayer>,
 }
 
 impl Default for PaymentSettings {
@@ -79,6 +81,7 @@ impl Default for PaymentSettings {
             keys: BTreeMap::new(),
             witnesses: BTreeMap::new(),
             explorers: BTreeMap::new(),
+            refund_fee_payer: BTreeMap::new(),
         }
     }
 }
@@ -120,6 +123,7 @@ impl PaymentSettings {
             }
         }
         settings.explorers = explorers(config)?;
+        settings.refund_fee_payer = refund_fee_payers(config)?;
         Ok(settings)
     }
 
@@ -312,6 +316,23 @@ fn explorers(config: &Config) -> Result<BTreeMap<Network, String>, Error> {
         explorers.insert(*network, url.clone());
     }
     Ok(explorers)
+}
+
+/// Who pays each method's refund fee; the customer only where the refund and its fee are one
+/// coin, so the fee can be taken from the amount.
+fn refund_fee_payers(config: &Config) -> Result<BTreeMap<Method, crate::records::FeePayer>, Error> {
+    for (method, payer) in &config.payments.refund_fee_payer {
+        if *payer == crate::records::FeePayer::Customer
+            && method.network().native_method() != *method
+        {
+            return Err(Error::Config(format!(
+                "payments.refund_fee_payer.{method}: the customer can pay only a native coin's fee; a {} refund's fee is paid in {}",
+                method.asset(),
+                method.network().native_method().asset()
+            )));
+        }
+    }
+    Ok(config.payments.refund_fee_payer.clone())
 }
 
 fn add_networks(settings: &mut PaymentSettings, networks: &NetworksConfig) -> Result<(), Error> {

@@ -286,26 +286,70 @@ pub enum RefundState {
     Requested,
     /// An operator approved it: the merchant's wallet is to send it.
     Approved,
+    /// payrecon prepared what the merchant's wallet signs (a PSBT); nothing is sent yet.
+    Prepared,
+    /// A transaction paying it is in a block, not yet as deep as a payment must be.
+    Sent,
+    /// Its transaction is as deep as a payment must be: booked, and never changes again.
+    Completed,
     /// Withdrawn before it was sent: its amount is free again.
     Cancelled,
 }
 
 impl RefundState {
-    /// `requested`, `approved`, `cancelled`.
+    /// Every state, in the order a refund lives them.
+    pub const ALL: [RefundState; 6] = [
+        RefundState::Requested,
+        RefundState::Approved,
+        RefundState::Prepared,
+        RefundState::Sent,
+        RefundState::Completed,
+        RefundState::Cancelled,
+    ];
+
+    /// `requested`, `approved`, `prepared`, `sent`, `completed`, `cancelled`.
     pub fn as_str(self) -> &'static str {
         match self {
             RefundState::Requested => "requested",
             RefundState::Approved => "approved",
+            RefundState::Prepared => "prepared",
+            RefundState::Sent => "sent",
+            RefundState::Completed => "completed",
             RefundState::Cancelled => "cancelled",
         }
     }
 
     pub(crate) fn parse(text: &str) -> Option<RefundState> {
-        match text {
-            "requested" => Some(RefundState::Requested),
-            "approved" => Some(RefundState::Approved),
-            "cancelled" => Some(RefundState::Cancelled),
-            _ => None,
+        RefundState::ALL.into_iter().find(|s| s.as_str() == text)
+    }
+
+    /// Approved and waiting for the chain: the watcher looks for its transaction.
+    pub fn awaits_chain(self) -> bool {
+        matches!(
+            self,
+            RefundState::Approved | RefundState::Prepared | RefundState::Sent
+        )
+    }
+}
+
+/// Who pays a refund's network fee.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FeePayer {
+    /// The shop: the customer receives the whole amount.
+    #[default]
+    Shop,
+    /// The customer: the fee is taken from the amount (native coins only: a token's fee is
+    /// paid in another coin).
+    Customer,
+}
+
+impl FeePayer {
+    /// `shop` or `customer`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FeePayer::Shop => "shop",
+            FeePayer::Customer => "customer",
         }
     }
 }
@@ -331,8 +375,17 @@ pub struct Refund {
     pub amount_kind: String,
     /// The customer's address, as the chain's explorers print it.
     pub address: String,
+    /// Who pays the network fee: `shop` (the customer receives the whole amount) or
+    /// `customer` (the fee is taken from it).
+    pub fee_payer: FeePayer,
     /// Where it stands.
     pub state: RefundState,
+    /// The transaction that paid it, once seen in a block.
+    pub txid: Option<String>,
+    /// The block that carries it.
+    pub block_height: Option<u64>,
+    /// What the transaction paid the customer's address, in base units.
+    pub paid: Option<Amount>,
     /// When it was requested.
     pub created_at: DateTime<Utc>,
     /// When its state last changed.

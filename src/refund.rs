@@ -2,14 +2,17 @@
 //! network it arrived in, to an address the customer gave. A refund is a record of its own,
 //! several per exception, never more in all than the exception holds.
 //!
-//! Built so far: the record, its amount and address rules, and its first states (requested,
-//! approved, cancelled). payrecon never signs: preparing what the merchant's wallet signs and
-//! seeing the refund on the chain before the books say so come next (issue 45).
+//! payrecon never signs: it prepares what the merchant's wallet signs, and the chain decides
+//! when a refund happened. A refund is `sent` once a transaction in a block pays the
+//! customer's address its amount, and `completed`, and only then booked, at the depth a
+//! payment on its network needs.
 
 use payrecon_chain_bitcoin::{UtxoChain, UtxoNetwork};
-use payrecon_chain_core::{Amount, Method, Network};
+use payrecon_chain_core::{Amount, Method, Network, TransferId};
 
 use crate::error::Error;
+use crate::ledger::{Account, Currency, EntryKind, NewEntry, Posting};
+use crate::records::{FeePayer, Refund};
 
 /// How much of what an exception holds goes back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,6 +83,89 @@ pub(crate) fn amount_of(
         )));
     }
     Ok((units, asked.kind()))
+}
+
+/// Whether a transaction paying the customer's address `paid` settles `refund`: the whole
+/// amount, or for a refund whose customer pays the fee, the amount less `fee`, the fee the
+/// transaction paid from payrecon's own addresses (none from another wallet).
+pub(crate) fn covered_by(refund: &Refund, paid: Amount, fee: Amount) -> bool {
+    let due = match refund.fee_payer {
+        FeePayer::Shop => refund.amount.base_units(),
+        FeePayer::Customer => refund.amount.base_units().saturating_sub(fee.base_units()),
+    };
+    due > 0 && paid.base_units() >= due
+}
+
+/// Where a completed refund's money came from: `custody` when the transaction spent what
+/// payrecon's addresses hold (the outflow that booked it leaves custody for `external`), else
+/// the merchant's treasury wallet paid it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PaidFrom {
+    /// From the addresses payrecon watches, with the fee that transaction paid there.
+    Custody { fee: Amount },
+    /// From another of the merchant's wallets.
+    Treasury,
+}
+
+/// The entry that books a completed refund of money held in `held` (a suspense account):
+/// what the customer got back leaves suspense for where it went (the outflow's `external`,
+/// or the treasury that paid it), and for a refund whose customer pays the fee, the fee its
+/// transaction paid leaves suspense for the fee expense the outflow booked.
+pub(crate) fn completion_entry(
+    refund: &Refund,
+    held: &Account,
+    from: PaidFrom,
+    txid: &str,
+) -> Result<NewEntry, Error> {
+    let method = refund.method;
+    let units = i128::try_from(refund.amount.base_units())
+        .map_err(|_| Error::InvalidInput(format!("refund {}: amount out of range", refund.id)))?;
+    let customer_fee = match (refund.fee_payer, from) {
+        (FeePayer::Customer, PaidFrom::Custody { fee }) => i128::try_from(fee.base_units())
+            .unwrap_or(i128::MAX)
+            .min(units),
+        _ => 0,
+    };
+    let crypto = Currency::Crypto(method);
+    let to = match from {
+        PaidFrom::Custody { .. } => Account::External(method),
+        PaidFrom::Treasury => Account::Treasury(method),
+    };
+    let mut postings = vec![
+        Posting::debit(held.clone(), crypto, units),
+        Posting::credit(to, crypto, units - customer_fee),
+    ];
+    if customer_fee > 0 {
+        postings.push(Posting::credit(
+            Account::NetworkFees(method),
+            crypto,
+            customer_fee,
+        ));
+    }
+    postings.retain(|p| p.amount_minor != 0);
+    Ok(NewEntry {
+        idempotency_key: format!("refund:{}", refund.id),
+        kind: EntryKind::Refund,
+        reference: refund.order_ref.clone(),
+        memo: format!(
+            "refund {} of {} to {} in {txid}",
+            refund.id,
+            method.format_with_asset(refund.amount),
+            refund.address
+        ),
+        postings,
+    })
+}
+
+/// A transfer's id as exceptions name it: `<network>:<txid>:<position>`.
+pub(crate) fn transfer_id(text: &str) -> Option<TransferId> {
+    let (network, rest) = text.split_once(':')?;
+    let (txid, position) = rest.rsplit_once(':')?;
+    Some(TransferId {
+        network: network.parse().ok()?,
+        txid: txid.to_owned(),
+        position: position.parse().ok()?,
+    })
 }
 
 /// The customer's address in the form the chain's explorers print it, checked as a payment

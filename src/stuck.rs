@@ -352,16 +352,28 @@ pub(crate) fn refund_item(
                 "or payrecon refund cancel, saying why",
             ],
         ),
-        RefundState::Approved => (
+        RefundState::Approved | RefundState::Prepared => (
             format!(
                 "an approved refund of {amount} to {} has not been sent",
                 refund.address
             ),
             vec![
-                "send it from the merchant's wallet, then close the exception with mark-refunded and the txid",
+                "payrecon refund prepare, sign it in the merchant's wallet and broadcast it",
+                "or, paid from another wallet, payrecon refund sent with the txid",
             ],
         ),
-        RefundState::Cancelled => return None,
+        RefundState::Sent => (
+            format!(
+                "a refund of {amount} to {} sent in {} is not yet as deep as it must be",
+                refund.address,
+                refund.txid.as_deref().unwrap_or("?")
+            ),
+            vec![
+                "look the transaction up in a block explorer: a fee too low to be mined soon",
+                "check the watcher's health (payrecon status)",
+            ],
+        ),
+        RefundState::Completed | RefundState::Cancelled => return None,
     };
     Some(StuckItem {
         category: "refund",

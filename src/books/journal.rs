@@ -614,6 +614,7 @@ fn datev_text(entry: &NewEntry) -> String {
         EntryKind::Adjustment => "adjustment",
         EntryKind::Outflow => "sent out",
         EntryKind::InternalTransfer => "own transfer",
+        EntryKind::Refund => "refund",
     };
     let mut parts = vec![match reversed_id(entry) {
         Some(original) => format!("{what} {original}"),

@@ -33,6 +33,19 @@ pub(super) enum RefundCommand {
         #[arg(long)]
         actor: String,
     },
+    /// Prepare an approved Bitcoin or Litecoin refund for the merchant's wallet to sign: a
+    /// PSBT (BIP 174) that spends the outputs holding the money, pays the customer and sends
+    /// the change to the account's change branch. payrecon never signs.
+    Prepare {
+        /// The refund id (`rf_…`).
+        id: String,
+        /// Where to write the PSBT, base64 (Sparrow, Electrum and `walletprocesspsbt` read it).
+        #[arg(long)]
+        output: std::path::PathBuf,
+        /// Who prepares it.
+        #[arg(long)]
+        actor: String,
+    },
     /// Withdraw a refund not yet sent: its amount is free for another.
     Cancel {
         /// The refund id (`rf_…`).
@@ -56,9 +69,37 @@ pub(super) enum RefundCommand {
 pub(super) async fn refund(
     command: RefundCommand,
     engine: &Engine,
+    config: &Config,
     json: bool,
 ) -> anyhow::Result<()> {
     let refunds = match command {
+        RefundCommand::Prepare { id, output, actor } => {
+            let prepared = engine.prepare_refund(config, &id, &actor).await?;
+            std::fs::write(&output, format!("{}\n", prepared.psbt))
+                .with_context(|| format!("cannot write {}", output.display()))?;
+            return emit(json, &prepared, || {
+                format!(
+                    "{}: PSBT written to {}\npays {} {} to {}\nfee {} at {} sat/vB{}\nspends {}\nchange {}",
+                    prepared.refund.id,
+                    output.display(),
+                    prepared.pays,
+                    prepared.refund.method.asset(),
+                    prepared.refund.address,
+                    prepared.fee,
+                    prepared.fee_rate,
+                    if prepared.fee_rate_estimated {
+                        ""
+                    } else {
+                        " (the relay floor: the source has no estimate)"
+                    },
+                    prepared.inputs.join(", "),
+                    match (&prepared.change_address, &prepared.change_path) {
+                        (Some(address), Some(path)) => format!("{address} ({path})"),
+                        _ => "none (what is left over pays the fee)".into(),
+                    }
+                )
+            });
+        }
         RefundCommand::Request {
             exception,
             address,
@@ -80,13 +121,17 @@ pub(super) async fn refund(
             .iter()
             .map(|r| {
                 format!(
-                    "{} [{}] {} {} to {} (exception {})",
+                    "{} [{}] {} {} to {} (exception {}){}",
                     r.id,
                     r.state.as_str(),
                     r.amount_decimal,
                     r.method.asset(),
                     r.address,
-                    r.exception_id
+                    r.exception_id,
+                    r.txid
+                        .as_ref()
+                        .map(|txid| format!(" in {txid}"))
+                        .unwrap_or_default()
                 )
             })
             .collect::<Vec<_>>()

@@ -6,6 +6,7 @@
 mod books;
 mod finance;
 mod operators;
+pub(crate) mod refund_chain;
 pub(crate) mod refunds;
 mod shop;
 mod wallet;

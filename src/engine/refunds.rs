@@ -78,7 +78,15 @@ impl Engine {
             amount_decimal: held.method.format_amount(amount),
             amount_kind: kind.to_owned(),
             address,
+            fee_payer: settings
+                .refund_fee_payer
+                .get(&held.method)
+                .copied()
+                .unwrap_or_default(),
             state: RefundState::Requested,
+            txid: None,
+            block_height: None,
+            paid: None,
             created_at: now,
             updated_at: now,
         };
@@ -199,7 +207,7 @@ impl Engine {
 
 /// The refund's new state on the event stream, in its transaction: webhooks tell the shop of
 /// every change (`refund_requested`, `refund_approved`, `refund_cancelled`).
-async fn record_event(
+pub(super) async fn record_event(
     conn: &mut sqlx::AnyConnection,
     refund: &Refund,
     now: chrono::DateTime<chrono::Utc>,
@@ -207,6 +215,9 @@ async fn record_event(
     let kind = match refund.state {
         RefundState::Requested => "refund_requested",
         RefundState::Approved => "refund_approved",
+        RefundState::Prepared => "refund_prepared",
+        RefundState::Sent => "refund_sent",
+        RefundState::Completed => "refund_completed",
         RefundState::Cancelled => "refund_cancelled",
     };
     let detail = serde_json::json!({
@@ -217,6 +228,7 @@ async fn record_event(
         "asset": refund.method.asset(),
         "method": refund.method,
         "address": refund.address,
+        "txid": refund.txid,
     });
     payments::append_event(
         conn,

@@ -51,7 +51,7 @@ const POSTGRES_MAX_CONNECTIONS: u32 = 16;
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The schema, in order. Each version has one script per database.
-const MIGRATIONS: [(i64, &str, &str, &str); 22] = [
+const MIGRATIONS: [(i64, &str, &str, &str); 23] = [
     (
         1,
         "foundation",
@@ -183,6 +183,12 @@ const MIGRATIONS: [(i64, &str, &str, &str); 22] = [
         "refunds",
         include_str!("../../migrations/sqlite/0022_refunds.sql"),
         include_str!("../../migrations/postgres/0022_refunds.sql"),
+    ),
+    (
+        23,
+        "refunds on chain",
+        include_str!("../../migrations/sqlite/0023_refunds_on_chain.sql"),
+        include_str!("../../migrations/postgres/0023_refunds_on_chain.sql"),
     ),
 ];
 

@@ -58,6 +58,39 @@ pub(crate) async fn get(
     row.map(|row| decode(&row)).transpose()
 }
 
+/// The outflows of one transaction, one per input (UTXO) or moved asset.
+pub(crate) async fn of_transaction(
+    conn: &mut AnyConnection,
+    network: Network,
+    txid: &str,
+) -> Result<Vec<OutflowRow>, StoreError> {
+    let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM outflows WHERE network = $1 AND txid = $2 ORDER BY position"
+    )))
+    .bind(network.as_str())
+    .bind(txid)
+    .fetch_all(conn)
+    .await?;
+    rows.iter().map(decode).collect()
+}
+
+/// The outflows that spent the output `spent` (UTXO chains), a reorg's removed ones too.
+pub(crate) async fn spenders(
+    conn: &mut AnyConnection,
+    spent: &TransferId,
+) -> Result<Vec<OutflowRow>, StoreError> {
+    let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM outflows WHERE network = $1 AND spent_txid = $2 \
+         AND spent_position = $3 ORDER BY txid, position"
+    )))
+    .bind(spent.network.as_str())
+    .bind(spent.txid.as_str())
+    .bind(i64::from(spent.position))
+    .fetch_all(conn)
+    .await?;
+    rows.iter().map(decode).collect()
+}
+
 /// Inserts or replaces an outflow's state, stamped with the transaction's feed position.
 pub(crate) async fn upsert(
     tx: &mut WriteTx,

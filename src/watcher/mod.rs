@@ -9,6 +9,7 @@
 
 mod ahead;
 mod holdings;
+mod refunds;
 mod view;
 mod witness;
 
@@ -154,6 +155,8 @@ pub struct Watcher<S> {
     /// The network's witnesses, when it has some: asked about each receipt before it is
     /// credited.
     witnesses: Option<witness::Witnesses>,
+    /// Refunds waiting for the chain, looked at on this watcher's source.
+    refunds: refunds::RefundWatch,
 }
 
 /// Why a run of rounds ended without an error.
@@ -199,6 +202,7 @@ impl<S: ChainScanner> Watcher<S> {
             live: None,
             found_ahead: false,
             witnesses,
+            refunds: refunds::RefundWatch::new(),
         }
     }
 
@@ -288,6 +292,12 @@ impl<S: ChainScanner> Watcher<S> {
         }
         if events > 0 {
             tracing::info!(%network, events, tip = batch.cursor.tip.height, "chain events committed");
+        }
+        if !batch.more {
+            self.refunds
+                .look(&self.engine, &mut self.scanner, network)
+                .await
+                .map_err(engine_failure)?;
         }
         self.status.send_modify(|status| {
             status.state = WatcherState::Running;

@@ -37,6 +37,7 @@ mod outflows;
 mod outflows_properties;
 mod rates;
 mod refunds;
+mod refunds_litecoin;
 mod restores;
 mod solana_replay;
 mod solana_sweep;

@@ -66,6 +66,15 @@ impl SegwitDeriver {
 }
 
 /// The bech32 human-readable part of `chain` on `network`.
+/// The segwit address `script` pays on `chain`'s `network`; other scripts have none here.
+pub fn segwit_address(
+    script: &bitcoin::Script,
+    chain: UtxoChain,
+    network: UtxoNetwork,
+) -> Option<String> {
+    crate::spends::address_of(script, hrp(chain, network))
+}
+
 pub(crate) fn hrp(chain: UtxoChain, network: UtxoNetwork) -> &'static str {
     match (chain, network) {
         (UtxoChain::Bitcoin, UtxoNetwork::Mainnet) => "bc",

@@ -17,19 +17,20 @@ use std::time::Duration;
 
 use electrum_client::{ElectrumApi, Error as ElectrumError};
 use payrecon_chain_core::bitcoin::block::Header;
-use payrecon_chain_core::bitcoin::{BlockHash, ScriptBuf, Txid};
+use payrecon_chain_core::bitcoin::{BlockHash, ScriptBuf, Transaction, Txid};
 use payrecon_chain_core::blocks;
 use payrecon_chain_core::{
     Amount, Attestation, BlockId, ChainCursor, ChainEvent, ChainScanner, HeldOutputs, KeyIndex,
-    KnownTransfer, Method, Network, OutflowEvent, Probe, ReceivedAsset, ScanBatch, ScanError,
+    KnownTransfer, Method, Network, OutflowEvent, Paid, Probe, ReceivedAsset, ScanBatch, ScanError,
     SecretUrl, Transfer, TransferId, Unreadable, WatchKeys, WatchView,
 };
 
 use crate::derive::output_as_transfer;
 use crate::electrum_stream::{self, ElectrumClient};
 use crate::mweb::{self, Decoded};
+use crate::psbt::{FEE_TARGET_BLOCKS, FeeRate, RefundSource};
 use crate::spends::{Lookup, Spending};
-use crate::{UtxoTarget, script_pubkey};
+use crate::{UtxoTarget, customer_script, script_pubkey};
 
 /// Recent block hashes kept for the cursor, below the tip.
 const KEPT_CHECKPOINTS: u64 = 64;
@@ -158,16 +159,51 @@ impl ChainScanner for ElectrumScanner {
         transfers: &[KnownTransfer],
         _settle_depth: u32,
     ) -> Result<Vec<Attestation>, ScanError> {
+        let transfers = transfers.to_vec();
+        self.at_tip(move |session, settings| session.attest(settings, &transfers))
+            .await
+    }
+
+    /// The customer's address's history, and the transaction (which must hash to its id).
+    async fn paid_to(
+        &mut self,
+        txid: &str,
+        to_address: &str,
+        asset: &ReceivedAsset,
+        _seen_at: Option<u64>,
+    ) -> Result<Option<Paid>, ScanError> {
+        let target = &self.settings.target;
+        if *asset
+            != (ReceivedAsset::Method {
+                method: target.method(),
+            })
+        {
+            return Ok(None);
+        }
+        let script = customer_script(to_address, target.chain, target.network)
+            .map_err(|e| ScanError::Fatal(e.to_string()))?;
+        let txid = txid.to_owned();
+        self.at_tip(move |session, _| session.paid_to(&txid, &script))
+            .await
+    }
+}
+
+impl ElectrumScanner {
+    /// Runs `work` on the blocking client, in this scanner's session (connected and at the
+    /// server's tip first), keeping the session for the next call.
+    async fn at_tip<T: Send + 'static>(
+        &mut self,
+        work: impl FnOnce(&mut Session, &ElectrumSettings) -> Result<T, ScanError> + Send + 'static,
+    ) -> Result<T, ScanError> {
         let settings = self.settings.clone();
         let session = self.session.take();
-        let transfers = transfers.to_vec();
         let (session, found) = tokio::task::spawn_blocking(move || {
             let mut session = match session {
                 Some(session) => session,
                 None => Session::connect(&settings, None)?,
             };
             session.follow_tip()?;
-            let found = session.attest(&settings, &transfers)?;
+            let found = work(&mut session, &settings)?;
             Ok::<_, ScanError>((session, found))
         })
         .await
@@ -175,31 +211,49 @@ impl ChainScanner for ElectrumScanner {
         self.session = Some(session);
         Ok(found)
     }
-}
 
-impl ElectrumScanner {
     /// [`ChainScanner::balances_at`] on the blocking client.
     async fn balances(
         &mut self,
         addresses: &[String],
         until_ms: i64,
     ) -> Result<(BlockId, Vec<Amount>), ScanError> {
-        let settings = self.settings.clone();
-        let session = self.session.take();
         let addresses = addresses.to_vec();
-        let (session, found) = tokio::task::spawn_blocking(move || {
-            let mut session = match session {
-                Some(session) => session,
-                None => Session::connect(&settings, None)?,
-            };
-            session.follow_tip()?;
-            let found = session.balances_at(&settings, &addresses, until_ms)?;
-            Ok::<_, ScanError>((session, found))
+        self.at_tip(move |session, settings| session.balances_at(settings, &addresses, until_ms))
+            .await
+    }
+}
+
+impl RefundSource for ElectrumScanner {
+    async fn transactions(
+        &mut self,
+        wanted: &[(Txid, Option<u64>)],
+    ) -> Result<Vec<Transaction>, ScanError> {
+        let txids: Vec<Txid> = wanted.iter().map(|(txid, _)| *txid).collect();
+        self.at_tip(move |session, _| session.whole_transactions(&txids))
+            .await
+    }
+
+    /// `blockchain.estimatefee` for the next two blocks, else `blockchain.relayfee`, else the
+    /// nodes' default relay floor.
+    async fn fee_rate(&mut self) -> Result<FeeRate, ScanError> {
+        self.at_tip(|session, _| {
+            let estimate = session
+                .client
+                .estimate_fee(FEE_TARGET_BLOCKS, None)
+                .map_err(classify)?;
+            if let Some(rate) = FeeRate::per_kvb_coins(estimate, true) {
+                return Ok(rate);
+            }
+            // Protocol 1.6 servers dropped `blockchain.relayfee`: then the nodes' default floor.
+            Ok(session
+                .client
+                .relay_fee()
+                .ok()
+                .and_then(|floor| FeeRate::per_kvb_coins(floor, false))
+                .unwrap_or(FeeRate::DEFAULT_RELAY_FLOOR))
         })
         .await
-        .map_err(|e| ScanError::Transient(format!("scanner task: {e}")))??;
-        self.session = Some(session);
-        Ok(found)
     }
 }
 
@@ -472,33 +526,14 @@ impl Session {
                     });
                     continue;
                 }
-                let raw = self
-                    .client
-                    .batch_transaction_get_raw([&entry.tx_hash])
-                    .map_err(classify)?;
-                let parts = parts_of(&entry.tx_hash, &raw[0])?.into_parts()?;
+                let parts = self.parts(&entry.tx_hash)?;
                 let found = usize::try_from(reported.id.position)
                     .ok()
                     .and_then(|vout| parts.outputs.get(vout))
                     .map(|(out_script, value)| {
                         output_as_transfer(reported, method, out_script, Amount::from(*value))
                     });
-                let (block, confirmations) = match height {
-                    Some(height) => {
-                        let hash = self
-                            .client
-                            .block_header(height_u32(height)? as usize)
-                            .map_err(classify)?
-                            .block_hash();
-                        let block = BlockId {
-                            height,
-                            hash: hash.to_string(),
-                        };
-                        let depth = self.tip_height - height + 1;
-                        (Some(block), u32::try_from(depth).unwrap_or(u32::MAX))
-                    }
-                    None => (None, 0),
-                };
+                let (block, confirmations) = self.placed(height)?;
                 answers.push(Attestation::of_found(
                     reported,
                     found.as_ref(),
@@ -508,6 +543,81 @@ impl Session {
             }
         }
         Ok(answers)
+    }
+
+    /// What `txid` paid `script`, from the script's history: `None` when the history lacks it.
+    fn paid_to(&mut self, txid: &str, script: &ScriptBuf) -> Result<Option<Paid>, ScanError> {
+        let history = self
+            .histories(std::slice::from_ref(script))?
+            .pop()
+            .unwrap_or_default();
+        let Some(entry) = history.into_iter().find(|h| h.tx_hash.to_string() == txid) else {
+            return Ok(None);
+        };
+        let parts = self.parts(&entry.tx_hash)?;
+        let paid: u64 = parts
+            .outputs
+            .iter()
+            .filter(|(out_script, _)| out_script == script)
+            .map(|(_, value)| value)
+            .sum();
+        // A height past the tip this session knows is a block it has not seen: not yet mined.
+        let height = u64::try_from(entry.height)
+            .ok()
+            .filter(|h| *h > 0 && *h <= self.tip_height);
+        let (block, confirmations) = self.placed(height)?;
+        Ok(Some(Paid {
+            amount: Amount::from(paid),
+            block,
+            confirmations,
+        }))
+    }
+
+    /// The inputs and outputs of `txid` as the server answers it (it must hash to its id).
+    fn parts(&mut self, txid: &Txid) -> Result<TxParts, ScanError> {
+        let raw = self
+            .client
+            .batch_transaction_get_raw([txid])
+            .map_err(classify)?;
+        let raw = raw
+            .first()
+            .ok_or_else(|| ScanError::Fatal(format!("the server answered nothing for {txid}")))?;
+        parts_of(txid, raw)?.into_parts()
+    }
+
+    /// `txids` whole, each hashing to its id, Litecoin's MWEB parts left out.
+    fn whole_transactions(&mut self, txids: &[Txid]) -> Result<Vec<Transaction>, ScanError> {
+        let mut found = Vec::with_capacity(txids.len());
+        for chunk in txids.chunks(TRANSACTIONS_PER_BATCH) {
+            let raws = self
+                .client
+                .batch_transaction_get_raw(chunk)
+                .map_err(classify)?;
+            for (txid, raw) in chunk.iter().zip(&raws) {
+                found.push(canonical_transaction(txid, raw)?);
+            }
+        }
+        Ok(found)
+    }
+
+    /// The block at `height` and its depth below this session's tip; `(None, 0)` unmined.
+    fn placed(&mut self, height: Option<u64>) -> Result<(Option<BlockId>, u32), ScanError> {
+        let Some(height) = height else {
+            return Ok((None, 0));
+        };
+        let hash = self
+            .client
+            .block_header(height_u32(height)? as usize)
+            .map_err(classify)?
+            .block_hash();
+        let depth = self.tip_height - height + 1;
+        Ok((
+            Some(BlockId {
+                height,
+                hash: hash.to_string(),
+            }),
+            u32::try_from(depth).unwrap_or(u32::MAX),
+        ))
     }
 
     /// The last block before `until_ms` (the tip when none is that late), found by halving
@@ -1020,6 +1130,37 @@ impl TxRead {
     }
 }
 
+/// The transaction the server answered for `txid`, without Litecoin's MWEB parts: what a
+/// PSBT's input carries as the transaction it spends.
+fn canonical_transaction(txid: &Txid, raw: &[u8]) -> Result<Transaction, ScanError> {
+    let tx = match mweb::decode(raw) {
+        Ok(Decoded::Canonical(tx)) => tx,
+        Ok(Decoded::MwebOnly) => {
+            return Err(ScanError::Fatal(format!(
+                "transaction {txid} has no output an ordinary address holds"
+            )));
+        }
+        Err(e) => {
+            return Err(ScanError::Fatal(format!(
+                "transaction {txid} does not decode: {e}"
+            )));
+        }
+    };
+    check_id(txid, &tx)?;
+    Ok(tx)
+}
+
+/// Refuses a transaction that is not the one asked for: a corrupted or substituted answer.
+fn check_id(txid: &Txid, tx: &Transaction) -> Result<(), ScanError> {
+    if tx.compute_txid() != *txid {
+        return Err(ScanError::Fatal(format!(
+            "the server answered transaction {} when asked for {txid}",
+            tx.compute_txid()
+        )));
+    }
+    Ok(())
+}
+
 /// The parts of the raw transaction the server answered for `txid`, Litecoin's MWEB forms
 /// included ([`crate::mweb`]); an MWEB-only transaction has none an ordinary address can see.
 /// Bytes that decode must hash to `txid`, so a corrupted or substituted answer is refused
@@ -1035,12 +1176,7 @@ fn parts_of(txid: &Txid, raw: &[u8]) -> Result<TxRead, ScanError> {
             )));
         }
     };
-    if tx.compute_txid() != *txid {
-        return Err(ScanError::Fatal(format!(
-            "the server answered transaction {} when asked for {txid}",
-            tx.compute_txid()
-        )));
-    }
+    check_id(txid, &tx)?;
     Ok(TxRead::Parts(TxParts {
         inputs: tx
             .input

@@ -10,14 +10,16 @@ mod electrum_stream;
 mod mweb;
 mod node;
 mod p2p;
+mod psbt;
 mod rpc;
 mod spends;
 mod wallet;
 
 pub use chain::UtxoTarget;
 pub use derive::{SegwitDeriver, UtxoChain, UtxoNetwork};
-pub use derive::{customer_script, script_pubkey};
+pub use derive::{customer_script, script_pubkey, segwit_address};
 pub use electrum::{ElectrumScanner, ElectrumSettings};
 pub use node::{NodeScanner, NodeSettings};
+pub use psbt::{FeeRate, PreparedRefund, RefundInput, RefundOrder, RefundSource, refund_psbt};
 pub use rpc::{NodeAuth, RpcError};
 pub use wallet::{KeyOrigin, WalletDescriptors, descriptors, origin_text};

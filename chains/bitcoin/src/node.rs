@@ -21,13 +21,13 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use payrecon_chain_core::bitcoin::ScriptBuf;
 use payrecon_chain_core::bitcoin::hex::FromHex;
+use payrecon_chain_core::bitcoin::{ScriptBuf, Transaction, Txid};
 use payrecon_chain_core::blocks::{self, BlockRange};
 use payrecon_chain_core::{
     Amount, Attestation, BlockId, ChainEvent, ChainScanner, HeldOutputs, KeyIndex, KnownTransfer,
-    Method, Network, Probe, ReceivedAsset, ScanBatch, ScanError, SecretUrl, Transfer, TransferId,
-    Unreadable, WatchView, excerpt,
+    Method, Network, Paid, Probe, ReceivedAsset, ScanBatch, ScanError, SecretUrl, Transfer,
+    TransferId, Unreadable, WatchView, excerpt,
 };
 use serde::Deserialize;
 use serde_json::json;
@@ -36,9 +36,10 @@ use serde_json::value::RawValue;
 use crate::derive::output_as_transfer;
 use crate::mweb;
 use crate::p2p::PushChannel;
+use crate::psbt::{FEE_TARGET_BLOCKS, FeeRate, RefundSource};
 use crate::rpc::{NodeAuth, NodeRpc, RpcError};
 use crate::spends::{Lookup, Spending, coin_units};
-use crate::{UtxoTarget, script_pubkey};
+use crate::{UtxoTarget, customer_script, script_pubkey};
 
 /// `RPC_INVALID_ADDRESS_OR_KEY`: no such transaction (in the mempool, or at all).
 const RPC_NOT_FOUND: i64 = -5;
@@ -651,7 +652,7 @@ impl ChainScanner for NodeScanner {
         let mut answers = Vec::with_capacity(transfers.len());
         for known in transfers {
             let reported = &known.transfer;
-            let read = match located(rpc, known, head).await? {
+            let read = match located(rpc, &reported.id.txid, known.block_height, head).await? {
                 Located::Found(read) => read,
                 Located::Not(answer) => {
                     answers.push(answer);
@@ -675,11 +676,138 @@ impl ChainScanner for NodeScanner {
         Ok(answers)
     }
 
+    /// The transaction as [`attest`](ChainScanner::attest) finds it, and its outputs to the
+    /// customer's address. A node behind the block it was seen in cannot say: an error, not
+    /// `None`, so a refund is not taken back for a node's lag.
+    async fn paid_to(
+        &mut self,
+        txid: &str,
+        to_address: &str,
+        asset: &ReceivedAsset,
+        seen_at: Option<u64>,
+    ) -> Result<Option<Paid>, ScanError> {
+        let target = &self.settings.target;
+        if *asset
+            != (ReceivedAsset::Method {
+                method: target.method(),
+            })
+        {
+            return Ok(None);
+        }
+        let script = customer_script(to_address, target.chain, target.network)
+            .map_err(|e| ScanError::Fatal(e.to_string()))?;
+        let rpc = self.connect().await?;
+        let head: u64 = rpc.call("getblockcount", json!([])).await?;
+        let (tx, block) = match located(rpc, txid, seen_at, head).await? {
+            Located::Found(read) => read,
+            Located::Not(Attestation::Behind { head }) => {
+                return Err(ScanError::Transient(format!(
+                    "the node is at block {head}, behind the block {txid} was seen in"
+                )));
+            }
+            Located::Not(_) => return Ok(None),
+        };
+        let paid = tx
+            .outputs()
+            .map_err(ScanError::Fatal)?
+            .iter()
+            .filter(|o| o.script == script)
+            .try_fold(Amount::ZERO, |sum, o| sum.checked_add(o.amount))
+            .ok_or_else(|| ScanError::Fatal(format!("{txid}'s outputs overflow")))?;
+        let confirmations = block.as_ref().map_or(0, |b| blocks::depth(b.height, head));
+        Ok(Some(Paid {
+            amount: paid,
+            block,
+            confirmations,
+        }))
+    }
+
     async fn news(&mut self) {
         match &self.push {
             Some(push) => push.news().await,
             None => std::future::pending().await,
         }
+    }
+}
+
+impl RefundSource for NodeScanner {
+    /// `getrawtransaction`, through the index or the mempool, else in the block named.
+    async fn transactions(
+        &mut self,
+        wanted: &[(Txid, Option<u64>)],
+    ) -> Result<Vec<Transaction>, ScanError> {
+        let rpc = self.connect().await?;
+        let mut found = Vec::with_capacity(wanted.len());
+        for (txid, seen_at) in wanted {
+            let mut answer: Result<String, RpcError> = rpc
+                .try_call("getrawtransaction", json!([txid.to_string(), false]))
+                .await?;
+            if let (Err(RpcError { code, .. }), Some(height)) = (&answer, seen_at)
+                && *code == RPC_NOT_FOUND
+                && let Some(hash) = block_hash(rpc, *height).await?
+            {
+                answer = rpc
+                    .try_call("getrawtransaction", json!([txid.to_string(), false, hash]))
+                    .await?;
+            }
+            let hex = answer.map_err(|e| e.into_scan_error("getrawtransaction"))?;
+            let raw = Vec::<u8>::from_hex(&hex)
+                .map_err(|e| ScanError::Fatal(format!("transaction {txid} is not hex: {e}")))?;
+            let tx = match mweb::decode(&raw) {
+                Ok(mweb::Decoded::Canonical(tx)) if tx.compute_txid() == *txid => tx,
+                Ok(_) => {
+                    return Err(ScanError::Fatal(format!(
+                        "the node answered another transaction, or one no address holds, for {txid}"
+                    )));
+                }
+                Err(e) => {
+                    return Err(ScanError::Fatal(format!(
+                        "transaction {txid} does not decode: {e}"
+                    )));
+                }
+            };
+            found.push(tx);
+        }
+        Ok(found)
+    }
+
+    /// `estimatesmartfee` for the next two blocks, else the mempool's minimum fee.
+    async fn fee_rate(&mut self) -> Result<FeeRate, ScanError> {
+        #[derive(Deserialize)]
+        struct Estimate {
+            #[serde(default)]
+            feerate: Option<Box<RawValue>>,
+        }
+        #[derive(Deserialize)]
+        struct MempoolInfo {
+            mempoolminfee: Box<RawValue>,
+        }
+        let per_kvb = |value: &RawValue| {
+            Amount::from_decimal_str(value.get(), COIN_DECIMALS)
+                .ok()
+                .and_then(|a| u64::try_from(a.base_units()).ok())
+        };
+        let rpc = self.connect().await?;
+        let estimate: Estimate = rpc
+            .call("estimatesmartfee", json!([FEE_TARGET_BLOCKS]))
+            .await?;
+        if let Some(rate) = estimate
+            .feerate
+            .as_deref()
+            .and_then(per_kvb)
+            .and_then(|units| FeeRate::per_kvb(units, true))
+        {
+            return Ok(rate);
+        }
+        let info: MempoolInfo = rpc.call("getmempoolinfo", json!([])).await?;
+        per_kvb(&info.mempoolminfee)
+            .and_then(|units| FeeRate::per_kvb(units, false))
+            .ok_or_else(|| {
+                ScanError::Fatal(format!(
+                    "the node's mempool minimum fee {} is no fee rate",
+                    excerpt(info.mempoolminfee.get())
+                ))
+            })
     }
 }
 
@@ -691,10 +819,14 @@ enum Located {
     Not(Attestation),
 }
 
-/// Finds `known`'s transaction: through the node's index (`txindex`, or the mempool), else in
-/// the block it was reported in.
-async fn located(rpc: &NodeRpc, known: &KnownTransfer, head: u64) -> Result<Located, ScanError> {
-    let txid = &known.transfer.id.txid;
+/// Finds transaction `txid`: through the node's index (`txindex`, or the mempool), else in
+/// the block at `seen_at`, where it was reported.
+async fn located(
+    rpc: &NodeRpc,
+    txid: &str,
+    seen_at: Option<u64>,
+    head: u64,
+) -> Result<Located, ScanError> {
     let answer: Result<NodeTransaction, RpcError> = rpc
         .try_call("getrawtransaction", json!([txid, true]))
         .await?;
@@ -737,7 +869,7 @@ async fn located(rpc: &NodeRpc, known: &KnownTransfer, head: u64) -> Result<Loca
             Ok(Located::Found((tx, block)))
         }
         Err(RpcError { code, .. }) if code == RPC_NOT_FOUND => {
-            let Some(height) = known.block_height else {
+            let Some(height) = seen_at else {
                 return Ok(Located::Not(Attestation::Missing(
                     "the node knows no such transaction".into(),
                 )));

@@ -37,8 +37,8 @@ pub use keys::{
 pub use method::{Asset, Method, Network, ParseMethodError, ParseNetworkError};
 pub use retry::{Attempt, RetryPolicy};
 pub use scan::{
-    Attestation, ChainScanner, Finding, HeldOutputs, KnownOutflow, KnownTransfer, Probe, ScanBatch,
-    ScanError, SweepFees, Unexplained, Unreadable, WatchView,
+    Attestation, ChainScanner, Finding, HeldOutputs, KnownOutflow, KnownTransfer, Paid, Probe,
+    ScanBatch, ScanError, SweepFees, Unexplained, Unreadable, WatchView,
 };
 pub use secret::{Secret, SecretUrl};
 

@@ -10,8 +10,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 
 use crate::{
-    Amount, BlockId, ChainCursor, ChainEvent, Method, Network, Outflow, OutflowEvent, SecretUrl,
-    Transfer, TransferId, WatchKeys,
+    Amount, BlockId, ChainCursor, ChainEvent, Method, Network, Outflow, OutflowEvent,
+    ReceivedAsset, SecretUrl, Transfer, TransferId, WatchKeys,
 };
 
 /// A transfer the engine has recorded and not seen removed, with its newest state.
@@ -168,6 +168,18 @@ pub struct Unexplained {
     pub amount: Amount,
     /// Why no transaction explains it, in at most a few hundred bytes.
     pub reason: String,
+}
+
+/// What one transaction paid one address, as a source reads it: a refund checked before the
+/// books say it happened.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Paid {
+    /// All its outputs (or transfers) to the address, of the asset asked about, in base units.
+    pub amount: Amount,
+    /// The block that carries it; `None` while it waits in the mempool.
+    pub block: Option<BlockId>,
+    /// Its depth, as a scan would report it (0 in the mempool).
+    pub confirmations: u32,
 }
 
 /// What a source says, on its own, about a transfer another source reported.
@@ -378,6 +390,25 @@ pub trait ChainScanner: Send {
         transfers: &[KnownTransfer],
         settle_depth: u32,
     ) -> impl Future<Output = Result<Vec<Attestation>, ScanError>> + Send;
+
+    /// What transaction `txid` paid `to_address` of `asset`, where and how deep; `None` when
+    /// the source knows no such transaction (never sent, or taken out by a reorg). A refund is
+    /// sent and completed on this answer, and an operator's refund txid is checked with it.
+    /// `seen_at` is a block the caller saw it in, for a source without a transaction index.
+    fn paid_to(
+        &mut self,
+        txid: &str,
+        to_address: &str,
+        asset: &ReceivedAsset,
+        seen_at: Option<u64>,
+    ) -> impl Future<Output = Result<Option<Paid>, ScanError>> + Send {
+        let _ = (txid, to_address, asset, seen_at);
+        async {
+            Err(ScanError::Fatal(
+                "this source cannot look a transaction up by its id".into(),
+            ))
+        }
+    }
 
     /// What each address held of its method's asset at the last block before `until_ms` (the
     /// tip when no block is that late yet), and that block: finance's check of the holdings at

@@ -1,0 +1,70 @@
+//! The watcher's look at refunds waiting for the chain: each round that reached the source's
+//! head, its own source is asked what each candidate transaction pays the customer's
+//! address, and the engine moves the refund on that answer. A source that cannot answer
+//! costs only this look: receipts are never held up for a refund.
+
+use std::time::{Duration, Instant};
+
+use payrecon_chain_core::{ChainScanner, Network, ReceivedAsset};
+
+use crate::engine::Engine;
+use crate::engine::refund_chain::settles;
+use crate::error::Error;
+
+/// How often the refunds are looked at: the chain moves a block at a time.
+const LOOK_AGAIN_AFTER: Duration = Duration::from_secs(2);
+
+/// When the refunds were last looked at.
+pub(super) struct RefundWatch {
+    next_look: Instant,
+}
+
+impl RefundWatch {
+    pub(super) fn new() -> RefundWatch {
+        RefundWatch {
+            next_look: Instant::now(),
+        }
+    }
+
+    /// Looks at `network`'s refunds waiting for the chain, at most every
+    /// [`LOOK_AGAIN_AFTER`].
+    pub(super) async fn look<S: ChainScanner>(
+        &mut self,
+        engine: &Engine,
+        scanner: &mut S,
+        network: Network,
+    ) -> Result<(), Error> {
+        if Instant::now() < self.next_look {
+            return Ok(());
+        }
+        self.next_look = Instant::now() + LOOK_AGAIN_AFTER;
+        'refunds: for lookout in engine.refund_lookouts(network).await? {
+            let refund = &lookout.refund;
+            let asset = ReceivedAsset::Method {
+                method: refund.method,
+            };
+            let mut seen = None;
+            for candidate in &lookout.candidates {
+                match scanner
+                    .paid_to(&candidate.txid, &refund.address, &asset, candidate.seen_at)
+                    .await
+                {
+                    Ok(Some(paid)) if settles(refund, candidate, &paid) => {
+                        seen = Some((candidate, paid));
+                        break;
+                    }
+                    Ok(_) => {}
+                    Err(error) => {
+                        let error = error.scrubbed(scanner.source());
+                        tracing::warn!(%network, refund = %refund.id, txid = %candidate.txid, %error, "a refund's transaction could not be looked up");
+                        continue 'refunds;
+                    }
+                }
+            }
+            engine
+                .refund_seen(refund, seen.as_ref().map(|(c, p)| (*c, p)))
+                .await?;
+        }
+        Ok(())
+    }
+}

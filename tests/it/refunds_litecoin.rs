@@ -1,0 +1,114 @@
+//! Refunds on the Litecoin regtest node, both sources and both databases: payrecon prepares a
+//! PSBT, a wallet of the node holding the merchant's private keys signs it
+//! (`walletprocesspsbt`, `finalizepsbt`), and payrecon sees it sent, taken back by a reorg,
+//! and completed at depth, booked from suspense and exported as a refund.
+
+use crate::common;
+
+use common::books::export;
+use common::checks::{kinds, order, sound, wait_status};
+use common::regtest::{Chain, eventually, fresh_merchant_key, ltc_engine};
+use common::topup;
+use payrecon::config::{Config, UtxoConfig};
+use payrecon::ledger::{Account, Currency, SuspenseReason};
+use payrecon::{IntentStatus, JournalFormat, Period, RefundState};
+use payrecon_chain_core::Method;
+use serde_json::json;
+
+on_both_databases_and_sources! {
+    async fn an_overpaid_part_goes_back_through_the_merchants_wallet(db, source) {
+        let chain = Chain::lock().await;
+        let key = fresh_merchant_key();
+        let litecoin = UtxoConfig {
+            key_origin: Some(key.origin.clone()),
+            ..source.config(&key.account_xpub, &chain, 2)
+        };
+        let config = common::payments::config(|c| {
+            c.payments.enabled_methods = vec![Method::Ltc];
+            c.networks.litecoin = Some(litecoin.clone());
+        });
+        let (engine, _clock) = ltc_engine(&db, &chain, 2, &key.account_xpub, |c: &mut Config| {
+            c.networks.litecoin = Some(litecoin);
+        })
+        .await;
+        engine.create_topup(&topup("T1", "42", "100")).await.unwrap();
+        let pay = engine.create_payment(&order("T1"), Method::Ltc).await.unwrap();
+        let watcher = source.watch(&engine, &chain);
+        chain.send(&pay.intent.pay_to, "1.3").await;
+        chain.mine(2).await;
+        wait_status(&engine, &pay.intent.id, IntentStatus::Settled).await;
+        eventually("the overpayment exception", || async { kinds(&engine, "T1").await == ["overpaid"] }).await;
+
+        // The customer asks on the checkout page; an operator approves.
+        let customer = chain.wallet_address().await;
+        let asked = engine.checkout_request_refund(&pay.intent.checkout_key, &customer).await.unwrap();
+        assert_eq!((asked.len(), asked[0].amount_decimal.as_str()), (1, "0.3"));
+        let refund = engine.approve_refund(&asked[0].id, "lead").await.unwrap();
+        let more = engine.request_refund(&refund.exception_id, &customer, "0.1", "ops").await.unwrap_err();
+        assert!(more.to_string().contains("0 LTC is left to refund"), "{more}");
+
+        // payrecon prepares; the merchant's keys sign; the node broadcasts.
+        let prepared = engine.prepare_refund(&config, &refund.id, "ops").await.unwrap();
+        assert_eq!(prepared.refund.state, RefundState::Prepared);
+        assert_eq!(prepared.pays, "0.3");
+        assert!(prepared.change_address.as_deref().is_some_and(|a| a.starts_with("rltc1q")));
+        assert_eq!(prepared.change_path.as_deref(), Some("1/0"));
+        let again = engine.prepare_refund(&config, &refund.id, "ops").await.unwrap();
+        assert_eq!(again.change_address, prepared.change_address, "the same change index");
+        let wallet = chain.seed_wallet(&key, [0, 20]).await;
+        let signed = chain.call_wallet(&wallet, "walletprocesspsbt", json!([prepared.psbt])).await;
+        assert_eq!(signed["complete"], json!(true), "{signed}");
+        let final_tx = chain.call(false, "finalizepsbt", json!([signed["psbt"]])).await;
+        chain.call(false, "unloadwallet", json!([wallet])).await;
+        let txid = chain.call(false, "sendrawtransaction", json!([final_tx["hex"]])).await;
+        let txid = txid.as_str().unwrap().to_owned();
+
+        // One block: sent. A reorg takes it back to approved; two blocks complete it.
+        let height = chain.mine(1).await;
+        let state = |wanted: RefundState| {
+            let engine = engine.clone();
+            let id = refund.id.clone();
+            async move {
+                engine.refunds(None).await.unwrap().into_iter().any(|r| r.id == id && r.state == wanted)
+            }
+        };
+        eventually("the refund is sent", || state(RefundState::Sent)).await;
+        let sent = engine.refunds(None).await.unwrap().remove(0);
+        assert_eq!((sent.txid.as_deref(), sent.block_height), (Some(txid.as_str()), Some(height)));
+        assert_eq!(sent.paid.map(|p| p.base_units()), Some(30_000_000));
+        // The new branch's blocks leave it out (a fee delta keeps it from them): it waits in
+        // the mempool again.
+        chain.invalidate(height).await;
+        chain.call(false, "prioritisetransaction", json!([txid, 0, -10_000_000])).await;
+        chain.mine(2).await;
+        eventually("a reorg takes it back", || state(RefundState::Approved)).await;
+        assert_eq!(engine.refunds(None).await.unwrap()[0].txid, None);
+        chain.call(false, "prioritisetransaction", json!([txid, 0, 10_000_000])).await;
+        chain.mine(2).await;
+        eventually("the refund is completed", || state(RefundState::Completed)).await;
+        watcher.stop().await.unwrap();
+
+        // Booked from suspense at depth; the exception is resolved by the chain.
+        let held = engine
+            .account_balance(&Account::Suspense(SuspenseReason::Overpaid), Currency::Crypto(Method::Ltc))
+            .await
+            .unwrap();
+        assert_eq!(held, 0, "the held excess left suspense");
+        let exception = engine.exceptions(None).await.unwrap().remove(0);
+        assert!(exception.resolution.as_deref().is_some_and(|r| r.contains(&txid)), "{exception:?}");
+        let events = engine.events_after(0, 10_000).await.unwrap();
+        for kind in ["refund_requested", "refund_approved", "refund_prepared", "refund_sent", "refund_completed"] {
+            assert!(events.iter().any(|e| e.kind == kind), "{kind} in {events:?}");
+        }
+        engine.value_entries().await.unwrap();
+        let month = Period::containing(chrono::Utc::now(), "UTC".parse().unwrap());
+        let generic = String::from_utf8(export(&engine, month, JournalFormat::Generic).await.remove(0)).unwrap();
+        // Booked as a refund: the held excess leaves suspense for where the outflow sent it.
+        let refund_lines: Vec<&str> = generic.lines().filter(|l| l.contains(&refund.id)).collect();
+        assert_eq!(refund_lines.len(), 2, "{generic}");
+        assert!(refund_lines[0].contains(",refund,suspense:overpaid,"), "{refund_lines:?}");
+        assert!(refund_lines[1].contains(",refund,external:litecoin:LTC,"), "{refund_lines:?}");
+        assert!(!generic.lines().any(|l| l.contains("revenue")), "never a sale");
+        sound(&engine).await;
+    }
+}
