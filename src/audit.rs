@@ -72,18 +72,17 @@ pub(crate) enum Rechecker {
 impl Rechecker {
     /// The configured client of `network` (its first source), or why there is none.
     pub(crate) fn for_network(config: &Config, network: Network) -> Result<Rechecker, String> {
-        Ok(Rechecker::every_source(config, network)?.swap_remove(0))
+        Ok(Rechecker::every_source(&config.networks, network)?.swap_remove(0))
     }
 
     /// A client per configured source of `network`, in order (at least one), or why there is
     /// none.
     pub(crate) fn every_source(
-        config: &Config,
+        networks: &crate::config::NetworksConfig,
         network: Network,
     ) -> Result<Vec<Rechecker>, String> {
         let missing = || format!("networks.{network} has no node configured");
         let configured = |e: Error| e.to_string();
-        let networks = &config.networks;
         let sources: Vec<Rechecker> = match network {
             Network::Bitcoin | Network::Litecoin => {
                 let utxo = match network {
@@ -185,6 +184,24 @@ impl Rechecker {
             Rechecker::Ethereum(s) => s.attest(transfers, settle_depth).await,
             Rechecker::Tron(s) => s.attest(transfers, settle_depth).await,
             Rechecker::Solana(s) => s.attest(transfers, settle_depth).await,
+        };
+        found.map_err(|e| e.scrubbed(self.source()))
+    }
+
+    /// What `txid` paid `to_address` of `asset` ([`ChainScanner::paid_to`]).
+    pub(crate) async fn paid_to(
+        &mut self,
+        txid: &str,
+        to_address: &str,
+        asset: &payrecon_chain_core::ReceivedAsset,
+        seen_at: Option<u64>,
+    ) -> Result<Option<payrecon_chain_core::Paid>, ScanError> {
+        let found = match self {
+            Rechecker::Electrum(s) => s.paid_to(txid, to_address, asset, seen_at).await,
+            Rechecker::Node(s) => s.paid_to(txid, to_address, asset, seen_at).await,
+            Rechecker::Ethereum(s) => s.paid_to(txid, to_address, asset, seen_at).await,
+            Rechecker::Tron(s) => s.paid_to(txid, to_address, asset, seen_at).await,
+            Rechecker::Solana(s) => s.paid_to(txid, to_address, asset, seen_at).await,
         };
         found.map_err(|e| e.scrubbed(self.source()))
     }

@@ -242,7 +242,7 @@ fn block_interval(network: Network) -> Option<chrono::Duration> {
 /// keep within the allowed lag of one another; the first source's probe for the findings.
 async fn node(config: &Config, network: Network) -> (Vec<DoctorCheck>, Option<Probe>) {
     let check = format!("{network} node");
-    let sources = match Rechecker::every_source(config, network) {
+    let sources = match Rechecker::every_source(&config.networks, network) {
         Ok(sources) => sources,
         Err(why) => {
             let enabled = config

@@ -58,6 +58,8 @@ pub struct PaymentSettings {
     pub explorers: BTreeMap<Network, String>,
     /// Per method, who pays a refund's network fee (the shop when not named).
     pub refund_fee_payer: BTreeMap<Method, crate::records::FeePayer>,
+    /// The networks' sources, as configured: where a refund's transaction is looked up.
+    pub networks: crate::config::NetworksConfig,
 }
 
 impl Default for PaymentSettings {
@@ -82,6 +84,7 @@ impl Default for PaymentSettings {
             witnesses: BTreeMap::new(),
             explorers: BTreeMap::new(),
             refund_fee_payer: BTreeMap::new(),
+            networks: crate::config::NetworksConfig::default(),
         }
     }
 }
@@ -124,6 +127,7 @@ impl PaymentSettings {
         }
         settings.explorers = explorers(config)?;
         settings.refund_fee_payer = refund_fee_payers(config)?;
+        settings.networks = config.networks.clone();
         Ok(settings)
     }
 

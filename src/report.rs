@@ -302,10 +302,15 @@ pub(crate) async fn fold_period(store: &Store, query: &ReportQuery) -> Result<Fo
         };
         let amount = postings.sum;
         let sums = &mut summary.sums;
-        // A refund is an operator's entry that takes crypto out of custody; a reorg's
-        // reversal takes back what was booked.
+        // A refund takes crypto out of custody (an operator's entry, before refunds were
+        // records) or out of suspense (a completed refund); a reorg's reversal takes back
+        // what was booked.
         match (&account, currency) {
             (Account::Custody(_), _) if postings.refund => sums.refunded -= amount,
+            (Account::Suspense(reason), _) if postings.refund => {
+                sums.refunded += amount;
+                sums.hold(*reason, amount);
+            }
             (Account::Custody(_), _) => sums.booked += amount,
             (Account::Fx(_), Currency::Crypto(_)) => sums.credited -= amount,
             (Account::Fx(_), Currency::Usd) => sums.usd_cents += amount,

@@ -75,6 +75,11 @@ impl Engine {
     ) -> Result<Resolved, Error> {
         check_text("actor", actor, MAX_ACTOR_LEN)?;
         check_text("reason", reason, MAX_REASON_LEN)?;
+        if let Action::MarkRefunded { refund_txid } = action {
+            return self
+                .mark_refunded(exception_id, refund_txid, (actor, reason))
+                .await;
+        }
         let now = self.clock().now();
         let mut tx = self.db().begin_write().await?;
         let (exception, intent) = open_exception(&mut tx, exception_id).await?;
@@ -85,6 +90,7 @@ impl Engine {
             None => None,
         };
         let held = held_money(&mut tx, &exception, intent.as_ref()).await?;
+        let held = less_refunded(tx.conn(), &exception, held).await?;
         let key = resolution_key(&exception.id);
         let Booking { entry, settles } = book_action(
             action,
@@ -549,4 +555,38 @@ impl Engine {
         let mut conn = self.db().pool().acquire().await?;
         Ok(operations::failing_endpoints(&mut conn).await?)
     }
+}
+
+/// What `held` leaves once the exception's completed refunds took their part; refused while a
+/// refund of it is under way, whose money an action must not book a second time.
+async fn less_refunded(
+    conn: &mut sqlx::AnyConnection,
+    exception: &crate::records::ExceptionRecord,
+    held: Option<crate::operator::Held>,
+) -> Result<Option<crate::operator::Held>, Error> {
+    let refunds = crate::store::refunds::list(conn, Some(&exception.id), i64::MAX).await?;
+    if let Some(open) = refunds.iter().find(|r| {
+        !matches!(
+            r.state,
+            crate::records::RefundState::Cancelled | crate::records::RefundState::Completed
+        )
+    }) {
+        return Err(Error::ActionRefused {
+            exception: exception.id.clone(),
+            reason: format!(
+                "refund {} of it is {}: cancel it first, or let the chain complete it",
+                open.id,
+                open.state.as_str()
+            ),
+        });
+    }
+    let refunded: u128 = refunds
+        .iter()
+        .filter(|r| r.state == crate::records::RefundState::Completed)
+        .map(|r| r.amount.base_units())
+        .sum();
+    Ok(held.and_then(|mut held| {
+        held.units = held.units.checked_sub(refunded).filter(|left| *left > 0)?;
+        Some(held)
+    }))
 }

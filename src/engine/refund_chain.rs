@@ -11,7 +11,10 @@ use crate::audit::Rechecker;
 use crate::config::Config;
 use crate::engine::Engine;
 use crate::error::Error;
-use crate::operator::{MAX_ACTOR_LEN, check_text, held_money};
+use crate::ledger::NewEntry;
+use crate::operator::{
+    MAX_ACTOR_LEN, Resolved, check_text, check_txid, held_money, open_exception,
+};
 use crate::records::{
     ExceptionRecord, FeePayer, OperatorAction, Refund, RefundState, StoredTransfer,
 };
@@ -272,14 +275,9 @@ impl Engine {
         &self,
         refund: &Refund,
         seen: Option<(&Candidate, &Paid)>,
+        actor: &str,
     ) -> Result<(), Error> {
-        let needed = self
-            .payment_settings()
-            .policy
-            .confirmations
-            .get(&refund.method.network())
-            .map_or(1, |rule| rule.confirmations)
-            .max(1);
+        let needed = self.refund_depth(refund);
         let mut tx = self.db().begin_write().await?;
         let Some(current) = refunds::get(tx.conn(), &refund.id).await? else {
             return Ok(());
@@ -293,12 +291,19 @@ impl Engine {
                     "reorg: {} no longer pays it",
                     current.txid.as_deref().unwrap_or("?")
                 );
-                self.move_on_chain(&mut tx, &current, RefundState::Approved, None, &detail)
-                    .await?;
+                self.move_on_chain(
+                    &mut tx,
+                    &current,
+                    RefundState::Approved,
+                    None,
+                    (actor, &detail),
+                )
+                .await?;
             }
             None => return Ok(()),
             Some((candidate, paid)) if paid.confirmations >= needed => {
-                self.complete(&mut tx, &current, candidate, paid).await?;
+                self.complete(&mut tx, &current, (candidate, paid), (actor, None))
+                    .await?;
             }
             Some((candidate, paid)) => {
                 let unchanged = current.state == RefundState::Sent
@@ -313,7 +318,7 @@ impl Engine {
                     &current,
                     RefundState::Sent,
                     Some((candidate, paid)),
-                    &detail,
+                    (actor, &detail),
                 )
                 .await?;
             }
@@ -324,14 +329,15 @@ impl Engine {
     }
 
     /// Completes `refund`: books it from the money its exception holds, and resolves the
-    /// exception once all it holds went back.
+    /// exception once all it holds went back, by `actor` for `reason` (by default, the
+    /// transaction). The resolution's audit line and the entry, when there are.
     async fn complete(
         &self,
         tx: &mut crate::store::WriteTx,
         refund: &Refund,
-        candidate: &Candidate,
-        paid: &Paid,
-    ) -> Result<(), Error> {
+        (candidate, paid): (&Candidate, &Paid),
+        (actor, reason): (&str, Option<&str>),
+    ) -> Result<(Option<OperatorAction>, Option<NewEntry>), Error> {
         let now = self.clock().now();
         let exception = operations::get_exception(tx.conn(), &refund.exception_id)
             .await?
@@ -351,7 +357,7 @@ impl Engine {
                 let entry = completion_entry(refund, source, candidate.from, &candidate.txid)?;
                 entry.validate()?;
                 ledger::post_batch(tx, std::slice::from_ref(&entry), now).await??;
-                Some(entry.idempotency_key)
+                Some(entry)
             }
             None => None,
         };
@@ -361,38 +367,226 @@ impl Engine {
             refund,
             RefundState::Completed,
             Some((candidate, paid)),
-            &detail,
+            (actor, &detail),
         )
         .await?;
         let Some(held) = held else {
-            return Ok(());
+            return Ok((None, entry));
         };
-        let completed: u128 = refunds::list(tx.conn(), Some(&exception.id), i64::MAX)
+        if completed_units(tx.conn(), &exception.id).await? < held.units {
+            return Ok((None, entry));
+        }
+        let why = reason.map_or_else(
+            || format!("refunded on chain in {}", candidate.txid),
+            str::to_owned,
+        );
+        let record = OperatorAction {
+            seq: 0,
+            exception_id: exception.id.clone(),
+            action: "mark_refunded".into(),
+            actor: actor.to_owned(),
+            reason: why.clone(),
+            refund_txid: Some(candidate.txid.clone()),
+            entry_key: entry.as_ref().map(|e| e.idempotency_key.clone()),
+            at: now,
+        };
+        operations::record_resolution(
+            tx.conn(),
+            &record,
+            &format!("mark_refunded by {actor}: {why}"),
+        )
+        .await?;
+        let detail = serde_json::json!({
+            "exception": exception.id,
+            "kind": exception.kind,
+            "action": "mark_refunded",
+            "actor": actor,
+            "reason": why,
+            "entry": record.entry_key,
+            "refund_txid": candidate.txid,
+        });
+        payments::append_event(
+            tx.conn(),
+            exception.intent_id.as_deref(),
+            exception.order_ref.as_deref(),
+            "exception_resolved",
+            &detail,
+            now,
+        )
+        .await?;
+        Ok((Some(record), entry))
+    }
+
+    /// The depth at which a refund on its network is completed: a payment's.
+    fn refund_depth(&self, refund: &Refund) -> u32 {
+        self.payment_settings()
+            .policy
+            .confirmations
+            .get(&refund.method.network())
+            .map_or(1, |rule| rule.confirmations)
+            .max(1)
+    }
+
+    /// An operator's word that `txid` paid refund `id` (from the merchant's wallet, a
+    /// treasury or an exchange): checked on the network's source, it must be in a block and
+    /// pay the customer's address the refund's amount. The refund is then `sent`, or
+    /// `completed` and booked when already as deep as a payment must be.
+    pub async fn refund_sent(&self, id: &str, txid: &str, actor: &str) -> Result<Refund, Error> {
+        check_text("actor", actor, MAX_ACTOR_LEN)?;
+        check_txid(txid)?;
+        let mut conn = self.db().pool().acquire().await?;
+        let not_found = || Error::RefundNotFound(id.chars().take(80).collect());
+        let refund = refunds::get(&mut conn, id).await?.ok_or_else(not_found)?;
+        if !matches!(refund.state, RefundState::Approved | RefundState::Prepared) {
+            return Err(Error::InvalidInput(format!(
+                "refund {id} is {}: only an approved refund is recorded as sent",
+                refund.state.as_str()
+            )));
+        }
+        drop(conn);
+        let (candidate, paid) = self.checked_on_chain(&refund, txid).await?;
+        self.refund_seen(&refund, Some((&candidate, &paid)), actor)
+            .await?;
+        let mut conn = self.db().pool().acquire().await?;
+        Ok(refunds::get(&mut conn, id).await?.ok_or_else(not_found)?)
+    }
+
+    /// `mark-refunded`: the exception's money went back in `txid`. Only on the chain's word:
+    /// the exception's one open refund names the customer's address, and `txid` must pay it
+    /// the refund's amount at the depth a payment needs. The refund is completed and booked,
+    /// and the exception resolved by `actor`, in one transaction.
+    pub(crate) async fn mark_refunded(
+        &self,
+        exception_id: &str,
+        txid: &str,
+        (actor, reason): (&str, &str),
+    ) -> Result<Resolved, Error> {
+        check_txid(txid)?;
+        let mut conn = self.db().pool().acquire().await?;
+        let refuse = |why: String| Error::ActionRefused {
+            exception: exception_id.chars().take(80).collect(),
+            reason: why,
+        };
+        let open: Vec<Refund> = refunds::list(&mut conn, Some(exception_id), i64::MAX)
             .await?
-            .iter()
-            .filter(|r| r.state == RefundState::Completed)
-            .map(|r| r.amount.base_units())
-            .sum();
-        if completed >= held.units {
-            let why = format!("refunded on chain in {}", candidate.txid);
-            let record = OperatorAction {
-                seq: 0,
-                exception_id: exception.id.clone(),
-                action: "mark_refunded".into(),
-                actor: "payrecon".into(),
-                reason: why.clone(),
-                refund_txid: Some(candidate.txid.clone()),
-                entry_key: entry,
-                at: now,
-            };
-            operations::record_resolution(
-                tx.conn(),
-                &record,
-                &format!("mark_refunded by payrecon: {why}"),
+            .into_iter()
+            .filter(|r| !matches!(r.state, RefundState::Cancelled | RefundState::Completed))
+            .collect();
+        drop(conn);
+        let refund = match open.as_slice() {
+            [] => {
+                return Err(refuse(format!(
+                    "no refund address is recorded for it, so nothing shows what {txid} should pay: payrecon refund request {exception_id} --address <the customer's> first"
+                )));
+            }
+            [one] if one.state == RefundState::Requested => {
+                return Err(refuse(format!(
+                    "its refund {} is requested: approve it first",
+                    one.id
+                )));
+            }
+            [one] => one.clone(),
+            _ => {
+                return Err(refuse(
+                    "it has several refunds under way: record the txid on the one it paid with payrecon refund sent".into(),
+                ));
+            }
+        };
+        let (candidate, paid) = self.checked_on_chain(&refund, txid).await?;
+        let needed = self.refund_depth(&refund);
+        if paid.confirmations < needed {
+            return Err(refuse(format!(
+                "{txid} is {} blocks deep, {needed} needed: payrecon refund sent {} --txid {txid} records it now and completes it at depth",
+                paid.confirmations, refund.id
+            )));
+        }
+        let mut tx = self.db().begin_write().await?;
+        let (exception, _) = open_exception(&mut tx, exception_id).await?;
+        let current = refunds::get(tx.conn(), &refund.id)
+            .await?
+            .filter(|r| r.state == refund.state)
+            .ok_or_else(|| refuse(format!("refund {} changed meanwhile: try again", refund.id)))?;
+        let (record, entry) = self
+            .complete(
+                &mut tx,
+                &current,
+                (&candidate, &paid),
+                (actor, Some(reason)),
             )
             .await?;
+        let Some(record) = record else {
+            return Err(refuse(format!(
+                "refund {} takes {} of what it holds: record the rest as another refund first",
+                refund.id,
+                refund.method.format_with_asset(refund.amount)
+            )));
+        };
+        let exception = operations::get_exception(tx.conn(), &exception.id)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt("a resolved exception vanished".into()))?;
+        let action = operations::actions(tx.conn(), Some(&exception.id))
+            .await?
+            .into_iter()
+            .last()
+            .unwrap_or(record);
+        tx.commit().await?;
+        self.notify_events();
+        Ok(Resolved {
+            exception,
+            action,
+            entry,
+        })
+    }
+
+    /// What the network's source says `txid` paid `refund`'s address: refused unless it is
+    /// in a block and pays the amount.
+    async fn checked_on_chain(
+        &self,
+        refund: &Refund,
+        txid: &str,
+    ) -> Result<(Candidate, Paid), Error> {
+        let network = refund.method.network();
+        let mut conn = self.db().pool().acquire().await?;
+        let seen_at = outflows::of_transaction(&mut conn, network, txid)
+            .await?
+            .first()
+            .map(|row| row.block_height);
+        let candidate = Candidate {
+            txid: txid.to_owned(),
+            seen_at,
+            from: paid_from(&mut conn, network, txid).await?,
+        };
+        drop(conn);
+        let mut source = Rechecker::every_source(&self.payment_settings().networks, network)
+            .map_err(Error::InvalidInput)?
+            .swap_remove(0);
+        let asset = ReceivedAsset::Method {
+            method: refund.method,
+        };
+        let paid = source
+            .paid_to(txid, &refund.address, &asset, seen_at)
+            .await
+            .map_err(|e| Error::Chain(format!("{network}: {e}")))?
+            .ok_or_else(|| {
+                Error::InvalidInput(format!(
+                    "{network}'s source knows no transaction {txid} paying {}",
+                    refund.address
+                ))
+            })?;
+        if paid.block.is_none() {
+            return Err(Error::InvalidInput(format!(
+                "{txid} is not in a block yet: record it once it is mined"
+            )));
         }
-        Ok(())
+        if !settles(refund, &candidate, &paid) {
+            return Err(Error::InvalidInput(format!(
+                "{txid} pays {} {}, the refund is {}",
+                refund.address,
+                refund.method.format_with_asset(paid.amount),
+                refund.method.format_with_asset(refund.amount)
+            )));
+        }
+        Ok((candidate, paid))
     }
 
     async fn move_on_chain(
@@ -401,7 +595,7 @@ impl Engine {
         refund: &Refund,
         to: RefundState,
         seen: Option<(&Candidate, &Paid)>,
-        detail: &str,
+        (actor, detail): (&str, &str),
     ) -> Result<(), Error> {
         let on_chain = match seen {
             Some((candidate, paid)) => OnChain {
@@ -421,7 +615,7 @@ impl Engine {
             &refund.id,
             (refund.state, to),
             &on_chain,
-            ("payrecon", detail, now.timestamp_millis()),
+            (actor, detail, now.timestamp_millis()),
         )
         .await?;
         if moved {
@@ -457,6 +651,19 @@ impl Engine {
         }
         Ok(())
     }
+}
+
+/// What the completed refunds of an exception took, in base units.
+async fn completed_units(
+    conn: &mut sqlx::AnyConnection,
+    exception_id: &str,
+) -> Result<u128, Error> {
+    Ok(refunds::list(conn, Some(exception_id), i64::MAX)
+        .await?
+        .iter()
+        .filter(|r| r.state == RefundState::Completed)
+        .map(|r| r.amount.base_units())
+        .sum())
 }
 
 /// Whether a refund's transaction paying `paid` settles it, given where it came from.

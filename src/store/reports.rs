@@ -401,7 +401,8 @@ pub(crate) async fn transfer_sums(
 }
 
 /// Postings of a period to custody, conversion and suspense accounts, summed per account and
-/// currency, refunds (an operator's `resolve:` entry taking money out) apart; and to the
+/// currency, refunds (an operator's `resolve:` entry taking money out of custody, and a
+/// completed refund's `refund:` entry taking it out of suspense) apart; and to the
 /// treasury accounts, of the entries that took the merchant's own money into custody.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct PostingSums {
@@ -427,7 +428,8 @@ pub(crate) async fn posting_sums(
         conn,
         from_ms,
         to_ms,
-        "AND j.idempotency_key LIKE 'resolve:%' AND p.amount LIKE '-%'",
+        "AND ((j.idempotency_key LIKE 'resolve:%' AND p.amount LIKE '-%') \
+         OR (j.idempotency_key LIKE 'refund:%' AND p.account LIKE 'suspense:%'))",
     )
     .await?;
     let mut sums = Vec::with_capacity(totals.len() + refunds.len());

@@ -62,7 +62,7 @@ impl RefundWatch {
                 }
             }
             engine
-                .refund_seen(refund, seen.as_ref().map(|(c, p)| (*c, p)))
+                .refund_seen(refund, seen.as_ref().map(|(c, p)| (*c, p)), "payrecon")
                 .await?;
         }
         Ok(())

@@ -11,7 +11,7 @@ use common::regtest::{Chain, eventually, fresh_merchant_key, ltc_engine};
 use common::topup;
 use payrecon::config::{Config, UtxoConfig};
 use payrecon::ledger::{Account, Currency, SuspenseReason};
-use payrecon::{IntentStatus, JournalFormat, Period, RefundState};
+use payrecon::{Action, IntentStatus, JournalFormat, Period, RefundState};
 use payrecon_chain_core::Method;
 use serde_json::json;
 
@@ -109,6 +109,95 @@ on_both_databases_and_sources! {
         assert!(refund_lines[0].contains(",refund,suspense:overpaid,"), "{refund_lines:?}");
         assert!(refund_lines[1].contains(",refund,external:litecoin:LTC,"), "{refund_lines:?}");
         assert!(!generic.lines().any(|l| l.contains("revenue")), "never a sale");
+
+        // The reconciliation report's refunded line comes from the completed refund.
+        let query = payrecon::ReportQuery {
+            from: chrono::Utc::now() - chrono::Duration::days(1),
+            to: chrono::Utc::now() + chrono::Duration::days(1),
+            method: None,
+        };
+        let mut out = Vec::new();
+        engine.write_reconciliation(&query, payrecon::ReportFormat::Json, payrecon::CsvSection::Transfers, &mut out).await.unwrap();
+        let report: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        let ltc = report["summary"].as_array().unwrap().iter().find(|s| s["method"] == "ltc").unwrap();
+        assert_eq!((ltc["refunded"].as_str(), ltc["held"].as_str()), (Some("0.3"), Some("0")), "{ltc}");
+        sound(&engine).await;
+    }
+
+    async fn a_refund_from_another_wallet_counts_only_on_the_chains_word(db, source) {
+        let chain = Chain::lock().await;
+        let key = fresh_merchant_key();
+        let (engine, _clock) = ltc_engine(&db, &chain, 2, &key.account_xpub, |c: &mut Config| {
+            c.networks.litecoin = Some(source.config(&key.account_xpub, &chain, 2));
+        })
+        .await;
+        let watcher = source.watch(&engine, &chain);
+        let mut refunds = Vec::new();
+        for reference in ["T1", "T2"] {
+            engine.create_topup(&topup(reference, "42", "100")).await.unwrap();
+            let pay = engine.create_payment(&order(reference), Method::Ltc).await.unwrap();
+            chain.send(&pay.intent.pay_to, "1.3").await;
+            chain.mine(2).await;
+            wait_status(&engine, &pay.intent.id, IntentStatus::Settled).await;
+            eventually("the overpayment exception", || async { kinds(&engine, reference).await == ["overpaid"] }).await;
+            let exception = engine.exceptions(Some(&order(reference))).await.unwrap().remove(0);
+            let customer = chain.wallet_address().await;
+            let refund = engine.request_refund(&exception.id, &customer, "overpaid", "ops").await.unwrap();
+            refunds.push(engine.approve_refund(&refund.id, "lead").await.unwrap());
+        }
+        let mark = |exception: String, txid: String| {
+            let engine = engine.clone();
+            async move {
+                let action = Action::MarkRefunded { refund_txid: txid };
+                engine.resolve_exception(&exception, &action, "bob", "sent from the treasury").await
+            }
+        };
+
+        // A txid that pays the customer nothing is refused, and changes nothing.
+        let first = &refunds[0];
+        let elsewhere = chain.send(&chain.wallet_address().await, "0.3").await;
+        chain.mine(2).await;
+        let refused = mark(first.exception_id.clone(), elsewhere.clone()).await.unwrap_err().to_string();
+        assert!(refused.contains(&elsewhere), "{refused}");
+        assert!(engine.exceptions(None).await.unwrap().iter().all(|e| e.resolution.is_none()));
+
+        // Paid from the treasury: not yet in a block, then not deep enough, then recorded as
+        // sent; the watcher completes it at depth and books it against the treasury.
+        let paid = chain.send(&first.address, "0.3").await;
+        eventually("the source knows it and says it is unmined", || async {
+            let unmined = engine.refund_sent(&first.id, &paid, "bob").await.unwrap_err().to_string();
+            unmined.contains("not in a block yet")
+        })
+        .await;
+        chain.mine(1).await;
+        chain.wait_synced(&engine, payrecon_chain_core::Network::Litecoin).await;
+        let shallow = mark(first.exception_id.clone(), paid.clone()).await.unwrap_err().to_string();
+        assert!(shallow.contains("1 blocks deep, 2 needed"), "{shallow}");
+        let sent = engine.refund_sent(&first.id, &paid, "bob").await.unwrap();
+        assert_eq!((sent.state, sent.txid.as_deref()), (RefundState::Sent, Some(paid.as_str())));
+        chain.mine(1).await;
+        eventually("the watcher completes it", || async {
+            engine.refunds(None).await.unwrap().iter().any(|r| r.id == first.id && r.state == RefundState::Completed)
+        }).await;
+        let treasury = engine.account_balance(&Account::Treasury(Method::Ltc), Currency::Crypto(Method::Ltc)).await.unwrap();
+        assert_eq!(treasury, -30_000_000, "the treasury paid it");
+
+        // Deep enough at once: mark-refunded completes it and resolves the exception.
+        let second = &refunds[1];
+        let paid = chain.send(&second.address, "0.3").await;
+        chain.mine(2).await;
+        chain.wait_synced(&engine, payrecon_chain_core::Network::Litecoin).await;
+        let resolved = mark(second.exception_id.clone(), paid.clone()).await.unwrap();
+        assert_eq!(resolved.exception.resolution.as_deref(), Some("mark_refunded by bob: sent from the treasury"));
+        assert_eq!(resolved.action.refund_txid.as_deref(), Some(paid.as_str()));
+        assert!(resolved.entry.unwrap().idempotency_key.starts_with("refund:"));
+        watcher.stop().await.unwrap();
+        assert!(engine.exceptions(None).await.unwrap().iter().all(|e| e.resolution.is_some()));
+        let held = engine
+            .account_balance(&Account::Suspense(SuspenseReason::Overpaid), Currency::Crypto(Method::Ltc))
+            .await
+            .unwrap();
+        assert_eq!(held, 0);
         sound(&engine).await;
     }
 }
