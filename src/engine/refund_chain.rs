@@ -448,7 +448,7 @@ impl Engine {
         self.refund_seen(&refund, Some((&candidate, &paid)), actor)
             .await?;
         let mut conn = self.db().pool().acquire().await?;
-        Ok(refunds::get(&mut conn, id).await?.ok_or_else(not_found)?)
+        refunds::get(&mut conn, id).await?.ok_or_else(not_found)
     }
 
     /// `mark-refunded`: the exception's money went back in `txid`. Only on the chain's word:
