@@ -189,6 +189,8 @@ pub fn routers(engine: Engine, options: ApiOptions, shutdown: watch::Receiver<bo
         .route("/v1/refunds", get(refunds))
         .route("/v1/refunds/{id}/approve", post(approve_refund))
         .route("/v1/refunds/{id}/cancel", post(cancel_refund))
+        .route("/v1/refunds/{id}/prepare", post(prepare_refund))
+        .route("/v1/refunds/{id}/sent", post(refund_sent))
         .route("/v1/audit-log", get(audit_log))
         .route("/v1/webhooks/{endpoint}/replay", post(replay_webhooks));
     if options.metrics_here {
@@ -780,6 +782,32 @@ async fn approve_refund(
     Path(id): Path<String>,
 ) -> ApiResult {
     ok(&state.engine.approve_refund(&id, &caller.name).await?)
+}
+
+async fn prepare_refund(
+    State(state): State<ApiState>,
+    Authorized(caller): Operator,
+    Path(id): Path<String>,
+) -> ApiResult {
+    ok(&state.engine.prepare_refund(&id, &caller.name).await?)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RefundSent {
+    txid: String,
+}
+
+async fn refund_sent(
+    State(state): State<ApiState>,
+    Authorized(caller): Operator,
+    Path(id): Path<String>,
+    ApiJson(request): ApiJson<RefundSent>,
+) -> ApiResult {
+    ok(&state
+        .engine
+        .refund_sent(&id, &request.txid, &caller.name)
+        .await?)
 }
 
 #[derive(Deserialize)]

@@ -331,7 +331,8 @@ pub(crate) fn holdings_check_item(check: crate::records::HoldingsCheck) -> Optio
 }
 
 /// A refund waiting past `options.refund_waiting`: for an operator's approval, or, approved,
-/// for the merchant's wallet to send it; `None` otherwise.
+/// for the merchant's wallet to send it, or, sent, for the depth that completes it; `None`
+/// otherwise.
 pub(crate) fn refund_item(
     refund: &crate::records::Refund,
     options: &StuckOptions,

@@ -305,7 +305,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             seen_hours,
         } => operators::stuck(marked_paid_minutes, seen_hours, &engine, json).await,
         Command::Exception(command) => operators::exception(command, &engine, json).await,
-        Command::Refund(command) => operators::refund(command, &engine, &config, json).await,
+        Command::Refund(command) => operators::refund(command, &engine, json).await,
         Command::Token(command) => operators::token(command, &engine, json).await,
         Command::Webhook(command) => operators::webhook(command, &engine, &config, json).await,
         Command::Find { text } => operators::find(text, &engine, json).await,

@@ -46,6 +46,19 @@ pub(super) enum RefundCommand {
         #[arg(long)]
         actor: String,
     },
+    /// Record that an approved refund was paid from another wallet (a treasury, an exchange):
+    /// the transaction must be in a block and pay the customer's address the refund's
+    /// amount. payrecon completes it at depth.
+    Sent {
+        /// The refund id (`rf_…`).
+        id: String,
+        /// The transaction that paid it.
+        #[arg(long)]
+        txid: String,
+        /// Who records it.
+        #[arg(long)]
+        actor: String,
+    },
     /// Withdraw a refund not yet sent: its amount is free for another.
     Cancel {
         /// The refund id (`rf_…`).
@@ -69,12 +82,11 @@ pub(super) enum RefundCommand {
 pub(super) async fn refund(
     command: RefundCommand,
     engine: &Engine,
-    config: &Config,
     json: bool,
 ) -> anyhow::Result<()> {
     let refunds = match command {
         RefundCommand::Prepare { id, output, actor } => {
-            let prepared = engine.prepare_refund(config, &id, &actor).await?;
+            let prepared = engine.prepare_refund(&id, &actor).await?;
             std::fs::write(&output, format!("{}\n", prepared.psbt))
                 .with_context(|| format!("cannot write {}", output.display()))?;
             return emit(json, &prepared, || {
@@ -111,6 +123,9 @@ pub(super) async fn refund(
                 .await?,
         ],
         RefundCommand::Approve { id, actor } => vec![engine.approve_refund(&id, &actor).await?],
+        RefundCommand::Sent { id, txid, actor } => {
+            vec![engine.refund_sent(&id, &txid, &actor).await?]
+        }
         RefundCommand::Cancel { id, actor, reason } => {
             vec![engine.cancel_refund(&id, &actor, &reason).await?]
         }

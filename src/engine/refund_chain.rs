@@ -8,7 +8,6 @@ use payrecon_chain_core::{Amount, Network, Paid, ReceivedAsset};
 use serde::Serialize;
 
 use crate::audit::Rechecker;
-use crate::config::Config;
 use crate::engine::Engine;
 use crate::error::Error;
 use crate::ledger::NewEntry;
@@ -24,6 +23,9 @@ use crate::store::{StoreError, ledger, operations, outflows, payments, refunds};
 
 /// Refunds a watcher looks after at once, longest unchanged first.
 const WATCHED_AT_ONCE: i64 = 200;
+
+/// Outflows from one address looked at as a refund's transaction at once, oldest first.
+const CANDIDATES_AT_ONCE: i64 = 20;
 
 /// What `payrecon refund prepare` gives the merchant: a PSBT their wallet signs.
 #[derive(Clone, Debug, Serialize)]
@@ -69,12 +71,7 @@ impl Engine {
     /// refund's exception holds, pays the customer, sends the change to the account's change
     /// branch, at the source's fee rate. The refund becomes `prepared`; preparing again gives
     /// the same change address (the fee rate may have moved).
-    pub async fn prepare_refund(
-        &self,
-        config: &Config,
-        id: &str,
-        actor: &str,
-    ) -> Result<PreparedRefund, Error> {
+    pub async fn prepare_refund(&self, id: &str, actor: &str) -> Result<PreparedRefund, Error> {
         check_text("actor", actor, MAX_ACTOR_LEN)?;
         let mut conn = self.db().pool().acquire().await?;
         let not_found = || Error::RefundNotFound(id.chars().take(80).collect());
@@ -169,7 +166,7 @@ impl Engine {
                 exception.id
             ))
         })?;
-        let (previous, rate) = source_facts(config, network, &inputs).await?;
+        let (previous, rate) = source_facts(&settings.networks, network, &inputs).await?;
         let mut tx = self.db().begin_write().await?;
         let change_index = refunds::change_index(tx.conn(), id, network.as_str()).await?;
         let order = RefundOrder {
@@ -246,7 +243,7 @@ impl Engine {
                 operations::get_exception(&mut conn, &refund.exception_id).await?
             {
                 for transfer in held_outputs(&mut conn, &exception).await? {
-                    for spender in outflows::spenders(&mut conn, &transfer.id).await? {
+                    for spender in spending(&mut conn, &refund, &transfer).await? {
                         if spender.removed
                             || candidates
                                 .iter()
@@ -705,6 +702,35 @@ async fn held_outputs(
         .collect())
 }
 
+/// The outflows that may carry `refund` from the output or address `transfer` paid: those
+/// spending the output (UTXO chains), else those from its address since the money arrived,
+/// of the refund's asset (account chains).
+async fn spending(
+    conn: &mut sqlx::AnyConnection,
+    refund: &Refund,
+    transfer: &StoredTransfer,
+) -> Result<Vec<outflows::OutflowRow>, Error> {
+    let network = refund.method.network();
+    if matches!(network, Network::Bitcoin | Network::Litecoin) {
+        return Ok(outflows::spenders(conn, &transfer.id).await?);
+    }
+    let asset = ReceivedAsset::Method {
+        method: refund.method,
+    };
+    // Chain times on both sides: an outflow after the money arrived may carry the refund.
+    let since = transfer.seen_at_ms;
+    Ok(outflows::from_address_since(
+        conn,
+        (network, &transfer.to_address),
+        since,
+        CANDIDATES_AT_ONCE,
+    )
+    .await?
+    .into_iter()
+    .filter(|row| row.outflow.asset == asset)
+    .collect())
+}
+
 /// Where `txid` took its money from: payrecon's addresses (with the fee it paid there) when
 /// it is an outflow payrecon recorded, else another of the merchant's wallets.
 async fn paid_from(
@@ -726,7 +752,7 @@ async fn paid_from(
 /// The transactions the refund spends (whole, for hardware wallets) and the fee rate, from
 /// the network's first source.
 async fn source_facts(
-    config: &Config,
+    networks: &crate::config::NetworksConfig,
     network: Network,
     inputs: &[(RefundInput, Option<u64>)],
 ) -> Result<
@@ -741,7 +767,9 @@ async fn source_facts(
         .map(|(input, seen_at)| (input.outpoint.txid, *seen_at))
         .collect();
     let failed = |e: payrecon_chain_core::ScanError| Error::Chain(format!("{network}: {e}"));
-    let checker = Rechecker::for_network(config, network).map_err(Error::InvalidInput)?;
+    let checker = Rechecker::every_source(networks, network)
+        .map_err(Error::InvalidInput)?
+        .swap_remove(0);
     let (previous, rate) = match checker {
         Rechecker::Electrum(mut source) => (
             source.transactions(&wanted).await.map_err(failed)?,

@@ -1,4 +1,5 @@
-//! Refunds: recording where an exception's money goes back, and an operator's approval.
+//! Refunds: recording where an exception's money goes back, and an operator's approval (the
+//! chain's part is `refund_chain`).
 
 use payrecon_chain_core::{Amount, Network};
 
@@ -168,12 +169,17 @@ impl Engine {
         Ok(refunds::list(&mut conn, exception_id, MAX_LISTED).await?)
     }
 
-    /// Refunds asked for or approved, not yet done: what the stuck view weighs.
+    /// Refunds not yet completed nor cancelled: what the stuck view weighs.
     pub(crate) async fn refunds_waiting(&self) -> Result<Vec<Refund>, Error> {
         let mut conn = self.db().pool().acquire().await?;
         Ok(refunds::in_states(
             &mut conn,
-            &[RefundState::Requested, RefundState::Approved],
+            &[
+                RefundState::Requested,
+                RefundState::Approved,
+                RefundState::Prepared,
+                RefundState::Sent,
+            ],
             MAX_LISTED,
         )
         .await?)

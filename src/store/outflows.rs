@@ -91,6 +91,27 @@ pub(crate) async fn spenders(
     rows.iter().map(decode).collect()
 }
 
+/// The outflows from `address` first seen at `since_ms` or later (account chains), a reorg's
+/// removed ones too, oldest first, at most `limit`.
+pub(crate) async fn from_address_since(
+    conn: &mut AnyConnection,
+    (network, address): (Network, &str),
+    since_ms: i64,
+    limit: i64,
+) -> Result<Vec<OutflowRow>, StoreError> {
+    let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM outflows WHERE network = $1 AND from_address = $2 \
+         AND seen_at_ms >= $3 ORDER BY seen_at_ms, txid, position LIMIT $4"
+    )))
+    .bind(network.as_str())
+    .bind(address)
+    .bind(since_ms)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    rows.iter().map(decode).collect()
+}
+
 /// Inserts or replaces an outflow's state, stamped with the transaction's feed position.
 pub(crate) async fn upsert(
     tx: &mut WriteTx,

@@ -23,10 +23,6 @@ on_both_databases_and_sources! {
             key_origin: Some(key.origin.clone()),
             ..source.config(&key.account_xpub, &chain, 2)
         };
-        let config = common::payments::config(|c| {
-            c.payments.enabled_methods = vec![Method::Ltc];
-            c.networks.litecoin = Some(litecoin.clone());
-        });
         let (engine, _clock) = ltc_engine(&db, &chain, 2, &key.account_xpub, |c: &mut Config| {
             c.networks.litecoin = Some(litecoin);
         })
@@ -48,12 +44,12 @@ on_both_databases_and_sources! {
         assert!(more.to_string().contains("0 LTC is left to refund"), "{more}");
 
         // payrecon prepares; the merchant's keys sign; the node broadcasts.
-        let prepared = engine.prepare_refund(&config, &refund.id, "ops").await.unwrap();
+        let prepared = engine.prepare_refund(&refund.id, "ops").await.unwrap();
         assert_eq!(prepared.refund.state, RefundState::Prepared);
         assert_eq!(prepared.pays, "0.3");
         assert!(prepared.change_address.as_deref().is_some_and(|a| a.starts_with("rltc1q")));
         assert_eq!(prepared.change_path.as_deref(), Some("1/0"));
-        let again = engine.prepare_refund(&config, &refund.id, "ops").await.unwrap();
+        let again = engine.prepare_refund(&refund.id, "ops").await.unwrap();
         assert_eq!(again.change_address, prepared.change_address, "the same change index");
         let wallet = chain.seed_wallet(&key, [0, 20]).await;
         let signed = chain.call_wallet(&wallet, "walletprocesspsbt", json!([prepared.psbt])).await;

@@ -8,8 +8,8 @@ use alloy::primitives::{Address, B256};
 use alloy::providers::{Provider, RootProvider};
 use alloy::rpc::types::TransactionReceipt;
 use payrecon_chain_core::{
-    Attestation, BlockId, KeyIndex, KnownTransfer, Method, ReceivedAsset, ScanError, Transfer,
-    TransferId, WatchKeys,
+    Amount, Attestation, BlockId, KeyIndex, KnownTransfer, Method, Paid, ReceivedAsset, ScanError,
+    Transfer, TransferId, WatchKeys,
 };
 
 use crate::internal::{self, NoTraces};
@@ -70,6 +70,81 @@ pub(crate) async fn attest(
         });
     }
     Ok(answers)
+}
+
+/// What transaction `txid` paid `to_address` of `asset` on this node: ETH as the
+/// transaction's own value, a token as the configured contract's `Transfer` logs to it in the
+/// receipt. `None` when the node has no mined receipt of it (unknown, pending, or taken out
+/// by a reorg: a node answers receipts of canonical transactions only); a failed transaction
+/// pays nothing.
+pub(crate) async fn paid_to(
+    provider: &RootProvider,
+    settings: &EthereumSettings,
+    (txid, to_address, asset): (&str, &str, &ReceivedAsset),
+    head: u64,
+) -> Result<Option<Paid>, ScanError> {
+    let hash: B256 = txid
+        .parse()
+        .map_err(|e| ScanError::Fatal(format!("{txid} is not a transaction hash: {e}")))?;
+    let to: Address = to_address
+        .parse()
+        .map_err(|e| ScanError::Fatal(format!("{to_address:?} is not an Ethereum address: {e}")))?;
+    let receipt = provider
+        .get_transaction_receipt(hash)
+        .await
+        .map_err(classify)?;
+    let Some(receipt) = receipt else {
+        return Ok(None);
+    };
+    let (Some(height), Some(block_hash)) = (receipt.block_number, receipt.block_hash) else {
+        return Ok(None);
+    };
+    if height > head {
+        return Err(ScanError::Transient(format!(
+            "the node is at block {head}, behind the receipt's block {height}"
+        )));
+    }
+    let amount = if !receipt.status() {
+        Amount::ZERO
+    } else if *asset
+        == (ReceivedAsset::Method {
+            method: Method::Eth,
+        })
+    {
+        let tx = provider
+            .get_transaction_by_hash(hash)
+            .await
+            .map_err(classify)?;
+        match tx.filter(|tx| tx.to() == Some(to)) {
+            Some(tx) => base_units(tx.value(), "ETH value")?,
+            None => Amount::ZERO,
+        }
+    } else {
+        let keys: WatchKeys = [to.to_checksum(None)].into_iter().collect();
+        let mut watched = KeyIndex::default();
+        watched
+            .sync(&keys, |key| key.parse::<Address>())
+            .map_err(|(key, e)| ScanError::Fatal(format!("{key}: {e}")))?;
+        let mut sum = Amount::ZERO;
+        for log in receipt.inner.logs() {
+            if let Some((transfer, _)) = settings.token_transfer(log, &watched)?
+                && transfer.asset == *asset
+            {
+                sum = sum
+                    .checked_add(transfer.amount)
+                    .ok_or_else(|| ScanError::Fatal(format!("{txid}'s transfers overflow")))?;
+            }
+        }
+        sum
+    };
+    Ok(Some(Paid {
+        amount,
+        block: Some(BlockId {
+            height,
+            hash: block_hash.to_string(),
+        }),
+        confirmations: payrecon_chain_core::blocks::depth(height, head),
+    }))
 }
 
 /// The transfer at the reported position of the transaction, as this node has it: `Ok(None)`

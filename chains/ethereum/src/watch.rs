@@ -25,6 +25,7 @@ use alloy::rpc::types::{Block, Filter, Header, Log, TransactionReceipt, Transact
 use alloy::transports::layers::{RateLimitRetryPolicy, RetryBackoffLayer, RetryPolicy};
 use alloy::transports::{RpcError, TransportError, TransportErrorKind};
 use futures_util::{StreamExt as _, TryStreamExt as _};
+use payrecon_chain_core::Paid;
 use payrecon_chain_core::blocks::{self, BlockRange};
 use payrecon_chain_core::{
     Amount, Attestation, BlockId, ChainScanner, Finding, KeyIndex, KnownTransfer, Method, Network,
@@ -503,6 +504,19 @@ impl ChainScanner for EthereumScanner {
         let finalized = finalized_height(&provider, self.settings.finality).await?;
         let depth = (head, finalized, settle_depth);
         crate::attest::attest(&provider, &self.settings, transfers, depth).await
+    }
+
+    /// The receipt, and for ETH the transaction (see [`crate::attest::paid_to`]).
+    async fn paid_to(
+        &mut self,
+        txid: &str,
+        to_address: &str,
+        asset: &ReceivedAsset,
+        _seen_at: Option<u64>,
+    ) -> Result<Option<Paid>, ScanError> {
+        let provider = self.provider().await?;
+        let head = provider.get_block_number().await.map_err(classify)?;
+        crate::attest::paid_to(&provider, &self.settings, (txid, to_address, asset), head).await
     }
 
     /// The balances at the last block before `until_ms` (see [`Self::balances_at_height`]).

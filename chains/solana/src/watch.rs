@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{StreamExt as _, TryStreamExt as _};
+use payrecon_chain_core::Paid;
 use payrecon_chain_core::{
     Amount, Attestation, BlockId, ChainCursor, ChainEvent, ChainScanner, Finding, KeyIndex,
     KnownOutflow, KnownTransfer, Method, Network, Outflow, OutflowEvent, Probe, ReceivedAsset,
@@ -455,6 +456,53 @@ impl ChainScanner for SolanaScanner {
             }
         }
         Ok(answers)
+    }
+
+    /// The signature's status and the transaction's SOL balance change at `to_address`
+    /// (what a refund in SOL paid it; no token is accepted on Solana).
+    async fn paid_to(
+        &mut self,
+        txid: &str,
+        to_address: &str,
+        asset: &ReceivedAsset,
+        _seen_at: Option<u64>,
+    ) -> Result<Option<Paid>, ScanError> {
+        if *asset
+            != (ReceivedAsset::Method {
+                method: Method::Sol,
+            })
+        {
+            return Ok(None);
+        }
+        let client = self.client()?;
+        let Some(Some(status)) = statuses(&client, std::iter::once(txid)).await?.pop() else {
+            return Ok(None);
+        };
+        let block = Some(BlockId {
+            height: status.slot,
+            hash: format!("slot:{}", status.slot),
+        });
+        let confirmations = u32::from(is_final(&status));
+        if status.err.is_some() {
+            return Ok(Some(Paid {
+                amount: Amount::ZERO,
+                block,
+                confirmations,
+            }));
+        }
+        let changes = balance_changes(txid, &transaction(&client, txid).await?)?;
+        let received = changes
+            .keys
+            .iter()
+            .zip(&changes.deltas)
+            .filter(|(key, delta)| key.as_str() == to_address && **delta > 0)
+            .map(|(_, delta)| *delta)
+            .sum::<i128>();
+        Ok(Some(Paid {
+            amount: Amount::from_base_units(u128::try_from(received).unwrap_or(0)),
+            block,
+            confirmations,
+        }))
     }
 
     fn reset(&mut self) {

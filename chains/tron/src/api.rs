@@ -317,6 +317,23 @@ impl TronClient {
         Ok(infos.unwrap_or_default())
     }
 
+    /// `/wallet/gettransactioninfobyid`: one transaction's execution result and block, or
+    /// `None` for one the node does not know (`{}`).
+    pub async fn transaction_info(&self, txid: &str) -> Result<Option<TransactionInfo>, ScanError> {
+        let answer: serde_json::Value = self
+            .post(
+                "/wallet/gettransactioninfobyid",
+                serde_json::json!({ "value": txid }),
+            )
+            .await?;
+        if answer.as_object().is_some_and(serde_json::Map::is_empty) {
+            return Ok(None);
+        }
+        serde_json::from_value(answer)
+            .map(Some)
+            .map_err(|e| ScanError::Fatal(format!("gettransactioninfobyid {txid}: {e}")))
+    }
+
     /// `/wallet/getcontract`: the smart contract deployed at `address` (its name), or `None`
     /// when there is none (`{}`).
     pub async fn contract_name(&self, address: &str) -> Result<Option<String>, ScanError> {

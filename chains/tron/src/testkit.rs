@@ -491,6 +491,18 @@ async fn answer(
             .and_then(|n| chain.blocks.get(n as usize))
             .map_or(json!({}), |b| b.block.clone()),
         ("wallet", "getchainparameters") => recorded(CHAIN_PARAMETERS, "response"),
+        ("wallet" | "walletsolidity", "gettransactioninfobyid") => {
+            let wanted = serde_json::from_slice::<Value>(&body)
+                .ok()
+                .and_then(|b| b["value"].as_str().map(str::to_owned));
+            chain
+                .blocks
+                .iter()
+                .flat_map(|b| &b.infos)
+                .find(|info| info["id"].as_str() == wanted.as_deref())
+                .cloned()
+                .unwrap_or_else(|| json!({}))
+        }
         ("wallet" | "walletsolidity", "gettransactioninfobyblocknum") => match num {
             None | Some(0) => json!({}),
             Some(n) => chain

@@ -13,6 +13,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use futures_util::{StreamExt as _, TryStreamExt as _};
+use payrecon_chain_core::Paid;
 use payrecon_chain_core::blocks::{self, BlockRange};
 use payrecon_chain_core::{
     Amount, Attestation, BlockId, ChainScanner, Finding, KeyIndex, KnownTransfer, Method, Network,
@@ -292,6 +293,53 @@ impl ChainScanner for TronScanner {
             ));
         }
         Ok(answers)
+    }
+
+    /// The transaction's block (where it was seen, else its execution result's), decoded as
+    /// a scan decodes it: what it paid `to_address` of `asset`.
+    async fn paid_to(
+        &mut self,
+        txid: &str,
+        to_address: &str,
+        asset: &ReceivedAsset,
+        seen_at: Option<u64>,
+    ) -> Result<Option<Paid>, ScanError> {
+        let client = self.client()?;
+        let head = client.now_block(false).await?.block_header.raw_data.number;
+        let height = match seen_at {
+            Some(height) => height,
+            None => match client.transaction_info(txid).await? {
+                Some(info) if info.block_number > 0 => info.block_number,
+                _ => return Ok(None),
+            },
+        };
+        if height > head {
+            return Err(ScanError::Transient(format!(
+                "the node is at block {head}, behind block {height}"
+            )));
+        }
+        let address: TronAddress = to_address
+            .parse()
+            .map_err(|e| ScanError::Fatal(format!("{to_address} is not a Tron address: {e}")))?;
+        let watched = HashMap::from([(address, to_address)]);
+        let read = read_block(&client, height, &watched).await?;
+        if !read.block.transactions.iter().any(|tx| tx.tx_id == txid) {
+            return Ok(None);
+        }
+        let found = transfers(&self.settings, &read.block, &read.infos, &watched)?.0;
+        let paid = found
+            .iter()
+            .filter(|t| t.id.txid == txid && t.asset == *asset)
+            .try_fold(Amount::ZERO, |sum, t| sum.checked_add(t.amount))
+            .ok_or_else(|| ScanError::Fatal(format!("{txid}'s transfers overflow")))?;
+        Ok(Some(Paid {
+            amount: paid,
+            block: Some(BlockId {
+                height,
+                hash: read.block.block_id.clone(),
+            }),
+            confirmations: blocks::depth(height, head),
+        }))
     }
 
     /// Burned resources at the committee's prices: a USDT sweep's energy and bytes, a TRX

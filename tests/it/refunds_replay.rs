@@ -1,0 +1,64 @@
+//! Refunds on the replayed Tron node, on SQLite and PostgreSQL: an overpaid part sent back
+//! from the address that holds it is found as the refund's transaction by the watcher,
+//! checked on the node and completed; and an operator's txid that pays the customer nothing
+//! is refused.
+
+use crate::common;
+
+use common::checks::{kinds, order, sound, wait_status};
+use common::regtest::eventually;
+use common::topup;
+use common::tron::{fresh_tron_xpub, tron_config, tron_engine, wait_synced, watch_tron};
+use payrecon::config::TronFinality;
+use payrecon::ledger::{Account, Currency, SuspenseReason};
+use payrecon::{IntentStatus, RefundState};
+use payrecon_chain_core::Method;
+use payrecon_chain_tron::testkit::{FakeTron, TxSpec, trx};
+
+/// 400 TRX, what a 100 USD top-up costs at 0.25 USD per TRX.
+const TOPUP_SUN: u64 = 400_000_000;
+
+/// A customer's Tron address, none of the shop's.
+const CUSTOMER: &str = "TEQrkTwY43gnKH62mH8xQo1DKPorVZvv5r";
+
+on_both_databases! {
+    async fn a_tron_refund_sent_from_the_held_address_completes(db) {
+        let node = FakeTron::start(100).await;
+        let tron = tron_config(&node, &fresh_tron_xpub(), 1, TronFinality::Depth);
+        let (engine, _clock) = tron_engine(&db, &tron).await;
+        engine.create_topup(&topup("TRXOVER", "10", "100")).await.unwrap();
+        let pay = engine.create_payment(&order("TRXOVER"), Method::Trx).await.unwrap();
+        let watcher = watch_tron(&engine, &tron, node.head() + 1);
+        node.mine(&[trx(&pay.intent.pay_to, TOPUP_SUN + 100_000_000)]);
+        wait_status(&engine, &pay.intent.id, IntentStatus::Settled).await;
+        eventually("the overpayment exception", || async { kinds(&engine, "TRXOVER").await == ["overpaid"] }).await;
+        let exception = engine.exceptions(None).await.unwrap().remove(0);
+        let refund = engine.request_refund(&exception.id, CUSTOMER, "overpaid", "ops").await.unwrap();
+        assert_eq!(refund.amount_decimal, "100");
+        let refund = engine.approve_refund(&refund.id, "lead").await.unwrap();
+
+        // An operator's txid that pays the customer nothing: the payment itself.
+        let payment_txid = engine.transfers_for(&order("TRXOVER")).await.unwrap()[0].id.txid.clone();
+        let refused = engine.refund_sent(&refund.id, &payment_txid, "bob").await.unwrap_err().to_string();
+        assert!(refused.contains("the refund is 100 TRX"), "{refused}");
+
+        // The merchant's wallet sends it from the address that holds it.
+        node.mine(&[TxSpec::Trx { from: Some(pay.intent.pay_to.clone()), to: CUSTOMER.into(), sun: 100_000_000, fee: None }]);
+        wait_synced(&engine, &node).await;
+        eventually("the refund is completed", || async {
+            engine.refunds(None).await.unwrap().iter().any(|r| r.id == refund.id && r.state == RefundState::Completed)
+        }).await;
+        watcher.stop().await.unwrap();
+        let done = engine.refunds(None).await.unwrap().remove(0);
+        assert!(done.txid.is_some_and(|txid| txid != payment_txid));
+        let held = engine
+            .account_balance(&Account::Suspense(SuspenseReason::Overpaid), Currency::Crypto(Method::Trx))
+            .await
+            .unwrap();
+        assert_eq!(held, 0);
+        let external = engine.account_balance(&Account::External(Method::Trx), Currency::Crypto(Method::Trx)).await.unwrap();
+        assert_eq!(external, 0, "the outflow's external leg is the refund");
+        assert!(engine.exceptions(None).await.unwrap()[0].resolution.is_some());
+        sound(&engine).await;
+    }
+}
