@@ -34,6 +34,9 @@ pub struct Checkout {
     pub refundable: bool,
     /// The refunds of this payment's money, oldest first, as the page shows them.
     pub refunds: Vec<crate::records::Refund>,
+    /// The network's block explorer page of a transaction (`{txid}` where its id goes), where
+    /// one is configured: a sent refund links there.
+    pub explorer: Option<String>,
 }
 
 /// One payment that arrived, as the customer reads it.

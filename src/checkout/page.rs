@@ -335,9 +335,9 @@ fn render_refunds(
             text.get("refunds-heading")
         );
         for refund in &checkout.refunds {
-            let _ = writeln!(
+            let _ = write!(
                 html,
-                "<li class=\"refund\" data-state=\"{state}\">{line}</li>",
+                "<li class=\"refund\" data-state=\"{state}\">{line}",
                 state = refund.state.as_str(),
                 line = escape(&text.with(
                     &format!("refund-{}", refund.state.as_str()),
@@ -348,6 +348,18 @@ fn render_refunds(
                     ]
                 )),
             );
+            if let Some(txid) = &refund.txid {
+                let shown = escape(txid);
+                let transaction = match &checkout.explorer {
+                    Some(url) => format!(
+                        "<a class=\"txid\" href=\"{}\" rel=\"noopener noreferrer\">{shown}</a>",
+                        escape(&url.replace("{txid}", txid))
+                    ),
+                    None => format!("<code class=\"txid\">{shown}</code>"),
+                };
+                let _ = write!(html, " {}: {transaction}", text.get("arrived-transaction"));
+            }
+            html.push_str("</li>\n");
         }
         html.push_str("</ul>\n</section>\n");
     }

@@ -197,6 +197,7 @@ impl Engine {
             arrived: Arrived::of(&transfers, explorer.map(String::as_str)),
             refundable,
             refunds,
+            explorer: explorer.cloned(),
             instructions: self.instructions(intent, Some(&reads)),
             status,
         })

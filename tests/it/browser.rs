@@ -750,6 +750,43 @@ async fn a_customer_asks_for_an_overpayment_back_on_the_checkout_page() {
         approved.contains("approved. The shop is sending it."),
         "{approved}"
     );
+
+    // Sent from the shop's wallet and recorded by its txid once mined: the page names the
+    // transaction, in every language.
+    let txid = chain.send(&own, "0.3").await;
+    chain.mine(1).await;
+    common::regtest::eventually("the refund recorded as sent", || async {
+        config
+            .attempt(&["refund", "sent", id, "--txid", &txid, "--actor", "ops"])
+            .is_ok()
+    })
+    .await;
+    for (lang, words) in [
+        ("en", "Transaction"),
+        ("de", "Transaktion"),
+        ("id", "Transaksi"),
+    ] {
+        let sent = reqwest::get(format!("{link}?lang={lang}"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            sent.contains(&txid) && sent.contains(words),
+            "{lang}: {sent}"
+        );
+    }
+    let _: bool = headless::evaluate(&page, "setTimeout(() => location.reload(), 0); true").await;
+    headless::wait_until(
+        &page,
+        "document.querySelector('li.refund .txid') !== null",
+        "the page to show the refund's transaction",
+    )
+    .await;
+    let shown = headless::visible_text(&page).await;
+    assert!(shown.contains(&txid), "{shown}");
+    headless::screenshot(&page, headless::PHONE, "checkout", "refund-sent").await;
     page.close().await;
     browser.close().await;
     serving.stop().await;

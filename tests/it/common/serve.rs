@@ -135,6 +135,12 @@ impl ServeConfig {
 
     /// Runs a CLI command that must succeed; its JSON answer.
     pub fn cli(&self, args: &[&str]) -> Value {
+        self.attempt(args)
+            .unwrap_or_else(|error| panic!("{args:?}: {error}"))
+    }
+
+    /// Runs a CLI command: its JSON answer, or its error when it fails.
+    pub fn attempt(&self, args: &[&str]) -> Result<Value, String> {
         let output = Command::new(env!("CARGO_BIN_EXE_payrecon"))
             .arg("--config")
             .arg(&self.path)
@@ -143,12 +149,10 @@ impl ServeConfig {
             .current_dir(self.dir.path())
             .output()
             .unwrap();
-        assert!(
-            output.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        serde_json::from_slice(&output.stdout).unwrap()
+        if !output.status.success() {
+            return Err(String::from_utf8_lossy(&output.stderr).into_owned());
+        }
+        Ok(serde_json::from_slice(&output.stdout).unwrap())
     }
 
     /// Runs the CLI with `args`, which must fail: its one-line error.
