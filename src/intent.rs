@@ -296,42 +296,58 @@ pub struct UriParams {
 /// The payment URI a wallet understands: BIP21 (bitcoin, litecoin), EIP-681 (ETH and
 /// ERC-20), a Solana Pay transfer request, and the `tron:` form TRON wallets accept.
 pub fn payment_uri(intent: &PaymentIntent, params: &UriParams) -> String {
-    let amount = intent.amount_decimal();
+    wallet_uri(
+        intent.method,
+        &intent.pay_to,
+        intent.amount,
+        (
+            &format!("Order {}", intent.order_ref),
+            Some(&intent.watch_key),
+        ),
+        params,
+    )
+}
+
+/// A wallet URI paying `amount` of `method` to `to`, with `message` (BIP21 and Solana Pay)
+/// and a Solana Pay `reference` key when given: what a payment's instructions carry, and
+/// what a refund sent from a treasury wallet is paid from.
+pub(crate) fn wallet_uri(
+    method: Method,
+    to: &str,
+    amount: Amount,
+    (message, reference): (&str, Option<&str>),
+    params: &UriParams,
+) -> String {
+    let decimal = method.format_amount(amount);
+    let units = amount.base_units();
     let label = urlencode(&params.label);
-    let message = urlencode(&format!("Order {}", intent.order_ref));
-    match intent.method {
-        Method::Btc => format!(
-            "bitcoin:{}?amount={amount}&label={label}&message={message}",
-            intent.pay_to
-        ),
-        Method::Ltc => format!(
-            "litecoin:{}?amount={amount}&label={label}&message={message}",
-            intent.pay_to
-        ),
-        Method::Eth => format!(
-            "ethereum:{}@{}?value={}",
-            intent.pay_to, params.ethereum_chain_id, intent.amount
-        ),
+    let message = urlencode(message);
+    match method {
+        Method::Btc => format!("bitcoin:{to}?amount={decimal}&label={label}&message={message}"),
+        Method::Ltc => format!("litecoin:{to}?amount={decimal}&label={label}&message={message}"),
+        Method::Eth => format!("ethereum:{to}@{}?value={units}", params.ethereum_chain_id),
         Method::UsdtErc20 | Method::UsdcErc20 => {
-            let contract = if intent.method == Method::UsdtErc20 {
+            let contract = if method == Method::UsdtErc20 {
                 &params.usdt_erc20_contract
             } else {
                 &params.usdc_erc20_contract
             };
             format!(
-                "ethereum:{contract}@{}/transfer?address={}&uint256={}",
-                params.ethereum_chain_id, intent.pay_to, intent.amount
+                "ethereum:{contract}@{}/transfer?address={to}&uint256={units}",
+                params.ethereum_chain_id
             )
         }
-        Method::Trx => format!("tron:{}?amount={amount}", intent.pay_to),
+        Method::Trx => format!("tron:{to}?amount={decimal}"),
         Method::UsdtTrc20 => format!(
-            "tron:{}?amount={amount}&token={}",
-            intent.pay_to, params.usdt_trc20_contract
+            "tron:{to}?amount={decimal}&token={}",
+            params.usdt_trc20_contract
         ),
-        Method::Sol => format!(
-            "solana:{}?amount={amount}&reference={}&label={label}&message={message}",
-            intent.pay_to, intent.watch_key
-        ),
+        Method::Sol => {
+            let reference = reference
+                .map(|key| format!("&reference={key}"))
+                .unwrap_or_default();
+            format!("solana:{to}?amount={decimal}{reference}&label={label}&message={message}")
+        }
     }
 }
 

@@ -322,17 +322,15 @@ fn explorers(config: &Config) -> Result<BTreeMap<Network, String>, Error> {
     Ok(explorers)
 }
 
-/// Who pays each method's refund fee; the customer only where the refund and its fee are one
-/// coin, so the fee can be taken from the amount.
+/// Who pays each method's refund fee; the customer only on Bitcoin and Litecoin, where the
+/// PSBT payrecon prepares fixes the fee, so the amount less it is what the customer is due.
 fn refund_fee_payers(config: &Config) -> Result<BTreeMap<Method, crate::records::FeePayer>, Error> {
     for (method, payer) in &config.payments.refund_fee_payer {
         if *payer == crate::records::FeePayer::Customer
-            && method.network().native_method() != *method
+            && !matches!(method, Method::Btc | Method::Ltc)
         {
             return Err(Error::Config(format!(
-                "payments.refund_fee_payer.{method}: the customer can pay only a native coin's fee; a {} refund's fee is paid in {}",
-                method.asset(),
-                method.network().native_method().asset()
+                "payments.refund_fee_payer.{method}: the customer pays the fee only of a Bitcoin or Litecoin refund, whose fee payrecon's PSBT fixes exactly"
             )));
         }
     }

@@ -87,28 +87,15 @@ pub(super) async fn refund(
     let refunds = match command {
         RefundCommand::Prepare { id, output, actor } => {
             let prepared = engine.prepare_refund(&id, &actor).await?;
-            std::fs::write(&output, format!("{}\n", prepared.psbt))
+            let (file, summary) = prepared_refund_text(&prepared)?;
+            std::fs::write(&output, file)
                 .with_context(|| format!("cannot write {}", output.display()))?;
             return emit(json, &prepared, || {
                 format!(
-                    "{}: PSBT written to {}\npays {} {} to {}\nfee {} at {} sat/vB{}\nspends {}\nchange {}",
+                    "{}: written to {}\n{summary}\npayment request: {}",
                     prepared.refund.id,
                     output.display(),
-                    prepared.pays,
-                    prepared.refund.method.asset(),
-                    prepared.refund.address,
-                    prepared.fee,
-                    prepared.fee_rate,
-                    if prepared.fee_rate_estimated {
-                        ""
-                    } else {
-                        " (the relay floor: the source has no estimate)"
-                    },
-                    prepared.inputs.join(", "),
-                    match (&prepared.change_address, &prepared.change_path) {
-                        (Some(address), Some(path)) => format!("{address} ({path})"),
-                        _ => "none (what is left over pays the fee)".into(),
-                    }
+                    prepared.payment_request
                 )
             });
         }
@@ -152,6 +139,54 @@ pub(super) async fn refund(
             .collect::<Vec<_>>()
             .join("\n")
     })
+}
+
+/// What `refund prepare` writes (the PSBT in base64, Ethereum's unsigned transaction as
+/// JSON, else the payment request) and what it says of it.
+fn prepared_refund_text(prepared: &payrecon::PreparedRefund) -> anyhow::Result<(String, String)> {
+    let refund = &prepared.refund;
+    if let Some(psbt) = &prepared.psbt {
+        let change = match (&psbt.change_address, &psbt.change_path) {
+            (Some(address), Some(path)) => format!("{address} ({path})"),
+            _ => "none (what is left over pays the fee)".into(),
+        };
+        let rate = if psbt.fee_rate_estimated {
+            ""
+        } else {
+            " (the relay floor: the source has no estimate)"
+        };
+        let summary = format!(
+            "PSBT: pays {} {} to {}\nfee {} at {} sat/vB{rate}\nspends {}\nchange {change}",
+            psbt.pays,
+            refund.method.asset(),
+            refund.address,
+            psbt.fee,
+            psbt.fee_rate,
+            psbt.inputs.join(", ")
+        );
+        return Ok((format!("{}\n", psbt.psbt), summary));
+    }
+    if let Some(unsigned) = &prepared.unsigned_transaction {
+        let summary = format!(
+            "unsigned EIP-1559 transaction from {} (nonce {}): {} {} to {}, fee at most {} wei; send {} wei to {} first",
+            unsigned.from,
+            unsigned.nonce,
+            refund.amount_decimal,
+            refund.method.asset(),
+            refund.address,
+            unsigned.max_fee,
+            unsigned.top_up_first,
+            unsigned.from
+        );
+        return Ok((serde_json::to_string_pretty(unsigned)? + "\n", summary));
+    }
+    let summary = format!(
+        "send {} {} to {} from the merchant's wallet",
+        refund.amount_decimal,
+        refund.method.asset(),
+        refund.address
+    );
+    Ok((format!("{}\n", prepared.payment_request), summary))
 }
 
 #[derive(Debug, Subcommand)]

@@ -7,6 +7,7 @@ mod books;
 mod finance;
 mod operators;
 pub(crate) mod refund_chain;
+pub(crate) mod refund_prepare;
 pub(crate) mod refunds;
 mod shop;
 mod wallet;

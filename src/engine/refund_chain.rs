@@ -2,10 +2,7 @@
 //! its transaction appears (`sent`), deepens (`completed`, booked) or is taken out by a reorg
 //! (back to `approved`).
 
-use payrecon_chain_bitcoin::{RefundInput, RefundOrder, RefundSource, refund_psbt};
-use payrecon_chain_core::bitcoin::{OutPoint, Txid};
 use payrecon_chain_core::{Amount, Network, Paid, ReceivedAsset};
-use serde::Serialize;
 
 use crate::audit::Rechecker;
 use crate::engine::Engine;
@@ -14,9 +11,7 @@ use crate::ledger::NewEntry;
 use crate::operator::{
     MAX_ACTOR_LEN, Resolved, check_text, check_txid, held_money, open_exception,
 };
-use crate::records::{
-    ExceptionRecord, FeePayer, OperatorAction, Refund, RefundState, StoredTransfer,
-};
+use crate::records::{ExceptionRecord, OperatorAction, Refund, RefundState, StoredTransfer};
 use crate::refund::{PaidFrom, completion_entry, covered_by, transfer_id};
 use crate::store::refunds::OnChain;
 use crate::store::{StoreError, ledger, operations, outflows, payments, refunds};
@@ -26,29 +21,6 @@ const WATCHED_AT_ONCE: i64 = 200;
 
 /// Outflows from one address looked at as a refund's transaction at once, oldest first.
 const CANDIDATES_AT_ONCE: i64 = 20;
-
-/// What `payrecon refund prepare` gives the merchant: a PSBT their wallet signs.
-#[derive(Clone, Debug, Serialize)]
-pub struct PreparedRefund {
-    /// The refund, now `prepared`.
-    pub refund: Refund,
-    /// The PSBT (BIP 174), base64: what Sparrow, Electrum and `walletprocesspsbt` import.
-    pub psbt: String,
-    /// What the customer's address receives, in the asset's units.
-    pub pays: String,
-    /// The network fee, in the asset's units.
-    pub fee: String,
-    /// The fee rate, in satoshi (litoshi) per virtual byte.
-    pub fee_rate: u64,
-    /// Whether the rate is the source's estimate; `false`: its relay floor, for want of one.
-    pub fee_rate_estimated: bool,
-    /// The outputs it spends (`txid:vout`).
-    pub inputs: Vec<String>,
-    /// Where the change goes, on the account's change branch, when there is change.
-    pub change_address: Option<String>,
-    /// That address's path below the account key (`1/<index>`).
-    pub change_path: Option<String>,
-}
 
 /// A transaction that may pay a refund, and what payrecon knows of it.
 #[derive(Clone, Debug)]
@@ -67,164 +39,6 @@ pub(crate) struct Lookout {
 }
 
 impl Engine {
-    /// Prepares the PSBT of an approved Bitcoin or Litecoin refund: it spends the outputs the
-    /// refund's exception holds, pays the customer, sends the change to the account's change
-    /// branch, at the source's fee rate. The refund becomes `prepared`; preparing again gives
-    /// the same change address (the fee rate may have moved).
-    pub async fn prepare_refund(&self, id: &str, actor: &str) -> Result<PreparedRefund, Error> {
-        check_text("actor", actor, MAX_ACTOR_LEN)?;
-        let mut conn = self.db().pool().acquire().await?;
-        let not_found = || Error::RefundNotFound(id.chars().take(80).collect());
-        let refund = refunds::get(&mut conn, id).await?.ok_or_else(not_found)?;
-        if !matches!(refund.state, RefundState::Approved | RefundState::Prepared) {
-            return Err(Error::InvalidInput(format!(
-                "refund {id} is {}: only an approved refund is prepared",
-                refund.state.as_str()
-            )));
-        }
-        let network = refund.method.network();
-        if !matches!(network, Network::Bitcoin | Network::Litecoin) {
-            return Err(Error::InvalidInput(format!(
-                "payrecon prepares Bitcoin and Litecoin refunds; send this {network} refund from the merchant's wallet: payrecon sees it on the chain"
-            )));
-        }
-        let exception = operations::get_exception(&mut conn, &refund.exception_id)
-            .await?
-            .ok_or_else(|| StoreError::Corrupt(format!("refund {id}'s exception is gone")))?;
-        let held = held_outputs(&mut conn, &exception).await?;
-        let settings = self.payment_settings();
-        let keys = settings
-            .keys
-            .get(&network)
-            .ok_or_else(|| Error::InvalidInput(format!("network {network} is not configured")))?;
-        let mut inputs = Vec::with_capacity(held.len());
-        let mut wallet = None;
-        for transfer in &held {
-            if let Some(spent) = outflows::spenders(&mut conn, &transfer.id)
-                .await?
-                .into_iter()
-                .find(|o| !o.removed)
-            {
-                return Err(Error::InvalidInput(format!(
-                    "the output {} was already spent in {}: refund from the merchant's wallet, which payrecon sees on the chain",
-                    transfer.id, spent.outflow.id.txid
-                )));
-            }
-            let intent =
-                payments::intents_by_watch_keys(&mut conn, network, &[&transfer.to_address])
-                    .await?
-                    .into_iter()
-                    .next()
-                    .ok_or_else(|| {
-                        Error::InvalidInput(format!(
-                            "{} is no address payrecon handed out",
-                            transfer.to_address
-                        ))
-                    })?;
-            let key = keys
-                .get(&intent.key_id)
-                .and_then(|k| k.wallet.clone())
-                .ok_or_else(|| {
-                    Error::InvalidInput(format!(
-                        "key {} of {} is no longer configured: add it back as a retired key",
-                        intent.key_id, transfer.to_address
-                    ))
-                })?;
-            if wallet
-                .as_ref()
-                .is_some_and(|w: &crate::wallet::UtxoWallet| {
-                    w.account.fingerprint() != key.account.fingerprint()
-                })
-            {
-                return Err(Error::InvalidInput(
-                    "the refund's outputs belong to two account keys: send it from the merchant's wallet".into(),
-                ));
-            }
-            let txid: Txid = transfer.id.txid.parse().map_err(|_| {
-                StoreError::Corrupt(format!("transfer {} has no Bitcoin txid", transfer.id))
-            })?;
-            inputs.push((
-                RefundInput {
-                    outpoint: OutPoint {
-                        txid,
-                        vout: transfer.id.position,
-                    },
-                    value: u64::try_from(transfer.amount.base_units()).map_err(|_| {
-                        StoreError::Corrupt(format!("transfer {}: amount", transfer.id))
-                    })?,
-                    receive_index: intent.derivation_index,
-                    previous: None,
-                },
-                transfer.block_height,
-            ));
-            wallet = Some(key);
-        }
-        drop(conn);
-        let wallet = wallet.ok_or_else(|| {
-            Error::InvalidInput(format!(
-                "exception {} holds no output to spend",
-                exception.id
-            ))
-        })?;
-        let (previous, rate) = source_facts(&settings.networks, network, &inputs).await?;
-        let mut tx = self.db().begin_write().await?;
-        let change_index = refunds::change_index(tx.conn(), id, network.as_str()).await?;
-        let order = RefundOrder {
-            inputs: inputs
-                .into_iter()
-                .zip(previous)
-                .map(|((input, _), previous)| RefundInput {
-                    previous: Some(previous),
-                    ..input
-                })
-                .collect(),
-            pay_to: payrecon_chain_bitcoin::customer_script(
-                &refund.address,
-                utxo_chain(network),
-                wallet.network,
-            )
-            .map_err(|e| Error::InvalidInput(e.to_string()))?,
-            amount: u64::try_from(refund.amount.base_units())
-                .map_err(|_| Error::InvalidInput("refund amount out of range".into()))?,
-            fee_from_amount: refund.fee_payer == FeePayer::Customer,
-            change_index,
-            fee_rate: rate.sat_per_vbyte,
-        };
-        let built = refund_psbt(&wallet.account, wallet.origin.as_ref(), &order)
-            .map_err(|e| Error::InvalidInput(format!("refund {id}: {e}")))?;
-        if refund.state == RefundState::Approved {
-            self.move_to(
-                &mut tx,
-                &refund,
-                RefundState::Prepared,
-                (actor, "PSBT prepared"),
-            )
-            .await?;
-        }
-        let prepared = refunds::get(tx.conn(), id).await?.ok_or_else(not_found)?;
-        tx.commit().await?;
-        self.notify_events();
-        let method = refund.method;
-        let change_address = built.change.as_ref().and_then(|(script, _)| {
-            payrecon_chain_bitcoin::segwit_address(script, utxo_chain(network), wallet.network)
-        });
-        Ok(PreparedRefund {
-            refund: prepared,
-            psbt: built.psbt.to_string(),
-            pays: method.format_amount(Amount::from(built.pays)),
-            fee: method.format_amount(Amount::from(built.fee)),
-            fee_rate: rate.sat_per_vbyte,
-            fee_rate_estimated: rate.estimated,
-            inputs: order
-                .inputs
-                .iter()
-                .map(|i| i.outpoint.to_string())
-                .collect(),
-            change_path: built.change.as_ref().map(|_| format!("1/{change_index}")),
-            change_address,
-        })
-    }
-
     /// The refunds of `network` waiting for the chain, each with the transactions that may
     /// pay it: its own once sent; before, those that spent the outputs it holds.
     pub(crate) async fn refund_lookouts(&self, network: Network) -> Result<Vec<Lookout>, Error> {
@@ -432,20 +246,15 @@ impl Engine {
         check_text("actor", actor, MAX_ACTOR_LEN)?;
         check_txid(txid)?;
         let mut conn = self.db().pool().acquire().await?;
-        let not_found = || Error::RefundNotFound(id.chars().take(80).collect());
-        let refund = refunds::get(&mut conn, id).await?.ok_or_else(not_found)?;
-        if !matches!(refund.state, RefundState::Approved | RefundState::Prepared) {
-            return Err(Error::InvalidInput(format!(
-                "refund {id} is {}: only an approved refund is recorded as sent",
-                refund.state.as_str()
-            )));
-        }
+        let refund = approved_refund(&mut conn, id, "recorded as sent").await?;
         drop(conn);
         let (candidate, paid) = self.checked_on_chain(&refund, txid).await?;
         self.refund_seen(&refund, Some((&candidate, &paid)), actor)
             .await?;
         let mut conn = self.db().pool().acquire().await?;
-        refunds::get(&mut conn, id).await?.ok_or_else(not_found)
+        refunds::get(&mut conn, id)
+            .await?
+            .ok_or_else(|| Error::RefundNotFound(id.chars().take(80).collect()))
     }
 
     /// `mark-refunded`: the exception's money went back in `txid`. Only on the chain's word:
@@ -624,7 +433,7 @@ impl Engine {
         Ok(())
     }
 
-    async fn move_to(
+    pub(crate) async fn move_to(
         &self,
         tx: &mut crate::store::WriteTx,
         refund: &Refund,
@@ -648,6 +457,24 @@ impl Engine {
         }
         Ok(())
     }
+}
+
+/// Refund `id`, refused unless approved (or prepared): only such a refund is `doing`.
+pub(crate) async fn approved_refund(
+    conn: &mut sqlx::AnyConnection,
+    id: &str,
+    doing: &str,
+) -> Result<Refund, Error> {
+    let refund = refunds::get(conn, id)
+        .await?
+        .ok_or_else(|| Error::RefundNotFound(id.chars().take(80).collect()))?;
+    if !matches!(refund.state, RefundState::Approved | RefundState::Prepared) {
+        return Err(Error::InvalidInput(format!(
+            "refund {id} is {}: only an approved refund is {doing}",
+            refund.state.as_str()
+        )));
+    }
+    Ok(refund)
 }
 
 /// What the completed refunds of an exception took, in base units.
@@ -675,7 +502,7 @@ pub(crate) fn settles(refund: &Refund, candidate: &Candidate, paid: &Paid) -> bo
 /// The outputs an exception's money sits in: its own transfer, else its intent's receipts
 /// in the intent's asset (an overpayment is the part of them beyond the amount; an
 /// underpayment's are those not booked).
-async fn held_outputs(
+pub(crate) async fn held_outputs(
     conn: &mut sqlx::AnyConnection,
     exception: &ExceptionRecord,
 ) -> Result<Vec<StoredTransfer>, Error> {
@@ -747,50 +574,4 @@ async fn paid_from(
         .try_fold(Amount::ZERO, |sum, row| sum.checked_add(row.outflow.fee))
         .ok_or_else(|| StoreError::Corrupt(format!("outflow {txid}: fees overflow")))?;
     Ok(PaidFrom::Custody { fee })
-}
-
-/// The transactions the refund spends (whole, for hardware wallets) and the fee rate, from
-/// the network's first source.
-async fn source_facts(
-    networks: &crate::config::NetworksConfig,
-    network: Network,
-    inputs: &[(RefundInput, Option<u64>)],
-) -> Result<
-    (
-        Vec<payrecon_chain_core::bitcoin::Transaction>,
-        payrecon_chain_bitcoin::FeeRate,
-    ),
-    Error,
-> {
-    let wanted: Vec<(Txid, Option<u64>)> = inputs
-        .iter()
-        .map(|(input, seen_at)| (input.outpoint.txid, *seen_at))
-        .collect();
-    let failed = |e: payrecon_chain_core::ScanError| Error::Chain(format!("{network}: {e}"));
-    let checker = Rechecker::every_source(networks, network)
-        .map_err(Error::InvalidInput)?
-        .swap_remove(0);
-    let (previous, rate) = match checker {
-        Rechecker::Electrum(mut source) => (
-            source.transactions(&wanted).await.map_err(failed)?,
-            source.fee_rate().await.map_err(failed)?,
-        ),
-        Rechecker::Node(mut source) => (
-            source.transactions(&wanted).await.map_err(failed)?,
-            source.fee_rate().await.map_err(failed)?,
-        ),
-        _ => {
-            return Err(Error::InvalidInput(format!(
-                "network {network} has no Bitcoin-family source"
-            )));
-        }
-    };
-    Ok((previous, rate))
-}
-
-fn utxo_chain(network: Network) -> payrecon_chain_bitcoin::UtxoChain {
-    match network {
-        Network::Bitcoin => payrecon_chain_bitcoin::UtxoChain::Bitcoin,
-        _ => payrecon_chain_bitcoin::UtxoChain::Litecoin,
-    }
 }

@@ -1,20 +1,17 @@
 //! Refunds on a real anvil node with real ERC-20 contracts, on SQLite and PostgreSQL: USDC
-//! paid to a USDT intent goes back as USDC, signed with the address's key by a library (never
-//! by payrecon), found by the watcher as the refund's transaction, checked on the node and
-//! completed at depth.
+//! paid to a USDT intent goes back as USDC. payrecon prepares the unsigned EIP-1559
+//! transaction; a library signs it with the address's key (never payrecon); the watcher finds
+//! it as the refund's transaction, checks it on the node and completes it at depth.
 
 use crate::common;
 
-use common::anvil::{
-    Anvil, SeedKeys, eth_engine, signed_transfer, token_transfer_call, watch_ethereum,
-};
+use common::anvil::{Anvil, SeedKeys, eth_engine, watch_ethereum};
 use common::checks::{kinds, order, sound};
 use common::regtest::eventually;
 use common::topup;
 use payrecon::RefundState;
 use payrecon::ledger::{Account, Currency, SuspenseReason};
 use payrecon_chain_core::Method;
-use payrecon_chain_ethereum::{ETH_TRANSFER_GAS, TOKEN_TRANSFER_GAS};
 
 /// 100 USDC.
 const USDC_UNITS: u128 = 100_000_000;
@@ -39,18 +36,21 @@ on_both_databases! {
         assert_eq!((refund.method, refund.amount_decimal.as_str()), (Method::UsdcErc20, "100"));
         let refund = engine.approve_refund(&refund.id, "lead").await.unwrap();
 
-        // The address needs gas first (the ETH that brings it is an exception of its own for
-        // the operator); then the address's own key sends the USDC back.
-        let gas_price = u128::from_str_radix(
-            anvil.call("eth_gasPrice", serde_json::json!([])).await.as_str().unwrap().trim_start_matches("0x"),
-            16,
-        )
-        .unwrap();
-        anvil.send_eth(&pay.intent.pay_to, u128::from(TOKEN_TRANSFER_GAS + ETH_TRANSFER_GAS) * gas_price).await;
+        // payrecon prepares the unsigned transaction from the address holding the USDC; the
+        // address needs ETH for gas first (which arrives as an exception of its own for the
+        // operator); a library signs payrecon's signing payload with the address's key.
+        let prepared = engine.prepare_refund(&refund.id, "ops").await.unwrap();
+        assert!(prepared.psbt.is_none());
+        assert_eq!(prepared.payment_request, format!("ethereum:{}@31337/transfer?address={}&uint256={USDC_UNITS}", tokens.usdc, refund.address));
+        let unsigned = prepared.unsigned_transaction.unwrap();
+        assert_eq!((unsigned.from.as_str(), unsigned.value.as_str()), (pay.intent.pay_to.as_str(), "0"));
+        assert!(unsigned.to.eq_ignore_ascii_case(&tokens.usdc), "{} is the USDC contract", unsigned.to);
+        let top_up: u128 = unsigned.top_up_first.parse().unwrap();
+        assert_eq!(top_up, unsigned.max_fee.parse::<u128>().unwrap(), "the address holds no ETH");
+        anvil.send_eth(&pay.intent.pay_to, top_up).await;
         anvil.mine(1).await;
         let signer = keys.signer(&format!("m/44h/60h/0h/0/{}", pay.intent.derivation_index));
-        let raw = signed_transfer(&signer, 0, gas_price, TOKEN_TRANSFER_GAS, &tokens.usdc, 0, token_transfer_call(&customer, USDC_UNITS));
-        let txid = anvil.send_raw(&raw).await;
+        let txid = anvil.send_raw(&sign_prepared(&signer, &unsigned)).await;
         anvil.mine(1).await;
         eventually("the refund is sent", || async {
             engine.refunds(None).await.unwrap().iter().any(|r| r.state == RefundState::Sent && r.txid.as_deref() == Some(txid.as_str()))
@@ -69,4 +69,37 @@ on_both_databases! {
         assert!(resolved.resolution.as_deref().is_some_and(|r| r.contains(&txid)), "{resolved:?}");
         sound(&engine).await;
     }
+}
+
+/// Signs payrecon's unsigned transaction as a wallet would: the Keccak-256 of its signing
+/// payload with the key, the signature set on the transaction its fields describe (which must
+/// encode to that same payload).
+fn sign_prepared(
+    signer: &alloy::signers::local::PrivateKeySigner,
+    unsigned: &payrecon_chain_ethereum::UnsignedTransaction,
+) -> String {
+    use alloy::consensus::{SignableTransaction as _, TxEip1559, TxEnvelope};
+    use alloy::eips::eip2718::Encodable2718 as _;
+    use alloy::primitives::{U256, hex, keccak256};
+    use alloy::signers::SignerSync as _;
+    let payload = hex::decode(&unsigned.unsigned_rlp).unwrap();
+    let tx = TxEip1559 {
+        chain_id: unsigned.chain_id,
+        nonce: unsigned.nonce,
+        gas_limit: unsigned.gas_limit,
+        max_fee_per_gas: unsigned.max_fee_per_gas.parse().unwrap(),
+        max_priority_fee_per_gas: unsigned.max_priority_fee_per_gas.parse().unwrap(),
+        to: alloy::primitives::TxKind::Call(unsigned.to.parse().unwrap()),
+        value: U256::from_str_radix(&unsigned.value, 10).unwrap(),
+        access_list: Default::default(),
+        input: hex::decode(&unsigned.data).unwrap().into(),
+    };
+    assert_eq!(
+        tx.encoded_for_signing(),
+        payload,
+        "the fields encode to the payload"
+    );
+    let signature = signer.sign_hash_sync(&keccak256(&payload)).unwrap();
+    let envelope = TxEnvelope::Eip1559(tx.into_signed(signature));
+    format!("0x{}", hex::encode(envelope.encoded_2718()))
 }

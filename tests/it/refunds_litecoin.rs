@@ -46,10 +46,13 @@ on_both_databases_and_sources! {
         // payrecon prepares; the merchant's keys sign; the node broadcasts.
         let prepared = engine.prepare_refund(&refund.id, "ops").await.unwrap();
         assert_eq!(prepared.refund.state, RefundState::Prepared);
+        assert!(prepared.payment_request.starts_with(&format!("litecoin:{customer}?amount=0.3&")), "{}", prepared.payment_request);
+        assert!(prepared.payment_request_qr.starts_with("<?xml"));
+        let prepared = prepared.psbt.unwrap();
         assert_eq!(prepared.pays, "0.3");
         assert!(prepared.change_address.as_deref().is_some_and(|a| a.starts_with("rltc1q")));
         assert_eq!(prepared.change_path.as_deref(), Some("1/0"));
-        let again = engine.prepare_refund(&refund.id, "ops").await.unwrap();
+        let again = engine.prepare_refund(&refund.id, "ops").await.unwrap().psbt.unwrap();
         assert_eq!(again.change_address, prepared.change_address, "the same change index");
         let wallet = chain.seed_wallet(&key, [0, 20]).await;
         let signed = chain.call_wallet(&wallet, "walletprocesspsbt", json!([prepared.psbt])).await;

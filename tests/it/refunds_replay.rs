@@ -36,6 +36,10 @@ on_both_databases! {
         let refund = engine.request_refund(&exception.id, CUSTOMER, "overpaid", "ops").await.unwrap();
         assert_eq!(refund.amount_decimal, "100");
         let refund = engine.approve_refund(&refund.id, "lead").await.unwrap();
+        let prepared = engine.prepare_refund(&refund.id, "ops").await.unwrap();
+        assert_eq!(prepared.payment_request, format!("tron:{CUSTOMER}?amount=100"));
+        assert!(prepared.psbt.is_none() && prepared.unsigned_transaction.is_none());
+        assert_eq!(prepared.refund.state, RefundState::Prepared);
 
         // An operator's txid that pays the customer nothing: the payment itself.
         let payment_txid = engine.transfers_for(&order("TRXOVER")).await.unwrap()[0].id.txid.clone();

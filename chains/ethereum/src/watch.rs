@@ -285,7 +285,7 @@ impl EthereumScanner {
         }
     }
 
-    async fn provider(&mut self) -> Result<RootProvider, ScanError> {
+    pub(crate) async fn provider(&mut self) -> Result<RootProvider, ScanError> {
         if let Some(provider) = &self.provider {
             return Ok(provider.clone());
         }
