@@ -1,22 +1,29 @@
-//! Refunds on the replayed Tron node, on SQLite and PostgreSQL: an overpaid part sent back
-//! from the address that holds it is found as the refund's transaction by the watcher,
-//! checked on the node and completed; and an operator's txid that pays the customer nothing
-//! is refused.
+//! Refunds on the replayed Tron and Solana nodes, on SQLite and PostgreSQL: an overpaid part
+//! sent back from the address that holds it is found as the refund's transaction by the Tron
+//! watcher, checked on the node and completed; a Solana refund from the shop's recipient is
+//! recorded by its signature and completed once final; a transaction that pays the customer
+//! nothing is refused on both.
 
 use crate::common;
 
 use common::checks::{kinds, order, sound, wait_status};
 use common::regtest::eventually;
+use common::solana::{solana_config, solana_engine, watch_solana};
 use common::topup;
 use common::tron::{fresh_tron_xpub, tron_config, tron_engine, wait_synced, watch_tron};
 use payrecon::config::TronFinality;
 use payrecon::ledger::{Account, Currency, SuspenseReason};
+use payrecon::test_utils::clock::Clock;
 use payrecon::{IntentStatus, RefundState};
 use payrecon_chain_core::Method;
+use payrecon_chain_solana::testkit::{FakeSolana, random_pubkey};
 use payrecon_chain_tron::testkit::{FakeTron, TxSpec, trx};
 
 /// 400 TRX, what a 100 USD top-up costs at 0.25 USD per TRX.
 const TOPUP_SUN: u64 = 400_000_000;
+
+/// 1 SOL, what a 100 USD top-up costs at 100 USD per SOL.
+const LAMPORTS: u64 = 1_000_000_000;
 
 /// A customer's Tron address, none of the shop's.
 const CUSTOMER: &str = "TEQrkTwY43gnKH62mH8xQo1DKPorVZvv5r";
@@ -63,6 +70,46 @@ on_both_databases! {
         let external = engine.account_balance(&Account::External(Method::Trx), Currency::Crypto(Method::Trx)).await.unwrap();
         assert_eq!(external, 0, "the outflow's external leg is the refund");
         assert!(engine.exceptions(None).await.unwrap()[0].resolution.is_some());
+        sound(&engine).await;
+    }
+
+    async fn a_solana_refund_from_the_recipient_completes_once_final(db) {
+        let node = FakeSolana::start().await;
+        let solana = solana_config(&node);
+        let (engine, clock) = solana_engine(&db, &solana).await;
+        engine.create_topup(&topup("SOLOVER", "20", "100")).await.unwrap();
+        let pay = engine.create_payment(&order("SOLOVER"), Method::Sol).await.unwrap();
+        let watcher = watch_solana(&engine, &solana);
+        let now = clock.now().timestamp();
+        node.pay(&solana.recipient, LAMPORTS * 6 / 5, Some(&pay.intent.watch_key), now, false);
+        node.finalize_all();
+        wait_status(&engine, &pay.intent.id, IntentStatus::Settled).await;
+        eventually("the overpayment exception", || async { kinds(&engine, "SOLOVER").await == ["overpaid"] }).await;
+        let exception = engine.exceptions(None).await.unwrap().remove(0);
+        let customer = random_pubkey();
+        let refund = engine.request_refund(&exception.id, &customer, "overpaid", "ops").await.unwrap();
+        let refund = engine.approve_refund(&refund.id, "lead").await.unwrap();
+        let prepared = engine.prepare_refund(&refund.id, "ops").await.unwrap();
+        assert!(prepared.payment_request.starts_with(&format!("solana:{customer}?amount=0.2&")), "{}", prepared.payment_request);
+
+        // Sent from the shop's recipient: recorded by its signature, sent while confirmed,
+        // completed once final.
+        let wrong = node.send_from(&solana.recipient, &random_pubkey(), LAMPORTS / 5, now, false);
+        let refused = engine.refund_sent(&refund.id, &wrong, "bob").await.unwrap_err().to_string();
+        assert!(refused.contains("the refund is 0.2 SOL"), "{refused}");
+        let signature = node.send_from(&solana.recipient, &customer, LAMPORTS / 5, now, false);
+        let sent = engine.refund_sent(&refund.id, &signature, "bob").await.unwrap();
+        assert_eq!((sent.state, sent.txid.as_deref()), (RefundState::Sent, Some(signature.as_str())));
+        node.finalize_all();
+        eventually("the refund is completed", || async {
+            engine.refunds(None).await.unwrap().iter().any(|r| r.id == refund.id && r.state == RefundState::Completed)
+        }).await;
+        watcher.stop().await.unwrap();
+        let held = engine
+            .account_balance(&Account::Suspense(SuspenseReason::Overpaid), Currency::Crypto(Method::Sol))
+            .await
+            .unwrap();
+        assert_eq!(held, 0);
         sound(&engine).await;
     }
 }
