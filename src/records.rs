@@ -332,6 +332,15 @@ impl RefundState {
     }
 }
 
+impl Refund {
+    /// What it goes back in, as a transfer names it: the asset the money arrived in.
+    pub fn asset(&self) -> ReceivedAsset {
+        ReceivedAsset::Method {
+            method: self.method,
+        }
+    }
+}
+
 /// Who pays a refund's network fee.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -135,26 +135,7 @@ impl Engine {
             entry_key: entry.as_ref().map(|e| e.idempotency_key.clone()),
             at: now,
         };
-        let resolution = format!("{} by {actor}: {reason}", action.as_str());
-        operations::record_resolution(tx.conn(), &record, &resolution).await?;
-        let detail = serde_json::json!({
-            "exception": exception.id,
-            "kind": exception.kind,
-            "action": action.as_str(),
-            "actor": actor,
-            "reason": reason,
-            "entry": record.entry_key,
-            "refund_txid": record.refund_txid,
-        });
-        payments::append_event(
-            tx.conn(),
-            exception.intent_id.as_deref(),
-            exception.order_ref.as_deref(),
-            "exception_resolved",
-            &detail,
-            now,
-        )
-        .await?;
+        record_resolved(tx.conn(), &exception, &record).await?;
         let exception = operations::get_exception(tx.conn(), &exception.id)
             .await?
             .ok_or_else(|| StoreError::Corrupt("a resolved exception vanished".into()))?;
@@ -589,4 +570,35 @@ async fn less_refunded(
         held.units = held.units.checked_sub(refunded).filter(|left| *left > 0)?;
         Some(held)
     }))
+}
+
+/// Resolves `exception` as `record` says: its audit line, the resolution it reads
+/// (`<action> by <actor>: <reason>`), and an `exception_resolved` event, in the caller's
+/// transaction.
+pub(super) async fn record_resolved(
+    conn: &mut sqlx::AnyConnection,
+    exception: &crate::records::ExceptionRecord,
+    record: &OperatorAction,
+) -> Result<(), Error> {
+    let resolution = format!("{} by {}: {}", record.action, record.actor, record.reason);
+    operations::record_resolution(conn, record, &resolution).await?;
+    let detail = serde_json::json!({
+        "exception": exception.id,
+        "kind": exception.kind,
+        "action": record.action,
+        "actor": record.actor,
+        "reason": record.reason,
+        "entry": record.entry_key,
+        "refund_txid": record.refund_txid,
+    });
+    payments::append_event(
+        conn,
+        exception.intent_id.as_deref(),
+        exception.order_ref.as_deref(),
+        "exception_resolved",
+        &detail,
+        record.at,
+    )
+    .await?;
+    Ok(())
 }

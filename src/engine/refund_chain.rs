@@ -1,6 +1,7 @@
-//! Refunds and the chain: preparing what the merchant's wallet signs, and moving a refund as
-//! its transaction appears (`sent`), deepens (`completed`, booked) or is taken out by a reorg
-//! (back to `approved`).
+//! Refunds and the chain: moving a refund as its transaction appears (`sent`), deepens
+//! (`completed`, booked) or is taken out by a reorg (back to `approved`), and an operator's
+//! txid checked on the chain (`refund sent`, `mark-refunded`). Preparing what the merchant's
+//! wallet signs is `refund_prepare`.
 
 use payrecon_chain_core::{Amount, Network, Paid, ReceivedAsset};
 
@@ -102,7 +103,7 @@ impl Engine {
                     "reorg: {} no longer pays it",
                     current.txid.as_deref().unwrap_or("?")
                 );
-                self.move_on_chain(
+                self.move_in(
                     &mut tx,
                     &current,
                     RefundState::Approved,
@@ -124,7 +125,7 @@ impl Engine {
                     return Ok(());
                 }
                 let detail = format!("seen in {}", candidate.txid);
-                self.move_on_chain(
+                self.move_in(
                     &mut tx,
                     &current,
                     RefundState::Sent,
@@ -173,7 +174,7 @@ impl Engine {
             None => None,
         };
         let detail = format!("{} deep in {}", paid.confirmations, candidate.txid);
-        self.move_on_chain(
+        self.move_in(
             tx,
             refund,
             RefundState::Completed,
@@ -187,49 +188,25 @@ impl Engine {
         if completed_units(tx.conn(), &exception.id).await? < held.units {
             return Ok((None, entry));
         }
-        let why = reason.map_or_else(
-            || format!("refunded on chain in {}", candidate.txid),
-            str::to_owned,
-        );
         let record = OperatorAction {
             seq: 0,
             exception_id: exception.id.clone(),
             action: "mark_refunded".into(),
             actor: actor.to_owned(),
-            reason: why.clone(),
+            reason: reason.map_or_else(
+                || format!("refunded on chain in {}", candidate.txid),
+                str::to_owned,
+            ),
             refund_txid: Some(candidate.txid.clone()),
             entry_key: entry.as_ref().map(|e| e.idempotency_key.clone()),
             at: now,
         };
-        operations::record_resolution(
-            tx.conn(),
-            &record,
-            &format!("mark_refunded by {actor}: {why}"),
-        )
-        .await?;
-        let detail = serde_json::json!({
-            "exception": exception.id,
-            "kind": exception.kind,
-            "action": "mark_refunded",
-            "actor": actor,
-            "reason": why,
-            "entry": record.entry_key,
-            "refund_txid": candidate.txid,
-        });
-        payments::append_event(
-            tx.conn(),
-            exception.intent_id.as_deref(),
-            exception.order_ref.as_deref(),
-            "exception_resolved",
-            &detail,
-            now,
-        )
-        .await?;
+        super::operators::record_resolved(tx.conn(), &exception, &record).await?;
         Ok((Some(record), entry))
     }
 
     /// The depth at which a refund on its network is completed: a payment's.
-    fn refund_depth(&self, refund: &Refund) -> u32 {
+    pub(crate) fn refund_depth(&self, refund: &Refund) -> u32 {
         self.payment_settings()
             .policy
             .confirmations
@@ -366,11 +343,8 @@ impl Engine {
         let mut source = Rechecker::every_source(&self.payment_settings().networks, network)
             .map_err(Error::InvalidInput)?
             .swap_remove(0);
-        let asset = ReceivedAsset::Method {
-            method: refund.method,
-        };
         let paid = source
-            .paid_to(txid, &refund.address, &asset, seen_at)
+            .paid_to(txid, &refund.address, &refund.asset(), seen_at)
             .await
             .map_err(|e| Error::Chain(format!("{network}: {e}")))?
             .ok_or_else(|| {
@@ -395,7 +369,9 @@ impl Engine {
         Ok((candidate, paid))
     }
 
-    async fn move_on_chain(
+    /// Moves `refund` to `to` in `tx`, with what the chain shows of it (`None` clears it), and
+    /// puts its new state on the event stream.
+    pub(crate) async fn move_in(
         &self,
         tx: &mut crate::store::WriteTx,
         refund: &Refund,
@@ -425,31 +401,6 @@ impl Engine {
         )
         .await?;
         if moved {
-            let moved = refunds::get(tx.conn(), &refund.id)
-                .await?
-                .ok_or_else(|| StoreError::Corrupt(format!("refund {} vanished", refund.id)))?;
-            super::refunds::record_event(tx.conn(), &moved, now).await?;
-        }
-        Ok(())
-    }
-
-    pub(crate) async fn move_to(
-        &self,
-        tx: &mut crate::store::WriteTx,
-        refund: &Refund,
-        to: RefundState,
-        (actor, detail): (&str, &str),
-    ) -> Result<(), Error> {
-        let now = self.clock().now();
-        if refunds::change_state(
-            tx.conn(),
-            &refund.id,
-            &[refund.state],
-            to,
-            (actor, detail, now.timestamp_millis()),
-        )
-        .await?
-        {
             let moved = refunds::get(tx.conn(), &refund.id)
                 .await?
                 .ok_or_else(|| StoreError::Corrupt(format!("refund {} vanished", refund.id)))?;
@@ -541,9 +492,7 @@ async fn spending(
     if matches!(network, Network::Bitcoin | Network::Litecoin) {
         return Ok(outflows::spenders(conn, &transfer.id).await?);
     }
-    let asset = ReceivedAsset::Method {
-        method: refund.method,
-    };
+    let asset = refund.asset();
     // Chain times on both sides: an outflow after the money arrived may carry the refund.
     let since = transfer.seen_at_ms;
     Ok(outflows::from_address_since(

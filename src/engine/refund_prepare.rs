@@ -84,7 +84,7 @@ impl Engine {
             } else {
                 "prepared"
             };
-            self.move_to(&mut tx, &refund, RefundState::Prepared, (actor, what))
+            self.move_in(&mut tx, &refund, RefundState::Prepared, None, (actor, what))
                 .await?;
         }
         let prepared = refunds::get(tx.conn(), id)
@@ -182,9 +182,10 @@ impl Engine {
             ))
         })?;
         let (previous, rate) = source_facts(&settings.networks, network, &inputs).await?;
-        let mut conn = self.db().pool().acquire().await?;
-        let change_index = refunds::change_index(&mut conn, &refund.id, network.as_str()).await?;
-        drop(conn);
+        // Kept on the refund, in a write transaction of its own: preparing again reuses it.
+        let mut tx = self.db().begin_write().await?;
+        let change_index = refunds::change_index(tx.conn(), &refund.id, network.as_str()).await?;
+        tx.commit().await?;
         let chain = utxo_chain(network);
         let order = RefundOrder {
             inputs: inputs

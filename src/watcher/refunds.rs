@@ -3,9 +3,10 @@
 //! address, and the engine moves the refund on that answer. A source that cannot answer
 //! costs only this look: receipts are never held up for a refund.
 
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use payrecon_chain_core::{ChainScanner, Network, ReceivedAsset};
+use payrecon_chain_core::{ChainScanner, Network};
 
 use crate::engine::Engine;
 use crate::engine::refund_chain::settles;
@@ -14,15 +15,22 @@ use crate::error::Error;
 /// How often the refunds are looked at: the chain moves a block at a time.
 const LOOK_AGAIN_AFTER: Duration = Duration::from_secs(2);
 
-/// When the refunds were last looked at.
+/// Transactions remembered as not paying their refund, at most: past it, forgotten at once.
+const KEPT_REFUSALS: usize = 10_000;
+
+/// When the refunds were last looked at, and the transactions already found paying a refund
+/// too little at the depth a payment needs: they are not asked about again every look (an
+/// account chain's sweeps from a refund's address, say).
 pub(super) struct RefundWatch {
     next_look: Instant,
+    refused: HashSet<(String, String)>,
 }
 
 impl RefundWatch {
     pub(super) fn new() -> RefundWatch {
         RefundWatch {
             next_look: Instant::now(),
+            refused: HashSet::new(),
         }
     }
 
@@ -40,11 +48,13 @@ impl RefundWatch {
         self.next_look = Instant::now() + LOOK_AGAIN_AFTER;
         'refunds: for lookout in engine.refund_lookouts(network).await? {
             let refund = &lookout.refund;
-            let asset = ReceivedAsset::Method {
-                method: refund.method,
-            };
+            let asset = refund.asset();
             let mut seen = None;
             for candidate in &lookout.candidates {
+                let key = (refund.id.clone(), candidate.txid.clone());
+                if self.refused.contains(&key) {
+                    continue;
+                }
                 match scanner
                     .paid_to(&candidate.txid, &refund.address, &asset, candidate.seen_at)
                     .await
@@ -52,6 +62,14 @@ impl RefundWatch {
                     Ok(Some(paid)) if settles(refund, candidate, &paid) => {
                         seen = Some((candidate, paid));
                         break;
+                    }
+                    // As deep as a payment must be, it is as final as payrecon takes
+                    // anything: it will not pay this refund in another block.
+                    Ok(Some(paid)) if paid.confirmations >= engine.refund_depth(refund) => {
+                        if self.refused.len() >= KEPT_REFUSALS {
+                            self.refused.clear();
+                        }
+                        self.refused.insert(key);
                     }
                     Ok(_) => {}
                     Err(error) => {

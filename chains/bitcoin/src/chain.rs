@@ -5,7 +5,7 @@ use std::str::FromStr;
 
 use payrecon_chain_core::bitcoin::p2p::Magic;
 use payrecon_chain_core::bitcoin::{self, BlockHash};
-use payrecon_chain_core::{Method, Network, ScanError};
+use payrecon_chain_core::{Method, Network, ReceivedAsset, ScanError};
 
 use crate::{UtxoChain, UtxoNetwork};
 
@@ -69,6 +69,25 @@ impl UtxoTarget {
     /// The one method an output on this chain pays in.
     pub fn method(&self) -> Method {
         self.network_id().native_method()
+    }
+
+    /// The output script of a customer's `address` on this chain, when `asset` is this
+    /// chain's coin (`None`: nothing of another asset is paid here): what
+    /// [`paid_to`](payrecon_chain_core::ChainScanner::paid_to) looks for in a transaction.
+    pub(crate) fn paid_script(
+        &self,
+        address: &str,
+        asset: &ReceivedAsset,
+    ) -> Result<Option<bitcoin::ScriptBuf>, ScanError> {
+        let own = ReceivedAsset::Method {
+            method: self.method(),
+        };
+        if *asset != own {
+            return Ok(None);
+        }
+        crate::customer_script(address, self.chain, self.network)
+            .map(Some)
+            .map_err(|e| ScanError::Fatal(e.to_string()))
     }
 
     fn bitcoin_network(&self) -> bitcoin::Network {

@@ -30,7 +30,7 @@ use crate::electrum_stream::{self, ElectrumClient};
 use crate::mweb::{self, Decoded};
 use crate::psbt::{FEE_TARGET_BLOCKS, FeeRate, RefundSource};
 use crate::spends::{Lookup, Spending};
-use crate::{UtxoTarget, customer_script, script_pubkey};
+use crate::{UtxoTarget, script_pubkey};
 
 /// Recent block hashes kept for the cursor, below the tip.
 const KEPT_CHECKPOINTS: u64 = 64;
@@ -172,16 +172,9 @@ impl ChainScanner for ElectrumScanner {
         asset: &ReceivedAsset,
         _seen_at: Option<u64>,
     ) -> Result<Option<Paid>, ScanError> {
-        let target = &self.settings.target;
-        if *asset
-            != (ReceivedAsset::Method {
-                method: target.method(),
-            })
-        {
+        let Some(script) = self.settings.target.paid_script(to_address, asset)? else {
             return Ok(None);
-        }
-        let script = customer_script(to_address, target.chain, target.network)
-            .map_err(|e| ScanError::Fatal(e.to_string()))?;
+        };
         let txid = txid.to_owned();
         self.at_tip(move |session, _| session.paid_to(&txid, &script))
             .await

@@ -39,7 +39,7 @@ use crate::p2p::PushChannel;
 use crate::psbt::{FEE_TARGET_BLOCKS, FeeRate, RefundSource};
 use crate::rpc::{NodeAuth, NodeRpc, RpcError};
 use crate::spends::{Lookup, Spending, coin_units};
-use crate::{UtxoTarget, customer_script, script_pubkey};
+use crate::{UtxoTarget, script_pubkey};
 
 /// `RPC_INVALID_ADDRESS_OR_KEY`: no such transaction (in the mempool, or at all).
 const RPC_NOT_FOUND: i64 = -5;
@@ -686,16 +686,9 @@ impl ChainScanner for NodeScanner {
         asset: &ReceivedAsset,
         seen_at: Option<u64>,
     ) -> Result<Option<Paid>, ScanError> {
-        let target = &self.settings.target;
-        if *asset
-            != (ReceivedAsset::Method {
-                method: target.method(),
-            })
-        {
+        let Some(script) = self.settings.target.paid_script(to_address, asset)? else {
             return Ok(None);
-        }
-        let script = customer_script(to_address, target.chain, target.network)
-            .map_err(|e| ScanError::Fatal(e.to_string()))?;
+        };
         let rpc = self.connect().await?;
         let head: u64 = rpc.call("getblockcount", json!([])).await?;
         let (tx, block) = match located(rpc, txid, seen_at, head).await? {
