@@ -111,7 +111,7 @@ pub use books::{
 pub use catalog::Catalog;
 pub use config::Config;
 pub use doctor::{DoctorCheck, Verdict, doctor};
-pub use engine::refund_prepare::{PreparedRefund, RefundPsbt};
+pub use engine::refund_prepare::{PreparedRefund, RefundPsbt, UnsignedRefund};
 pub use engine::{BalancePayment, Created, Engine};
 pub use error::Error;
 pub use history::{AccountHistory, HistoryItem};

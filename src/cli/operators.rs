@@ -166,26 +166,56 @@ fn prepared_refund_text(prepared: &payrecon::PreparedRefund) -> anyhow::Result<(
         );
         return Ok((format!("{}\n", psbt.psbt), summary));
     }
-    if let Some(unsigned) = &prepared.unsigned_transaction {
-        let summary = format!(
-            "unsigned EIP-1559 transaction from {} (nonce {}): {} {} to {}, fee at most {} wei; send {} wei to {} first",
-            unsigned.from,
-            unsigned.nonce,
-            refund.amount_decimal,
-            refund.method.asset(),
-            refund.address,
-            unsigned.max_fee,
-            unsigned.top_up_first,
-            unsigned.from
-        );
-        return Ok((serde_json::to_string_pretty(unsigned)? + "\n", summary));
-    }
-    let summary = format!(
-        "send {} {} to {} from the merchant's wallet",
+    let paying = format!(
+        "{} {} to {}",
         refund.amount_decimal,
         refund.method.asset(),
         refund.address
     );
+    match &prepared.unsigned_transaction {
+        Some(payrecon::UnsignedRefund::Ethereum(unsigned)) => {
+            let summary = format!(
+                "unsigned EIP-1559 transaction from {} (nonce {}): {paying}, fee at most {} wei; send {} wei to {} first",
+                unsigned.from,
+                unsigned.nonce,
+                unsigned.max_fee,
+                unsigned.top_up_first,
+                unsigned.from
+            );
+            return Ok((serde_json::to_string_pretty(unsigned)? + "\n", summary));
+        }
+        Some(payrecon::UnsignedRefund::Tron(unsigned)) => {
+            let summary = format!(
+                "unsigned Tron transaction {} from {}: {paying}, burning at most {} sun of energy; send {} sun to {} first; sign it before {}",
+                unsigned.txid,
+                unsigned.from,
+                unsigned.fee_limit,
+                unsigned.top_up_first,
+                unsigned.from,
+                chrono::DateTime::from_timestamp_millis(unsigned.expires_at_ms).map_or_else(
+                    || unsigned.expires_at_ms.to_string(),
+                    |at| at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                )
+            );
+            return Ok((
+                serde_json::to_string_pretty(&unsigned.transaction)? + "\n",
+                summary,
+            ));
+        }
+        Some(payrecon::UnsignedRefund::Solana(unsigned)) => {
+            let summary = format!(
+                "unsigned Solana transfer from {}: {paying}, fee {} lamports; send {} lamports to {} first; sign it before block height {}",
+                unsigned.from,
+                unsigned.fee,
+                unsigned.top_up_first,
+                unsigned.from,
+                unsigned.last_valid_block_height
+            );
+            return Ok((serde_json::to_string_pretty(unsigned)? + "\n", summary));
+        }
+        None => {}
+    }
+    let summary = format!("send {paying} from the merchant's wallet");
     Ok((format!("{}\n", prepared.payment_request), summary))
 }
 

@@ -1,12 +1,15 @@
 //! Preparing what the merchant's wallet signs for an approved refund: a PSBT spending the
 //! outputs that hold the money (Bitcoin, Litecoin), the unsigned transaction from the address
-//! that holds it (Ethereum), and for every chain a payment request any wallet pays it from.
-//! payrecon never signs; the chain then says when the refund happened (`refund_chain`).
+//! that holds it (Ethereum, Tron, Solana), and for every chain a payment request any wallet
+//! pays it from. payrecon never signs; the chain then says when the refund happened
+//! (`refund_chain`).
 
 use payrecon_chain_bitcoin::{RefundInput, RefundOrder, RefundSource, refund_psbt};
 use payrecon_chain_core::bitcoin::{OutPoint, Txid};
 use payrecon_chain_core::{Amount, Method, Network, ScanError};
 use payrecon_chain_ethereum::{Sending, UnsignedTransaction, unsigned_transfer};
+use payrecon_chain_solana::UnsignedSolanaTransfer;
+use payrecon_chain_tron::{TronAddress, TronSending, UnsignedTronTransaction};
 use serde::Serialize;
 
 use crate::audit::Rechecker;
@@ -29,8 +32,22 @@ pub struct PreparedRefund {
     pub payment_request_qr: String,
     /// Bitcoin and Litecoin: the PSBT spending the outputs that hold the money.
     pub psbt: Option<RefundPsbt>,
-    /// Ethereum: the unsigned transaction from the address that holds the money.
-    pub unsigned_transaction: Option<UnsignedTransaction>,
+    /// Ethereum, Tron and Solana: the unsigned transaction from the address that holds the
+    /// money.
+    pub unsigned_transaction: Option<UnsignedRefund>,
+}
+
+/// An account chain's unsigned refund transaction, in the form its signers take; `chain`
+/// names which.
+#[derive(Clone, Debug, Serialize)]
+#[serde(tag = "chain", rename_all = "lowercase")]
+pub enum UnsignedRefund {
+    /// An EIP-1559 transaction's fields and its signing payload.
+    Ethereum(UnsignedTransaction),
+    /// The node's `createtransaction` / `triggersmartcontract` transaction, checked.
+    Tron(UnsignedTronTransaction),
+    /// A legacy message with the System Program's transfer, base64.
+    Solana(UnsignedSolanaTransfer),
 }
 
 /// A Bitcoin-family refund's PSBT and what it does.
@@ -74,8 +91,24 @@ impl Engine {
             Network::Bitcoin | Network::Litecoin => {
                 (Some(self.prepare_psbt(&refund, &held).await?), None)
             }
-            Network::Ethereum => (None, Some(self.prepare_ethereum(&refund, &held).await?)),
-            Network::Tron | Network::Solana => (None, None),
+            Network::Ethereum => (
+                None,
+                Some(UnsignedRefund::Ethereum(
+                    self.prepare_ethereum(&refund, &held).await?,
+                )),
+            ),
+            Network::Tron => (
+                None,
+                Some(UnsignedRefund::Tron(
+                    self.prepare_tron(&refund, &held).await?,
+                )),
+            ),
+            Network::Solana => (
+                None,
+                Some(UnsignedRefund::Solana(
+                    self.prepare_solana(&refund, &held).await?,
+                )),
+            ),
         };
         let mut tx = self.db().begin_write().await?;
         if refund.state == RefundState::Approved {
@@ -233,20 +266,7 @@ impl Engine {
         held: &[StoredTransfer],
     ) -> Result<UnsignedTransaction, Error> {
         let refuse = |why: String| Error::InvalidInput(format!("refund {}: {why}", refund.id));
-        let from = match held {
-            [one] => one.to_address.as_str(),
-            [] => return Err(refuse("its exception holds no payment to send back".into())),
-            _ => {
-                return Err(refuse(
-                    "its money sits in several payments: send it from the merchant's wallet".into(),
-                ));
-            }
-        };
-        if refund.fee_payer == FeePayer::Customer {
-            return Err(refuse(
-                "the customer pays the fee only of a Bitcoin-family refund".into(),
-            ));
-        }
+        let from = holding_address(refund, held)?;
         let settings = self.payment_settings();
         let address = |text: &str| {
             text.parse::<alloy_primitives::Address>()
@@ -268,10 +288,7 @@ impl Engine {
             },
         };
         let failed = |e: ScanError| Error::Chain(format!("ethereum: {e}"));
-        let mut source = match Rechecker::every_source(&settings.networks, Network::Ethereum)
-            .map_err(Error::InvalidInput)?
-            .swap_remove(0)
-        {
+        let mut source = match first_source(self, Network::Ethereum)? {
             Rechecker::Ethereum(source) => source,
             _ => return Err(refuse("ethereum has no Ethereum source".into())),
         };
@@ -282,6 +299,119 @@ impl Engine {
             &terms,
             sending,
         ))
+    }
+}
+
+impl Engine {
+    /// The unsigned Tron transaction sending a refund from the one address that holds its
+    /// money, as the node builds it and payrecon checks it.
+    async fn prepare_tron(
+        &self,
+        refund: &Refund,
+        held: &[StoredTransfer],
+    ) -> Result<UnsignedTronTransaction, Error> {
+        let refuse = |why: String| Error::InvalidInput(format!("refund {}: {why}", refund.id));
+        let address = |text: &str| {
+            text.parse::<TronAddress>()
+                .map_err(|e| refuse(format!("{text:?} is not a Tron address: {e}")))
+        };
+        let from = address(holding_address(refund, held)?)?;
+        let to = address(&refund.address)?;
+        let sending = match refund.method {
+            Method::Trx => TronSending::Trx {
+                to,
+                sun: u64::try_from(refund.amount.base_units())
+                    .map_err(|_| refuse("its amount is out of range".into()))?,
+            },
+            _ => TronSending::Token {
+                contract: address(&self.payment_settings().uri.usdt_trc20_contract)?,
+                to,
+                units: refund.amount.base_units(),
+            },
+        };
+        let mut source = match first_source(self, Network::Tron)? {
+            Rechecker::Tron(source) => source,
+            _ => return Err(refuse("tron has no Tron source".into())),
+        };
+        source
+            .unsigned_transfer(from, sending)
+            .await
+            .map_err(|e| Error::Chain(format!("tron: {e}")))
+    }
+
+    /// The unsigned SOL transfer sending a refund from the shop's recipient, where every
+    /// Solana payment lands (a transfer's address is its reference, which holds nothing).
+    async fn prepare_solana(
+        &self,
+        refund: &Refund,
+        held: &[StoredTransfer],
+    ) -> Result<UnsignedSolanaTransfer, Error> {
+        let refuse = |why: &str| Error::InvalidInput(format!("refund {}: {why}", refund.id));
+        if held.is_empty() {
+            return Err(refuse("its exception holds no payment to send back"));
+        }
+        check_shop_pays_fee(refund)?;
+        let from = self
+            .solana_recipient()
+            .ok_or_else(|| refuse("solana has no recipient configured"))?;
+        let lamports = u64::try_from(refund.amount.base_units())
+            .map_err(|_| refuse("its amount is out of range"))?;
+        let mut source = match first_source(self, Network::Solana)? {
+            Rechecker::Solana(source) => source,
+            _ => return Err(refuse("solana has no Solana source")),
+        };
+        source
+            .unsigned_transfer(&from, &refund.address, lamports)
+            .await
+            .map_err(|e| Error::Chain(format!("solana: {e}")))
+    }
+}
+
+impl Engine {
+    /// The shop's one Solana recipient, which no watch key names.
+    pub(crate) fn solana_recipient(&self) -> Option<String> {
+        self.payment_settings()
+            .derivers
+            .get(&Network::Solana)
+            .and_then(|deriver| deriver.derive(0).ok())
+            .map(|derived| derived.address)
+    }
+}
+
+/// The network's first configured source.
+fn first_source(engine: &Engine, network: Network) -> Result<Rechecker, Error> {
+    Ok(
+        Rechecker::every_source(&engine.payment_settings().networks, network)
+            .map_err(Error::InvalidInput)?
+            .swap_remove(0),
+    )
+}
+
+/// The one address an account-chain refund is sent from: where its exception's one payment
+/// sits (money spread over several addresses is sent from the merchant's wallet). The shop
+/// pays the fee: only a PSBT fixes it, so only there can the customer's share be held to.
+fn holding_address<'a>(refund: &Refund, held: &'a [StoredTransfer]) -> Result<&'a str, Error> {
+    let refuse = |why: &str| Error::InvalidInput(format!("refund {}: {why}", refund.id));
+    let from = match held {
+        [one] => one.to_address.as_str(),
+        [] => return Err(refuse("its exception holds no payment to send back")),
+        _ => {
+            return Err(refuse(
+                "its money sits in several payments: send it from the merchant's wallet",
+            ));
+        }
+    };
+    check_shop_pays_fee(refund)?;
+    Ok(from)
+}
+
+fn check_shop_pays_fee(refund: &Refund) -> Result<(), Error> {
+    match refund.fee_payer {
+        FeePayer::Customer => Err(Error::InvalidInput(format!(
+            "refund {}: the customer pays the fee only of a Bitcoin-family refund",
+            refund.id
+        ))),
+        FeePayer::Shop => Ok(()),
     }
 }
 

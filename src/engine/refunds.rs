@@ -42,13 +42,8 @@ impl Engine {
         let settings = self.payment_settings();
         let utxo_network = settings.wallets.get(&network).map(|w| w.network);
         let address = customer_address(network, utxo_network, address)?;
-        // Solana's payments all go to the shop's one recipient, which no watch key names.
         let recipient = match network {
-            Network::Solana => settings
-                .derivers
-                .get(&network)
-                .and_then(|deriver| deriver.derive(0).ok())
-                .map(|derived| derived.address),
+            Network::Solana => self.solana_recipient(),
             _ => None,
         };
         let own = settings.policy.is_treasury(network, &address)

@@ -9,8 +9,8 @@ use common::anvil::{Anvil, SeedKeys, eth_engine, watch_ethereum};
 use common::checks::{kinds, order, sound};
 use common::regtest::eventually;
 use common::topup;
-use payrecon::RefundState;
 use payrecon::ledger::{Account, Currency, SuspenseReason};
+use payrecon::{RefundState, UnsignedRefund};
 use payrecon_chain_core::Method;
 
 /// 100 USDC.
@@ -42,7 +42,9 @@ on_both_databases! {
         let prepared = engine.prepare_refund(&refund.id, "ops").await.unwrap();
         assert!(prepared.psbt.is_none());
         assert_eq!(prepared.payment_request, format!("ethereum:{}@31337/transfer?address={}&uint256={USDC_UNITS}", tokens.usdc, refund.address));
-        let unsigned = prepared.unsigned_transaction.unwrap();
+        let Some(UnsignedRefund::Ethereum(unsigned)) = prepared.unsigned_transaction else {
+            panic!("an Ethereum refund's unsigned transaction: {:?}", prepared.unsigned_transaction);
+        };
         assert_eq!((unsigned.from.as_str(), unsigned.value.as_str()), (pay.intent.pay_to.as_str(), "0"));
         assert!(unsigned.to.eq_ignore_ascii_case(&tokens.usdc), "{} is the USDC contract", unsigned.to);
         let top_up: u128 = unsigned.top_up_first.parse().unwrap();

@@ -7,8 +7,10 @@ use std::str::FromStr;
 mod sender;
 #[cfg(feature = "testkit")]
 pub mod testkit;
+mod unsigned;
 mod watch;
 
+pub use unsigned::UnsignedSolanaTransfer;
 pub use watch::{SolanaScanner, SolanaSettings};
 
 use payrecon_chain_core::{AddressDeriver, DeriveError, DerivedAddress, Network};

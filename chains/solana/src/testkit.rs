@@ -1,7 +1,10 @@
 //! A fake Solana JSON-RPC node for tests and benchmarks: no validator runs here, so the
 //! answers to `getSignaturesForAddress`, `getTransaction` (jsonParsed), `getSignatureStatuses`,
 //! `getSlot` and `getBlockHeight` are built from the documented responses recorded in
-//! `fixtures/solana/`, and the real Solana RPC client talks to it. Like a real node it refuses
+//! `fixtures/solana/`, and the real Solana RPC client talks to it. `getLatestBlockhash`,
+//! `getFeeForMessage` and `getBalance` answer in their documented shapes (a context and a
+//! value): a blockhash per slot, 5,000 lamports per signature, and what the node's transfers
+//! left at an address. Like a real node it refuses
 //! `processed` commitment on the two history methods. Scenarios: pay (with or without a
 //! reference, to the recipient or elsewhere, failing), finalize, drop a confirmed transaction
 //! with its fork, and queue faults (HTTP 429, answers slower than the client's timeout).
@@ -412,6 +415,44 @@ fn respond(node: &Node, request: &Value) -> Result<Value, (i64, String)> {
                 })
                 .collect();
             Ok(json!({"context": {"slot": node.slot}, "value": value}))
+        }
+        "getLatestBlockhash" => {
+            let mut hash = [0; 32];
+            hash[..8].copy_from_slice(&node.slot.to_le_bytes());
+            Ok(json!({
+                "context": {"slot": node.slot},
+                "value": {
+                    "blockhash": solana_message::Hash::new_from_array(hash).to_string(),
+                    "lastValidBlockHeight": node.slot - 1 + 150,
+                },
+            }))
+        }
+        "getFeeForMessage" => {
+            use base64::Engine as _;
+            let message = base64::engine::general_purpose::STANDARD
+                .decode(params[0].as_str().unwrap_or_default())
+                .map_err(|e| (-32602, format!("invalid message: {e}")))?;
+            let signatures = message.first().copied().unwrap_or(0);
+            Ok(json!({"context": {"slot": node.slot}, "value": 5_000 * u64::from(signatures)}))
+        }
+        "getBalance" => {
+            let address = params[0].as_str().unwrap_or_default();
+            let commitment = commitment_of(&params[1]);
+            let mut lamports: i128 = 0;
+            for tx in node.txs.iter().filter(|t| visible(t, commitment)) {
+                let moved = if tx.failed {
+                    0
+                } else {
+                    i128::from(tx.lamports)
+                };
+                if tx.to == address {
+                    lamports += moved;
+                }
+                if tx.payer == address {
+                    lamports -= moved + 5_000;
+                }
+            }
+            Ok(json!({"context": {"slot": node.slot}, "value": lamports.max(0)}))
         }
         other => Err((-32601, format!("Method not found: {other}"))),
     }

@@ -235,7 +235,7 @@ impl SolanaScanner {
         }
     }
 
-    fn client(&mut self) -> Result<Arc<RpcClient>, ScanError> {
+    pub(crate) fn client(&mut self) -> Result<Arc<RpcClient>, ScanError> {
         if let Some(client) = &self.client {
             return Ok(client.clone());
         }
@@ -859,7 +859,7 @@ fn signature(text: &str) -> Result<Signature, ScanError> {
 
 /// Timeouts, refused connections, rate limits (after the client's own 429 retries) and node
 /// errors are temporary; an answer that does not decode is not.
-fn classify(call: &str, error: ClientError) -> ScanError {
+pub(crate) fn classify(call: &str, error: ClientError) -> ScanError {
     match error.kind() {
         ErrorKind::SerdeJson(_) => ScanError::Fatal(format!(
             "{call}: the node answered something unreadable: {}",

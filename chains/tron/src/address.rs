@@ -19,6 +19,19 @@ impl TronAddress {
         TronAddress(bytes)
     }
 
+    /// The 20 account bytes, as an ABI address word ends with them.
+    pub fn account_bytes(&self) -> &[u8; 20] {
+        &self.0
+    }
+
+    /// The 21 bytes (`0x41` and the account) a transaction's protobuf carries.
+    pub fn to_hex_bytes(&self) -> Vec<u8> {
+        let mut bytes = Vec::with_capacity(21);
+        bytes.push(TRON_PREFIX);
+        bytes.extend_from_slice(&self.0);
+        bytes
+    }
+
     /// The `41…` hex form the full-node API uses.
     pub fn to_hex(&self) -> String {
         let mut text = format!("{TRON_PREFIX:02x}");
@@ -56,10 +69,7 @@ impl TronAddress {
 impl fmt::Display for TronAddress {
     /// The base58check `T…` form people and wallets use.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut payload = Vec::with_capacity(21);
-        payload.push(TRON_PREFIX);
-        payload.extend_from_slice(&self.0);
-        f.write_str(&base58::encode_check(&payload))
+        f.write_str(&base58::encode_check(&self.to_hex_bytes()))
     }
 }
 

@@ -11,6 +11,8 @@ use payrecon_chain_core::{Attempt, RetryPolicy, ScanError, SecretUrl};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
+use crate::TronAddress;
+
 /// A block as `/wallet/getblockbynum` and `/wallet/getnowblock` return it.
 #[derive(Clone, Debug, Deserialize)]
 pub struct Block {
@@ -361,7 +363,25 @@ impl TronClient {
         parameters.ok_or_else(|| ScanError::Fatal("the node lists no chain parameters".into()))
     }
 
-    async fn post<T: DeserializeOwned>(
+    /// `/wallet/getaccount`: the account's TRX in sun; `0` for one the chain has never seen
+    /// (`{}`), and java-tron leaves a zero balance out.
+    pub async fn trx_balance(&self, address: &TronAddress) -> Result<u128, ScanError> {
+        #[derive(serde::Deserialize)]
+        struct Account {
+            #[serde(default)]
+            balance: u128,
+        }
+        let account: Option<Account> = self
+            .post(
+                "/wallet/getaccount",
+                serde_json::json!({ "address": address.to_hex() }),
+            )
+            .await?;
+        Ok(account.map_or(0, |a| a.balance))
+    }
+
+    /// POSTs `body` to `path` and decodes the answer; `{}` reads as `null`.
+    pub(crate) async fn post<T: DeserializeOwned>(
         &self,
         path: &str,
         body: serde_json::Value,

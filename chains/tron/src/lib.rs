@@ -6,10 +6,12 @@ pub mod api;
 mod derive;
 #[cfg(feature = "testkit")]
 pub mod testkit;
+mod unsigned;
 mod watch;
 
 pub use address::{TronAddress, TronAddressError};
 pub use derive::TronDeriver;
+pub use unsigned::{TronSending, UnsignedTronTransaction};
 pub use watch::{
     TRANSFER_TOPIC, TRC20_TRANSFER_BYTES, TRC20_TRANSFER_ENERGY, TRX_TRANSFER_BYTES, TronFinality,
     TronScanner, TronSettings,

@@ -458,6 +458,132 @@ fn build_tx(spec: &TxSpec, txid: &str, height: u64, timestamp: i64) -> (Value, V
     (tx, info)
 }
 
+/// `/wallet/getaccount`: the TRX the blocks' transfers left at the address (`{}` for one
+/// never paid), as java-tron spells an account.
+fn account(chain: &Chain, body: &Bytes) -> Value {
+    let wanted = serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|b| b["address"].as_str().map(str::to_owned))
+        .unwrap_or_default();
+    let mut balance: i128 = 0;
+    let mut seen = false;
+    for tx in chain
+        .blocks
+        .iter()
+        .flat_map(|b| b.block["transactions"].as_array().into_iter().flatten())
+    {
+        let contract = &tx["raw_data"]["contract"][0];
+        if contract["type"] != "TransferContract" {
+            continue;
+        }
+        let value = &contract["parameter"]["value"];
+        let amount = i128::from(value["amount"].as_i64().unwrap_or(0));
+        if value["to_address"].as_str() == Some(wanted.as_str()) {
+            (balance, seen) = (balance + amount, true);
+        }
+        if value["owner_address"].as_str() == Some(wanted.as_str()) {
+            balance -= amount;
+        }
+    }
+    match seen {
+        false => json!({}),
+        true => json!({ "address": wanted, "balance": balance.max(0) }),
+    }
+}
+
+/// What `/wallet/createtransaction` (or, with `call`, `/wallet/triggersmartcontract`'s
+/// `transaction`) answers: the transaction on the head block, expiring a minute after it,
+/// its raw data both as JSON and as the protobuf bytes a signer hashes.
+fn unsigned(chain: &Chain, body: &Bytes, call: bool) -> Value {
+    use crate::unsigned::{decode_hex, hex, proto};
+    use payrecon_chain_core::bitcoin::hashes::{Hash as _, sha256};
+    use prost::Message as _;
+    let request: Value = serde_json::from_slice(body).unwrap_or_default();
+    let bytes =
+        |key: &str| decode_hex(request[key].as_str().unwrap_or_default()).unwrap_or_default();
+    let head = &chain.blocks.last().expect("a block").block;
+    let number = head["block_header"]["raw_data"]["number"]
+        .as_u64()
+        .expect("a height");
+    let head_time = head["block_header"]["raw_data"]["timestamp"]
+        .as_i64()
+        .expect("a time");
+    let block_id = decode_hex(head["blockID"].as_str().expect("an id")).expect("a hex id");
+    let (kind, name, value, value_json, fee_limit) = if call {
+        // The only call payrecon makes: TRC-20 `transfer`.
+        if request["function_selector"] != "transfer(address,uint256)" {
+            return json!({ "Error": "the fake node builds only transfer(address,uint256)" });
+        }
+        let mut data = vec![0xa9, 0x05, 0x9c, 0xbb];
+        data.extend(bytes("parameter"));
+        let value = proto::TriggerSmartContract {
+            owner_address: bytes("owner_address"),
+            contract_address: bytes("contract_address"),
+            call_value: request["call_value"].as_i64().unwrap_or(0),
+            data: data.clone(),
+        };
+        let json = json!({
+            "data": hex(&data),
+            "owner_address": request["owner_address"],
+            "contract_address": request["contract_address"],
+        });
+        (
+            31,
+            "TriggerSmartContract",
+            value.encode_to_vec(),
+            json,
+            request["fee_limit"].as_i64().unwrap_or(0),
+        )
+    } else {
+        let value = proto::TransferContract {
+            owner_address: bytes("owner_address"),
+            to_address: bytes("to_address"),
+            amount: request["amount"].as_i64().unwrap_or(0),
+        };
+        let json = json!({
+            "amount": request["amount"],
+            "owner_address": request["owner_address"],
+            "to_address": request["to_address"],
+        });
+        (1, "TransferContract", value.encode_to_vec(), json, 0)
+    };
+    let type_url = format!("type.googleapis.com/protocol.{name}");
+    let raw = proto::Raw {
+        ref_block_bytes: number.to_be_bytes()[6..8].to_vec(),
+        ref_block_hash: block_id[8..16].to_vec(),
+        expiration: head_time + 60_000,
+        contract: vec![proto::Contract {
+            kind,
+            parameter: Some(proto::Any {
+                type_url: type_url.clone(),
+                value,
+            }),
+        }],
+        timestamp: chain.clock_ms,
+        fee_limit,
+    };
+    let raw_bytes = raw.encode_to_vec();
+    let mut raw_data = json!({
+        "contract": [{
+            "parameter": { "value": value_json, "type_url": type_url },
+            "type": name,
+        }],
+        "ref_block_bytes": hex(&raw.ref_block_bytes),
+        "ref_block_hash": hex(&raw.ref_block_hash),
+        "expiration": raw.expiration,
+        "timestamp": raw.timestamp,
+    });
+    if fee_limit != 0 {
+        raw_data["fee_limit"] = json!(fee_limit);
+    }
+    json!({
+        "visible": false,
+        "txID": sha256::Hash::hash(&raw_bytes).to_string(),
+        "raw_data": raw_data,
+        "raw_data_hex": hex(&raw_bytes),
+    })
+}
+
 async fn answer(
     State(chain): State<Arc<Mutex<Chain>>>,
     Path((api, call)): Path<(String, String)>,
@@ -491,6 +617,12 @@ async fn answer(
             .and_then(|n| chain.blocks.get(n as usize))
             .map_or(json!({}), |b| b.block.clone()),
         ("wallet", "getchainparameters") => recorded(CHAIN_PARAMETERS, "response"),
+        ("wallet", "getaccount") => account(&chain, &body),
+        ("wallet", "createtransaction") => unsigned(&chain, &body, false),
+        ("wallet", "triggersmartcontract") => json!({
+            "result": { "result": true },
+            "transaction": unsigned(&chain, &body, true),
+        }),
         ("wallet" | "walletsolidity", "gettransactioninfobyid") => {
             let wanted = serde_json::from_slice::<Value>(&body)
                 .ok()

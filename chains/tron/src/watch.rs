@@ -24,6 +24,7 @@ use serde::Deserialize as _;
 
 use crate::TronAddress;
 use crate::api::{Block, OwnerValue, TransactionInfo, TransferValue, TronClient};
+use crate::unsigned::BurnPrices;
 
 /// topic 0 of every TRC-20 (ERC-20) `Transfer(address,address,uint256)`.
 pub const TRANSFER_TOPIC: &str = "ddf252ad1be2c89b69c2b068fc378daa952ba7f163c4a11628f55a4df523b3ef";
@@ -126,7 +127,7 @@ impl TronScanner {
         }
     }
 
-    fn client(&mut self) -> Result<TronClient, ScanError> {
+    pub(crate) fn client(&mut self) -> Result<TronClient, ScanError> {
         if let Some(client) = &self.client {
             return Ok(client.clone());
         }
@@ -138,6 +139,23 @@ impl TronScanner {
         )?;
         self.client = Some(client.clone());
         Ok(client)
+    }
+}
+
+impl TronScanner {
+    /// The committee's prices of what a transaction burns without staked resources.
+    pub(crate) async fn burn_prices(&mut self) -> Result<BurnPrices, ScanError> {
+        let parameters = self.client()?.chain_parameters().await?;
+        let price = |key: &str| {
+            parameters
+                .get(key)
+                .and_then(|value| u128::try_from(value).ok())
+                .ok_or_else(|| ScanError::Fatal(format!("the node's chain parameters lack {key}")))
+        };
+        Ok(BurnPrices {
+            energy: price("getEnergyFee")?,
+            bandwidth: price("getTransactionFee")?,
+        })
     }
 }
 
@@ -346,14 +364,7 @@ impl ChainScanner for TronScanner {
     /// sweep's bytes, as if the address had no staked or free bandwidth left (its first
     /// transaction of a day may well be free: the list errs on the side of enough).
     async fn sweep_fees(&mut self) -> Result<SweepFees, ScanError> {
-        let parameters = self.client()?.chain_parameters().await?;
-        let price = |key: &str| {
-            parameters
-                .get(key)
-                .and_then(|value| u128::try_from(value).ok())
-                .ok_or_else(|| ScanError::Fatal(format!("the node's chain parameters lack {key}")))
-        };
-        let (energy, bandwidth) = (price("getEnergyFee")?, price("getTransactionFee")?);
+        let BurnPrices { energy, bandwidth } = self.burn_prices().await?;
         Ok(SweepFees {
             per_token: Amount::from_base_units(
                 energy * u128::from(TRC20_TRANSFER_ENERGY)
