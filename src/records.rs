@@ -210,8 +210,21 @@ pub struct Valuation {
     pub txids: String,
     /// The reporting currency's rate, when one is configured.
     pub reporting: Option<ReportingRate>,
+    /// A refund's: the rates its money was taken in at, which its suspense legs leave at.
+    pub held: Option<HeldRate>,
     /// When it was written.
     pub valued_at: DateTime<Utc>,
+}
+
+/// The rates held money was taken in at (its hold entry's). A refund's suspense legs are
+/// valued at these and its other legs at the market's, so its `fx:` legs hold the exchange
+/// difference between receipt and refund.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct HeldRate {
+    /// USD for one whole coin.
+    pub usd_per_unit: Decimal,
+    /// USD for one unit of the reporting currency, when the hold had one.
+    pub usd_per_reporting: Option<Decimal>,
 }
 
 /// Receive indexes of one account key: how many were handed out and how they were paid.

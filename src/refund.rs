@@ -110,7 +110,9 @@ pub(crate) enum PaidFrom {
 /// The entry that books a completed refund of money held in `held` (a suspense account):
 /// what the customer got back leaves suspense for where it went (the outflow's `external`,
 /// or the treasury that paid it), and for a refund whose customer pays the fee, the fee its
-/// transaction paid leaves suspense for the fee expense the outflow booked.
+/// transaction paid leaves suspense for the fee expense the outflow booked. It passes through
+/// `fx:` (nothing stays there in coins): valued, suspense leaves at the rates the money was
+/// held at and the rest goes at the market's, and `fx:` keeps the exchange difference.
 pub(crate) fn completion_entry(
     refund: &Refund,
     held: &Account,
@@ -133,6 +135,8 @@ pub(crate) fn completion_entry(
     };
     let mut postings = vec![
         Posting::debit(held.clone(), crypto, units),
+        Posting::credit(Account::Fx(method), crypto, units),
+        Posting::debit(Account::Fx(method), crypto, units),
         Posting::credit(to, crypto, units - customer_fee),
     ];
     if customer_fee > 0 {

@@ -44,10 +44,15 @@ pub(crate) fn crypto_of(entry: &NewEntry) -> Result<Option<Method>, Error> {
 /// Every leg's fiat value, in leg order. Each leg is rounded half away from zero; whatever
 /// the rounding or the market leaves unbalanced lands on the entry's first `fx:` leg (the
 /// conversion account) or, without one, on its largest leg, so each entry sums to zero in USD
-/// and in the reporting currency.
+/// and in the reporting currency. A refund's suspense legs leave at the rates the money was
+/// held at, so its `fx:` legs take the exchange difference.
 pub(crate) fn value_legs(entry: &NewEntry, valuation: &Valuation) -> Result<Vec<LegValue>, Error> {
     let mut values = Vec::with_capacity(entry.postings.len());
     for posting in &entry.postings {
+        let held = valuation
+            .held
+            .as_ref()
+            .filter(|_| matches!(posting.account, Account::Suspense(_)));
         let usd_exact = match posting.currency {
             Currency::Usd => Decimal::from_i128_with_scale(posting.amount_minor, 0),
             Currency::Crypto(method) => {
@@ -69,23 +74,25 @@ pub(crate) fn value_legs(entry: &NewEntry, valuation: &Valuation) -> Result<Vec<
                     Error::Books(format!("amount of {} too large", entry.idempotency_key))
                 })?;
                 coins
-                    .checked_mul(rate.usd_per_unit)
+                    .checked_mul(held.map_or(rate.usd_per_unit, |h| h.usd_per_unit))
                     .and_then(|usd| usd.checked_mul(Decimal::ONE_HUNDRED))
                     .ok_or_else(|| {
                         Error::Books(format!("value of {} overflows", entry.idempotency_key))
                     })?
             }
         };
-        let reporting_cents = match &valuation.reporting {
+        let usd_per_reporting = valuation.reporting.as_ref().map(|rate| {
+            held.and_then(|h| h.usd_per_reporting)
+                .unwrap_or(rate.usd_per_unit)
+        });
+        let reporting_cents = match usd_per_reporting {
             None => None,
-            Some(rate) => Some(cents(usd_exact.checked_div(rate.usd_per_unit).ok_or_else(
-                || {
-                    Error::Books(format!(
-                        "reporting rate of {} is zero",
-                        entry.idempotency_key
-                    ))
-                },
-            )?)),
+            Some(rate) => Some(cents(usd_exact.checked_div(rate).ok_or_else(|| {
+                Error::Books(format!(
+                    "reporting rate of {} is zero",
+                    entry.idempotency_key
+                ))
+            })?)),
         };
         values.push(LegValue {
             usd_cents: cents(usd_exact),
@@ -161,6 +168,7 @@ mod tests {
                 source: "test".into(),
                 at,
             }),
+            held: None,
             valued_at: at,
         }
     }
@@ -179,6 +187,40 @@ mod tests {
         assert_eq!(eur, [9_000, -9_000, 8_696, -8_696]);
         // The fx account nets to a gain (a credit) of 3.50 USD.
         assert_eq!(usd[1] + usd[2], -350);
+    }
+
+    #[test]
+    fn a_refund_leaves_suspense_at_the_held_rates_and_books_the_difference_on_fx() {
+        // 0.3 LTC held at 120 USD (EUR at 1.20 USD), sent back when worth 100 USD (EUR 1.10).
+        let ltc = Currency::Crypto(Method::Ltc);
+        let held = Account::Suspense(crate::ledger::SuspenseReason::Overpaid);
+        let refund = NewEntry {
+            idempotency_key: "refund:rf_1".into(),
+            kind: EntryKind::Refund,
+            reference: Some("T1".into()),
+            memo: "m".into(),
+            postings: vec![
+                Posting::debit(held, ltc, 30_000_000),
+                Posting::credit(Account::Fx(Method::Ltc), ltc, 30_000_000),
+                Posting::debit(Account::Fx(Method::Ltc), ltc, 30_000_000),
+                Posting::credit(Account::External(Method::Ltc), ltc, 30_000_000),
+            ],
+        };
+        let mut valuation = valuation("100", Some("1.10"));
+        valuation.held = Some(crate::records::HeldRate {
+            usd_per_unit: "120".parse().unwrap(),
+            usd_per_reporting: Some("1.20".parse().unwrap()),
+        });
+        let values = value_legs(&refund, &valuation).unwrap();
+        let usd: Vec<i128> = values.iter().map(|v| v.usd_cents).collect();
+        assert_eq!(usd, [3_600, -3_600, 3_000, -3_000]);
+        // The fx account nets to a gain (a credit) of 6.00 USD: the shop owed 36.00 and paid
+        // with 30.00.
+        assert_eq!(usd[1] + usd[2], -600);
+        let eur: Vec<i128> = values.iter().map(|v| v.reporting_cents.unwrap()).collect();
+        // 30.00 EUR held, 27.27 EUR sent: 2.73 EUR gained.
+        assert_eq!(eur, [3_000, -3_000, 2_727, -2_727]);
+        assert_eq!(eur[1] + eur[2], -273);
     }
 
     #[test]

@@ -19,10 +19,10 @@ use crate::config::BooksConfig;
 use crate::engine::Engine;
 use crate::error::Error;
 use crate::ledger::{Account, Currency};
-use crate::records::{CryptoRate, ReportingRate, Valuation};
+use crate::records::{CryptoRate, HeldRate, ReportingRate, Valuation};
 use crate::report::OUTPUT_BUFFER_BYTES;
 use crate::store::books::{self as book_store, PeriodEntry, PeriodEvent};
-use crate::store::{operations, payments};
+use crate::store::{operations, outflows, payments, refunds};
 
 /// Entries read per page by the close, the exports and the valuation pass.
 const PAGE_ENTRIES: i64 = 2_000;
@@ -131,7 +131,7 @@ impl Engine {
                 {
                     Ok(Some(valuation)) => Ok(valuation),
                     Ok(None) => Err(Error::Books(
-                        "waits for the entry it reverses to be valued".into(),
+                        "waits for the entry it depends on (the one it reverses, a refund's hold or outflow) to be valued".into(),
                     )),
                     Err(error) => Err(error),
                 };
@@ -185,6 +185,16 @@ impl Engine {
         let entry = &pending.entry;
         let now = self.now();
         let method = crypto_of(entry)?;
+        if let Some(refund_id) = entry.idempotency_key.strip_prefix("refund:")
+            && entry
+                .postings
+                .iter()
+                .any(|p| matches!(p.account, Account::Fx(_)))
+        {
+            return self
+                .value_refund(conn, pending, this_page, refund_id, txids)
+                .await;
+        }
         // A reversal undoes its original at the original's rates, both of them; a release from
         // suspense takes the crypto rate of the hold and today's reporting rate.
         let inherited = if let Some(original) = entry.idempotency_key.strip_prefix("reverse:") {
@@ -210,24 +220,13 @@ impl Engine {
                 basis,
                 txids: original.txids,
                 reporting,
+                held: None,
                 valued_at: now,
             }));
         }
         let crypto = match method {
             None => None,
-            Some(method) => {
-                let rate = self
-                    .rate_book()?
-                    .market_rate(method.asset(), pending.posted_at, now)
-                    .await
-                    .map_err(|e| Error::Books(e.to_string()))?;
-                Some(CryptoRate {
-                    method,
-                    usd_per_unit: rate.usd_per_unit,
-                    source: rate.source,
-                    at: rate.fetched_at,
-                })
-            }
+            Some(method) => Some(self.market_crypto(method, pending.posted_at).await?),
         };
         let reporting = self.reporting_rate(pending.posted_at, now).await?;
         Ok(Some(Valuation {
@@ -236,8 +235,97 @@ impl Engine {
             basis: "market".into(),
             txids,
             reporting,
+            held: None,
             valued_at: now,
         }))
+    }
+
+    /// A refund's valuation: its suspense legs at the rates of the hold it releases; its other
+    /// legs at the rates of the outflow that carried it, so `external` nets to nothing, or at
+    /// the market's when another wallet paid. `None` while one of those is not valued yet.
+    async fn value_refund(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        pending: &PeriodEntry,
+        this_page: &HashMap<String, Valuation>,
+        refund_id: &str,
+        txids: String,
+    ) -> Result<Option<Valuation>, Error> {
+        let gone = |what: &str| Error::Books(format!("refund {refund_id}: its {what} is gone"));
+        let refund = refunds::get(conn, refund_id)
+            .await?
+            .ok_or_else(|| gone("record"))?;
+        let exception = operations::get_exception(conn, &refund.exception_id)
+            .await?
+            .ok_or_else(|| gone("exception"))?;
+        let intent = match &exception.intent_id {
+            Some(id) => payments::get_intent(conn, id).await?,
+            None => None,
+        };
+        let hold = crate::operator::hold_key(&exception, intent.as_ref())
+            .ok_or_else(|| gone("hold entry"))?;
+        let Some(held) = valuation_of(conn, this_page, &hold).await? else {
+            return Ok(None);
+        };
+        let held_rate = held.crypto.as_ref().ok_or_else(|| {
+            Error::Books(format!(
+                "refund {refund_id}: its hold {} has no crypto rate",
+                entry_id(&hold)
+            ))
+        })?;
+        let network = refund.method.network();
+        let carried = match &refund.txid {
+            Some(txid) => outflows::posted_entries(conn, network, txid).await?,
+            None => Vec::new(),
+        };
+        let (crypto, reporting, sent) = match carried.iter().flatten().next() {
+            Some(outflow) => match valuation_of(conn, this_page, outflow).await? {
+                Some(v) => (
+                    v.crypto,
+                    v.reporting,
+                    format!("sent in {}", entry_id(outflow)),
+                ),
+                None => return Ok(None),
+            },
+            // Seen leaving custody, not booked yet: wait for its entry.
+            None if !carried.is_empty() => return Ok(None),
+            None => (
+                Some(self.market_crypto(refund.method, pending.posted_at).await?),
+                self.reporting_rate(pending.posted_at, self.now()).await?,
+                "market".to_owned(),
+            ),
+        };
+        Ok(Some(Valuation {
+            entry_seq: pending.seq,
+            crypto,
+            basis: format!("held since {}; {sent}", entry_id(&hold)),
+            txids,
+            reporting,
+            held: Some(HeldRate {
+                usd_per_unit: held_rate.usd_per_unit,
+                usd_per_reporting: held.reporting.map(|r| r.usd_per_unit),
+            }),
+            valued_at: self.now(),
+        }))
+    }
+
+    /// The market rate of `method`'s coin at `at`.
+    async fn market_crypto(
+        &self,
+        method: payrecon_chain_core::Method,
+        at: DateTime<Utc>,
+    ) -> Result<CryptoRate, Error> {
+        let rate = self
+            .rate_book()?
+            .market_rate(method.asset(), at, self.now())
+            .await
+            .map_err(|e| Error::Books(e.to_string()))?;
+        Ok(CryptoRate {
+            method,
+            usd_per_unit: rate.usd_per_unit,
+            source: rate.source,
+            at: rate.fetched_at,
+        })
     }
 
     /// The rate sources the books value with: the payment settings' own.
@@ -404,6 +492,7 @@ impl Engine {
                 .map(|t| t.join("+"))
                 .unwrap_or_default(),
             reporting,
+            held: None,
             valued_at: self.now(),
         };
         let mut tx = self.store.begin_write().await?;

@@ -215,10 +215,7 @@ impl Engine {
             ))
         })?;
         let (previous, rate) = source_facts(&settings.networks, network, &inputs).await?;
-        // Kept on the refund, in a write transaction of its own: preparing again reuses it.
-        let mut tx = self.db().begin_write().await?;
-        let change_index = refunds::change_index(tx.conn(), &refund.id, network.as_str()).await?;
-        tx.commit().await?;
+        let change_index = self.keep_change_index(&refund.id, network).await?;
         let chain = utxo_chain(network);
         let order = RefundOrder {
             inputs: inputs
@@ -256,6 +253,28 @@ impl Engine {
             }),
             change_path: built.change.as_ref().map(|_| format!("1/{change_index}")),
         })
+    }
+
+    /// The refund's change index, kept on it in a write transaction of its own (preparing
+    /// again reuses it). Two refunds prepared at once on PostgreSQL may both read the same
+    /// highest index: the unique index refuses the second, which takes the next.
+    async fn keep_change_index(&self, id: &str, network: Network) -> Result<u32, Error> {
+        const ATTEMPTS: usize = 3;
+        for _ in 1..ATTEMPTS {
+            let mut tx = self.db().begin_write().await?;
+            match refunds::change_index(tx.conn(), id, network.as_str()).await {
+                Ok(index) => {
+                    tx.commit().await?;
+                    return Ok(index);
+                }
+                Err(StoreError::Database(sqlx::Error::Database(e))) if e.is_unique_violation() => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let mut tx = self.db().begin_write().await?;
+        let index = refunds::change_index(tx.conn(), id, network.as_str()).await?;
+        tx.commit().await?;
+        Ok(index)
     }
 
     /// The unsigned transaction sending an Ethereum refund from the one address that holds

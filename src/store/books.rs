@@ -10,7 +10,7 @@ use super::ledger::decode_posting_at;
 use super::orders::millis;
 use super::{StoreError, WriteTx, list_placeholders, values_placeholders};
 use crate::ledger::{LedgerError, NewEntry, Posting};
-use crate::records::{CryptoRate, ReportingRate, Valuation};
+use crate::records::{CryptoRate, HeldRate, ReportingRate, Valuation};
 
 /// An entry's accounting date, as SQL: when it was booked into an open period, else when it
 /// was posted. `journal_entries_by_booking` indexes exactly this expression.
@@ -148,7 +148,8 @@ pub(crate) struct PeriodEntry {
 pub(crate) type PageStart = (i64, i64);
 
 const VALUATION_COLUMNS: &str = "v.crypto_currency, v.usd_per_unit, v.crypto_source, v.crypto_at_ms, v.basis, \
-     v.txids, v.reporting_currency, v.usd_per_reporting, v.reporting_source, v.reporting_at_ms, v.valued_at_ms";
+     v.txids, v.reporting_currency, v.usd_per_reporting, v.reporting_source, v.reporting_at_ms, v.valued_at_ms, \
+     v.held_usd_per_unit, v.held_usd_per_reporting";
 
 /// Up to `limit` entries booked in `[from_ms, to_ms)` after `start`, in booking order (then
 /// journal order), with their legs and valuations: two statements a page, memory flat. The
@@ -287,12 +288,20 @@ fn decode_valuation(
             at: millis(row.try_get::<Option<i64>, _>(column(9))?.unwrap_or(0))?,
         }),
     };
+    let held = match decimal(11)? {
+        None => None,
+        Some(usd_per_unit) => Some(HeldRate {
+            usd_per_unit,
+            usd_per_reporting: decimal(12)?,
+        }),
+    };
     Ok(Some(Valuation {
         entry_seq: seq,
         crypto,
         basis,
         txids: row.try_get(column(5))?,
         reporting,
+        held,
         valued_at: millis(row.try_get(column(10))?)?,
     }))
 }
@@ -374,12 +383,13 @@ pub(crate) async fn insert_valuations(
     tx: &mut WriteTx,
     valuations: &[Valuation],
 ) -> Result<(), StoreError> {
-    for chunk in valuations.chunks(super::rows_per_statement(12)) {
+    for chunk in valuations.chunks(super::rows_per_statement(14)) {
         let sql = format!(
             "INSERT INTO entry_valuations (entry_seq, crypto_currency, usd_per_unit, crypto_source, crypto_at_ms, \
-             basis, txids, reporting_currency, usd_per_reporting, reporting_source, reporting_at_ms, valued_at_ms) \
+             basis, txids, reporting_currency, usd_per_reporting, reporting_source, reporting_at_ms, valued_at_ms, \
+             held_usd_per_unit, held_usd_per_reporting) \
              VALUES {} ON CONFLICT (entry_seq) DO NOTHING",
-            values_placeholders(tx.backend(), 12, chunk.len())
+            values_placeholders(tx.backend(), 14, chunk.len())
         );
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
         for v in chunk {
@@ -397,7 +407,14 @@ pub(crate) async fn insert_valuations(
                 .bind(reporting.map(|r| r.usd_per_unit.to_string()))
                 .bind(reporting.map(|r| r.source.clone()))
                 .bind(reporting.map(|r| r.at.timestamp_millis()))
-                .bind(v.valued_at.timestamp_millis());
+                .bind(v.valued_at.timestamp_millis())
+                .bind(v.held.as_ref().map(|h| h.usd_per_unit.to_string()))
+                .bind(
+                    v.held
+                        .as_ref()
+                        .and_then(|h| h.usd_per_reporting)
+                        .map(|r| r.to_string()),
+                );
         }
         query.execute(tx.conn()).await?;
     }

@@ -51,7 +51,7 @@ const POSTGRES_MAX_CONNECTIONS: u32 = 16;
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The schema, in order. Each version has one script per database.
-const MIGRATIONS: [(i64, &str, &str, &str); 23] = [
+const MIGRATIONS: [(i64, &str, &str, &str); 24] = [
     (
         1,
         "foundation",
@@ -189,6 +189,12 @@ const MIGRATIONS: [(i64, &str, &str, &str); 23] = [
         "refunds on chain",
         include_str!("../../migrations/sqlite/0023_refunds_on_chain.sql"),
         include_str!("../../migrations/postgres/0023_refunds_on_chain.sql"),
+    ),
+    (
+        24,
+        "refund exchange difference",
+        include_str!("../../migrations/sqlite/0024_refund_exchange_difference.sql"),
+        include_str!("../../migrations/postgres/0024_refund_exchange_difference.sql"),
     ),
 ];
 

@@ -319,3 +319,19 @@ fn decode(row: &sqlx::any::AnyRow) -> Result<OutflowRow, StoreError> {
         postings: row.try_get("postings")?,
     })
 }
+
+/// The entries booking the outflows of transaction `txid` on `network`, one per outflow in
+/// output order: `None` for one not booked (not deep enough yet, or reversed by a reorg).
+pub(crate) async fn posted_entries(
+    conn: &mut AnyConnection,
+    network: Network,
+    txid: &str,
+) -> Result<Vec<Option<String>>, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT posted_entry FROM outflows WHERE network = $1 AND txid = $2 ORDER BY position",
+    )
+    .bind(network.as_str())
+    .bind(txid)
+    .fetch_all(conn)
+    .await?)
+}

@@ -35,6 +35,11 @@ on_both_databases_and_sources! {
         wait_status(&engine, &pay.intent.id, IntentStatus::Settled).await;
         eventually("the overpayment exception", || async { kinds(&engine, "T1").await == ["overpaid"] }).await;
 
+        // The excess was worth 120 USD a coin when it came in (valued by hand here; the
+        // market's 100 values the rest): the refund books the difference as an exchange gain.
+        let hold = format!("overpaid:{}:1", pay.intent.id);
+        engine.value_by_hand(&hold, Some("120".parse().unwrap()), None, "finance", "the rate at receipt").await.unwrap();
+
         // The customer asks on the checkout page; an operator approves.
         let customer = chain.wallet_address().await;
         let asked = engine.checkout_request_refund(&pay.intent.checkout_key, &customer).await.unwrap();
@@ -103,10 +108,24 @@ on_both_databases_and_sources! {
         let month = Period::containing(chrono::Utc::now(), "UTC".parse().unwrap());
         let generic = String::from_utf8(export(&engine, month, JournalFormat::Generic).await.remove(0)).unwrap();
         // Booked as a refund: the held excess leaves suspense for where the outflow sent it.
+        // Suspense leaves at the 36.00 USD it was held at, the coins go at the outflow's
+        // 30.00, and fx keeps the 6.00 gain (it passes 0.3 LTC through, in and out).
         let refund_lines: Vec<&str> = generic.lines().filter(|l| l.contains(&refund.id)).collect();
-        assert_eq!(refund_lines.len(), 2, "{generic}");
-        assert!(refund_lines[0].contains(",refund,suspense:overpaid,"), "{refund_lines:?}");
-        assert!(refund_lines[1].contains(",refund,external:litecoin:LTC,"), "{refund_lines:?}");
+        let legs: Vec<(&str, &str)> = refund_lines
+            .iter()
+            .map(|l| {
+                let cells: Vec<&str> = l.split(',').collect();
+                (cells[4], cells[10])
+            })
+            .collect();
+        assert_eq!(
+            legs,
+            [("suspense:overpaid", "36.00"), ("fx:ltc", "-36.00"), ("fx:ltc", "30.00"), ("external:litecoin:LTC", "-30.00")],
+            "{generic}"
+        );
+        assert!(refund_lines.iter().all(|l| l.contains(",refund,")), "{refund_lines:?}");
+        let valuation = engine.valuation(&format!("refund:{}", refund.id)).await.unwrap().unwrap();
+        assert!(valuation.basis.starts_with("held since ") && valuation.basis.contains("; sent in "), "{}", valuation.basis);
         assert!(!generic.lines().any(|l| l.contains("revenue")), "never a sale");
 
         // The reconciliation report's refunded line comes from the completed refund.
@@ -197,6 +216,54 @@ on_both_databases_and_sources! {
             .await
             .unwrap();
         assert_eq!(held, 0);
+        // Paid from the treasury, no outflow carries them: their coins go at the market's rate.
+        engine.value_entries().await.unwrap();
+        for refund in &refunds {
+            let valuation = engine.valuation(&format!("refund:{}", refund.id)).await.unwrap().unwrap();
+            assert!(valuation.basis.ends_with("; market"), "{}", valuation.basis);
+        }
+        sound(&engine).await;
+    }
+
+    async fn two_refunds_prepared_at_once_never_share_a_change_address(db, source) {
+        let chain = Chain::lock().await;
+        let key = fresh_merchant_key();
+        let (engine, _clock) = ltc_engine(&db, &chain, 2, &key.account_xpub, |c: &mut Config| {
+            c.networks.litecoin = Some(source.config(&key.account_xpub, &chain, 2));
+        })
+        .await;
+        let watcher = source.watch(&engine, &chain);
+        let mut refunds = Vec::new();
+        for reference in ["C1", "C2"] {
+            engine.create_topup(&topup(reference, "42", "100")).await.unwrap();
+            let pay = engine.create_payment(&order(reference), Method::Ltc).await.unwrap();
+            chain.send(&pay.intent.pay_to, "1.3").await;
+            chain.mine(2).await;
+            wait_status(&engine, &pay.intent.id, IntentStatus::Settled).await;
+            eventually("the overpayment exception", || async { kinds(&engine, reference).await == ["overpaid"] }).await;
+            let exception = engine.exceptions(Some(&order(reference))).await.unwrap().remove(0);
+            let customer = chain.wallet_address().await;
+            let refund = engine.request_refund(&exception.id, &customer, "overpaid", "ops").await.unwrap();
+            refunds.push(engine.approve_refund(&refund.id, "lead").await.unwrap());
+        }
+        watcher.stop().await.unwrap();
+
+        // Another process takes change index 0 for the first refund and has not committed when
+        // the second is prepared, which reads the same highest index.
+        sqlx::any::install_default_drivers();
+        let pool = sqlx::AnyPool::connect(&db.url).await.unwrap();
+        let mut other = pool.begin().await.unwrap();
+        sqlx::query("UPDATE refunds SET change_index = 0 WHERE id = $1").bind(&refunds[0].id).execute(&mut *other).await.unwrap();
+        let second = tokio::spawn({
+            let (engine, id) = (engine.clone(), refunds[1].id.clone());
+            async move { engine.prepare_refund(&id, "ops").await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        other.commit().await.unwrap();
+        let second = second.await.unwrap().unwrap().psbt.unwrap();
+        let first = engine.prepare_refund(&refunds[0].id, "ops").await.unwrap().psbt.unwrap();
+        assert_eq!((first.change_path.as_deref(), second.change_path.as_deref()), (Some("1/0"), Some("1/1")));
+        assert_ne!(first.change_address, second.change_address);
         sound(&engine).await;
     }
 }
