@@ -150,19 +150,7 @@ on_both_databases_and_sources! {
         })
         .await;
         let watcher = source.watch(&engine, &chain);
-        let mut refunds = Vec::new();
-        for reference in ["T1", "T2"] {
-            engine.create_topup(&topup(reference, "42", "100")).await.unwrap();
-            let pay = engine.create_payment(&order(reference), Method::Ltc).await.unwrap();
-            chain.send(&pay.intent.pay_to, "1.3").await;
-            chain.mine(2).await;
-            wait_status(&engine, &pay.intent.id, IntentStatus::Settled).await;
-            eventually("the overpayment exception", || async { kinds(&engine, reference).await == ["overpaid"] }).await;
-            let exception = engine.exceptions(Some(&order(reference))).await.unwrap().remove(0);
-            let customer = chain.wallet_address().await;
-            let refund = engine.request_refund(&exception.id, &customer, "overpaid", "ops").await.unwrap();
-            refunds.push(engine.approve_refund(&refund.id, "lead").await.unwrap());
-        }
+        let refunds = approved_overpaid_refunds(&engine, &chain, ["T1", "T2"]).await;
         let mark = |exception: String, txid: String| {
             let engine = engine.clone();
             async move {
@@ -233,19 +221,7 @@ on_both_databases_and_sources! {
         })
         .await;
         let watcher = source.watch(&engine, &chain);
-        let mut refunds = Vec::new();
-        for reference in ["C1", "C2"] {
-            engine.create_topup(&topup(reference, "42", "100")).await.unwrap();
-            let pay = engine.create_payment(&order(reference), Method::Ltc).await.unwrap();
-            chain.send(&pay.intent.pay_to, "1.3").await;
-            chain.mine(2).await;
-            wait_status(&engine, &pay.intent.id, IntentStatus::Settled).await;
-            eventually("the overpayment exception", || async { kinds(&engine, reference).await == ["overpaid"] }).await;
-            let exception = engine.exceptions(Some(&order(reference))).await.unwrap().remove(0);
-            let customer = chain.wallet_address().await;
-            let refund = engine.request_refund(&exception.id, &customer, "overpaid", "ops").await.unwrap();
-            refunds.push(engine.approve_refund(&refund.id, "lead").await.unwrap());
-        }
+        let refunds = approved_overpaid_refunds(&engine, &chain, ["C1", "C2"]).await;
         watcher.stop().await.unwrap();
 
         // Another process takes change index 0 for the first refund and has not committed when
@@ -266,4 +242,23 @@ on_both_databases_and_sources! {
         assert_ne!(first.change_address, second.change_address);
         sound(&engine).await;
     }
+}
+
+/// For each of `references`, a 100 USD top-up paid 1.3 LTC (0.3 too much) and the refund of
+/// the excess to one of the node's addresses, approved. The watcher must be running.
+async fn approved_overpaid_refunds(engine: &payrecon::Engine, chain: &Chain, references: [&str; 2]) -> Vec<payrecon::Refund> {
+    let mut refunds = Vec::new();
+    for reference in references {
+        engine.create_topup(&topup(reference, "42", "100")).await.unwrap();
+        let pay = engine.create_payment(&order(reference), Method::Ltc).await.unwrap();
+        chain.send(&pay.intent.pay_to, "1.3").await;
+        chain.mine(2).await;
+        wait_status(engine, &pay.intent.id, IntentStatus::Settled).await;
+        eventually("the overpayment exception", || async { kinds(engine, reference).await == ["overpaid"] }).await;
+        let exception = engine.exceptions(Some(&order(reference))).await.unwrap().remove(0);
+        let customer = chain.wallet_address().await;
+        let refund = engine.request_refund(&exception.id, &customer, "overpaid", "ops").await.unwrap();
+        refunds.push(engine.approve_refund(&refund.id, "lead").await.unwrap());
+    }
+    refunds
 }
