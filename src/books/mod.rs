@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::ledger::{Account, Currency, EntryKind};
+use valuation::LegValue;
 
 pub(crate) use journal::{BookedEntry, Chart, JournalWriter, XeroFiles, export_currency};
 pub use journal::{ExportTotals, FX_GAIN_LOSS, JournalFormat, XERO_LINES_PER_FILE, entry_id};
@@ -126,6 +127,26 @@ pub struct ReceiptValue {
     pub fx_gain_reporting: Option<Cents>,
 }
 
+/// One method's refunds completed in a period, at fiat value.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct RefundValue {
+    /// The method.
+    pub method: String,
+    /// Refunds completed (booked) in the period, net of reversals.
+    pub refunds: u64,
+    /// What left suspense, in base units.
+    #[serde(with = "crate::ledger::i128_as_string")]
+    pub amount_base_units: i128,
+    /// Its value at the rates it was held at, in USD.
+    pub held_usd: Cents,
+    /// The exchange difference: its value held less its value sent (a gain is positive).
+    pub fx_gain_usd: Cents,
+    /// The same two in the reporting currency, when there is one.
+    pub held_reporting: Option<Cents>,
+    /// The exchange difference in the reporting currency.
+    pub fx_gain_reporting: Option<Cents>,
+}
+
 /// One general-ledger account's movement in a period, in the export currency.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct GlMovement {
@@ -170,6 +191,10 @@ pub struct PeriodReport {
     pub entries_sha256: String,
     /// Receipts at fiat value, per method.
     pub receipts: Vec<ReceiptValue>,
+    /// Refunds completed, per method, with their exchange difference. Empty in the reports of
+    /// periods closed before it existed.
+    #[serde(default)]
+    pub refunds: Vec<RefundValue>,
     /// Each GL account's movement, in the export currency; debits equal credits.
     pub accounts: Vec<GlMovement>,
     /// Receipts per day and method.
@@ -192,9 +217,21 @@ pub(crate) struct PeriodFold {
     hasher: sha2::Sha256,
     entries: u64,
     receipts: BTreeMap<String, (u64, i128, i128, i128, i128)>,
+    refunds: BTreeMap<String, RefundFold>,
     accounts: BTreeMap<(String, String), (i128, i128)>,
     daily: BTreeMap<(String, String), i128>,
     xero: XeroFiles,
+}
+
+/// One method's refunds as a [`PeriodFold`] adds them up (fiat in cents, signed sums).
+#[derive(Default)]
+struct RefundFold {
+    refunds: i64,
+    base_units: i128,
+    held_usd: i128,
+    fx_usd: i128,
+    held_reporting: i128,
+    fx_reporting: i128,
 }
 
 /// What a [`PeriodFold`] found.
@@ -202,6 +239,7 @@ pub(crate) struct Folded {
     pub(crate) entries: u64,
     pub(crate) entries_sha256: String,
     pub(crate) receipts: Vec<ReceiptValue>,
+    pub(crate) refunds: Vec<RefundValue>,
     pub(crate) accounts: Vec<GlMovement>,
     pub(crate) daily: Vec<DailyReceipts>,
     pub(crate) xero_files: u32,
@@ -214,6 +252,7 @@ impl PeriodFold {
             hasher: <sha2::Sha256 as sha2::Digest>::new(),
             entries: 0,
             receipts: BTreeMap::new(),
+            refunds: BTreeMap::new(),
             accounts: BTreeMap::new(),
             daily: BTreeMap::new(),
             xero: XeroFiles::new(),
@@ -240,7 +279,62 @@ impl PeriodFold {
         ));
         self.entries += 1;
         let values = value_legs(&booked.entry, &booked.valuation)?;
-        for (posting, value) in booked.entry.postings.iter().zip(&values) {
+        // What an entry is, a Storno included, shows in its key (`reverse:<original's>`).
+        let key = &booked.entry.idempotency_key;
+        let original = key.strip_prefix("reverse:").unwrap_or(key);
+        if original.starts_with("refund:") {
+            self.add_refund(booked, &values);
+        } else if !(original.starts_with("outflow:") || original.starts_with("top-up:")) {
+            // Coins leaving custody, or the merchant's own coming in, are no receipts.
+            self.add_receipts(booked, &values);
+        }
+        let lines = journal::gl_lines(booked, &values, chart, in_reporting)?;
+        self.xero.place(lines.len());
+        for line in lines {
+            let sums = self
+                .accounts
+                .entry((line.account.code.clone(), line.account.name.clone()))
+                .or_default();
+            if line.amount > 0 {
+                sums.0 += line.amount;
+            } else {
+                sums.1 -= line.amount;
+            }
+        }
+        Ok(())
+    }
+
+    /// A refund's (or its Storno's) amount and value out of suspense and its `fx:` result.
+    fn add_refund(&mut self, booked: &BookedEntry, values: &[LegValue]) {
+        let Some(method) = crate::books::crypto_of(&booked.entry).ok().flatten() else {
+            return;
+        };
+        let row = self.refunds.entry(method.id().to_owned()).or_default();
+        for (posting, value) in booked.entry.postings.iter().zip(values) {
+            let reporting = value.reporting_cents.unwrap_or(0);
+            match posting.account {
+                Account::Suspense(_) => {
+                    row.base_units += posting.amount_minor;
+                    row.held_usd += value.usd_cents;
+                    row.held_reporting += reporting;
+                }
+                Account::Fx(_) => {
+                    row.fx_usd -= value.usd_cents;
+                    row.fx_reporting -= reporting;
+                }
+                _ => {}
+            }
+        }
+        row.refunds += if booked.entry.kind == EntryKind::Reversal {
+            -1
+        } else {
+            1
+        };
+    }
+
+    /// A payment's (or hold's, or Storno's) crypto into custody at value, and its conversion.
+    fn add_receipts(&mut self, booked: &BookedEntry, values: &[LegValue]) {
+        for (posting, value) in booked.entry.postings.iter().zip(values) {
             let (method, is_fx) = match posting.account {
                 Account::Custody(method) => (method, false),
                 Account::Fx(method) => (method, true),
@@ -262,20 +356,6 @@ impl PeriodFold {
                     .or_default() += value.usd_cents;
             }
         }
-        let lines = journal::gl_lines(booked, &values, chart, in_reporting)?;
-        self.xero.place(lines.len());
-        for line in lines {
-            let sums = self
-                .accounts
-                .entry((line.account.code.clone(), line.account.name.clone()))
-                .or_default();
-            if line.amount > 0 {
-                sums.0 += line.amount;
-            } else {
-                sums.1 -= line.amount;
-            }
-        }
-        Ok(())
     }
 
     /// The figures, and the hash of everything added.
@@ -295,6 +375,20 @@ impl PeriodFold {
                 },
             )
             .collect();
+        let refunds = self
+            .refunds
+            .into_iter()
+            .filter(|(_, r)| r.refunds != 0 || r.base_units != 0)
+            .map(|(method, r)| RefundValue {
+                method,
+                refunds: u64::try_from(r.refunds).unwrap_or(0),
+                amount_base_units: r.base_units,
+                held_usd: r.held_usd.into(),
+                fx_gain_usd: r.fx_usd.into(),
+                held_reporting: in_reporting.then(|| r.held_reporting.into()),
+                fx_gain_reporting: in_reporting.then(|| r.fx_reporting.into()),
+            })
+            .collect();
         let accounts = self
             .accounts
             .into_iter()
@@ -309,6 +403,7 @@ impl PeriodFold {
             entries: self.entries,
             entries_sha256: hex::encode(self.hasher.finalize()),
             receipts,
+            refunds,
             accounts,
             daily: self
                 .daily

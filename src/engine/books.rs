@@ -933,6 +933,7 @@ async fn fold_report(
         entries: folded.entries,
         entries_sha256: folded.entries_sha256,
         receipts: folded.receipts,
+        refunds: folded.refunds,
         accounts: folded.accounts,
         daily: folded.daily,
         xero_files: folded.xero_files,

@@ -127,6 +127,16 @@ on_both_databases_and_sources! {
         let valuation = engine.valuation(&format!("refund:{}", refund.id)).await.unwrap().unwrap();
         assert!(valuation.basis.starts_with("held since ") && valuation.basis.contains("; sent in "), "{}", valuation.basis);
         assert!(!generic.lines().any(|l| l.contains("revenue")), "never a sale");
+        // The month's report: the refund with its gain, and receipts without the outflow.
+        let report: serde_json::Value = serde_json::from_str(&engine.period_report(month).await.unwrap()).unwrap();
+        let refunded = &report["refunds"][0];
+        assert_eq!(
+            (&refunded["method"], &refunded["refunds"], &refunded["amount_base_units"], &refunded["held_usd"]["amount"], &refunded["fx_gain_usd"]["amount"]),
+            (&json!("ltc"), &json!(1), &json!("30000000"), &json!("36.00"), &json!("6.00")),
+            "{report}"
+        );
+        let received = &report["receipts"][0];
+        assert_eq!((&received["entries"], &received["market_usd"]["amount"]), (&json!(2), &json!("136.00")), "{report}");
 
         // The reconciliation report's refunded line comes from the completed refund.
         let query = payrecon::ReportQuery {
@@ -246,18 +256,38 @@ on_both_databases_and_sources! {
 
 /// For each of `references`, a 100 USD top-up paid 1.3 LTC (0.3 too much) and the refund of
 /// the excess to one of the node's addresses, approved. The watcher must be running.
-async fn approved_overpaid_refunds(engine: &payrecon::Engine, chain: &Chain, references: [&str; 2]) -> Vec<payrecon::Refund> {
+async fn approved_overpaid_refunds(
+    engine: &payrecon::Engine,
+    chain: &Chain,
+    references: [&str; 2],
+) -> Vec<payrecon::Refund> {
     let mut refunds = Vec::new();
     for reference in references {
-        engine.create_topup(&topup(reference, "42", "100")).await.unwrap();
-        let pay = engine.create_payment(&order(reference), Method::Ltc).await.unwrap();
+        engine
+            .create_topup(&topup(reference, "42", "100"))
+            .await
+            .unwrap();
+        let pay = engine
+            .create_payment(&order(reference), Method::Ltc)
+            .await
+            .unwrap();
         chain.send(&pay.intent.pay_to, "1.3").await;
         chain.mine(2).await;
         wait_status(engine, &pay.intent.id, IntentStatus::Settled).await;
-        eventually("the overpayment exception", || async { kinds(engine, reference).await == ["overpaid"] }).await;
-        let exception = engine.exceptions(Some(&order(reference))).await.unwrap().remove(0);
+        eventually("the overpayment exception", || async {
+            kinds(engine, reference).await == ["overpaid"]
+        })
+        .await;
+        let exception = engine
+            .exceptions(Some(&order(reference)))
+            .await
+            .unwrap()
+            .remove(0);
         let customer = chain.wallet_address().await;
-        let refund = engine.request_refund(&exception.id, &customer, "overpaid", "ops").await.unwrap();
+        let refund = engine
+            .request_refund(&exception.id, &customer, "overpaid", "ops")
+            .await
+            .unwrap();
         refunds.push(engine.approve_refund(&refund.id, "lead").await.unwrap());
     }
     refunds
