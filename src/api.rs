@@ -186,6 +186,10 @@ pub fn routers(engine: Engine, options: ApiOptions, shutdown: watch::Receiver<bo
         .route("/v1/support/find", get(support_find))
         .route("/v1/exceptions/{id}/resolve", post(resolve))
         .route("/v1/exceptions/{id}/refunds", post(request_refund))
+        .route(
+            "/v1/payments/{intent}/refunds",
+            post(request_payment_refund),
+        )
         .route("/v1/refunds", get(refunds))
         .route("/v1/refunds/{id}/approve", post(approve_refund))
         .route("/v1/refunds/{id}/cancel", post(cancel_refund))
@@ -759,6 +763,19 @@ async fn request_refund(
     let refund = state
         .engine
         .request_refund(&id, &request.address, &request.amount, &caller.name)
+        .await?;
+    ok(&refund)
+}
+
+async fn request_payment_refund(
+    State(state): State<ApiState>,
+    Authorized(caller): Operator,
+    Path(intent): Path<String>,
+    ApiJson(request): ApiJson<RefundRequest>,
+) -> ApiResult {
+    let refund = state
+        .engine
+        .request_payment_refund(&intent, &request.address, &request.amount, &caller.name)
         .await?;
     ok(&refund)
 }

@@ -114,10 +114,12 @@ pub enum SuspenseReason {
     /// Money the holdings check found on the chain that no receipt explains (it came while
     /// nothing watched the address): in custody, nobody's until an operator says whose.
     Unreconciled,
+    /// A settled payment's money whose credit was taken back: it goes back to the customer.
+    Refunding,
 }
 
 impl SuspenseReason {
-    const ALL: [SuspenseReason; 7] = [
+    const ALL: [SuspenseReason; 8] = [
         SuspenseReason::Overpaid,
         SuspenseReason::Late,
         SuspenseReason::WrongAsset,
@@ -125,6 +127,7 @@ impl SuspenseReason {
         SuspenseReason::Reversed,
         SuspenseReason::Dust,
         SuspenseReason::Unreconciled,
+        SuspenseReason::Refunding,
     ];
 
     /// As written in account names.
@@ -137,6 +140,7 @@ impl SuspenseReason {
             SuspenseReason::Reversed => "reversed",
             SuspenseReason::Dust => "dust",
             SuspenseReason::Unreconciled => "unreconciled",
+            SuspenseReason::Refunding => "refunding",
         }
     }
 }

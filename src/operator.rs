@@ -189,6 +189,10 @@ pub(crate) async fn held_money(
         }))
 }
 
+/// The exception kind of a settled payment's money taken back to go to the customer
+/// (`engine::payment_refunds`).
+pub(crate) const RETURNED: &str = "returned";
+
 /// The matcher's entry that put an exception's money in suspense (see `matcher`'s keys).
 /// A transfer booked again after a reorg has an exception of that booking's own, its id ending
 /// in `#<n>`: it names the `n`th booking's key.
@@ -205,8 +209,11 @@ pub(crate) fn hold_key(
         ("paid_after_settlement", Some(t)) => format!("after-settlement:{t}"),
         ("wrong_asset", Some(t)) => format!("wrong-asset:{t}"),
         ("unmatched", Some(t)) => format!("unmatched:{t}"),
-        // The holdings check books what it found under the exception's own id.
-        ("holdings_difference", _) => return Some(exception.id.clone()),
+        // The holdings check books what it found under the exception's own id, and so does
+        // a settled payment's refund what it takes back.
+        ("holdings_difference" | RETURNED, _) => {
+            return Some(exception.id.clone());
+        }
         _ => return None,
     };
     let generation = exception

@@ -45,8 +45,8 @@ impl From<i128> for Cents {
 
 /// What the shop owes its customers as balances, over one period, in USD.
 ///
-/// `opening + topups_credited − consumed_by_orders − reversed + operator_adjustments =
-/// closing`, and `closing` is the sum of every customer's balance at the period's end.
+/// `opening + topups_credited − consumed_by_orders − reversed − refunded +
+/// operator_adjustments = closing`, and `closing` is the sum of every customer's balance at the period's end.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct RollForward {
     /// The period.
@@ -59,6 +59,9 @@ pub struct RollForward {
     pub consumed_by_orders: Cents,
     /// Credits taken back because their payment left the chain (a reorg).
     pub reversed: Cents,
+    /// Credits taken back to refund the payment that bought them.
+    #[serde(default)]
+    pub refunded: Cents,
     /// Operators' corrections (accepting held money onto a balance, adjustments).
     pub operator_adjustments: Cents,
     /// Owed at the end.
@@ -91,8 +94,9 @@ impl RollForward {
         let topups = owed(EntryKind::Payment);
         let consumed = -owed(EntryKind::BalancePayment);
         let reversed = -owed(EntryKind::Reversal);
+        let refunded = -owed(EntryKind::Refund);
         let adjustments = owed(EntryKind::Adjustment);
-        let closing = opening + topups - consumed - reversed + adjustments;
+        let closing = opening + topups - consumed - reversed - refunded + adjustments;
         let customer_balances: i128 = balances_at_end.iter().map(|(_, sum)| -sum).sum();
         RollForward {
             period,
@@ -100,6 +104,7 @@ impl RollForward {
             topups_credited: topups.into(),
             consumed_by_orders: consumed.into(),
             reversed: reversed.into(),
+            refunded: refunded.into(),
             operator_adjustments: adjustments.into(),
             closing: closing.into(),
             customer_balances: customer_balances.into(),

@@ -275,11 +275,12 @@ pub(super) async fn books(
             let r = engine.rollforward(period).await?;
             emit(json, &r, || {
                 format!(
-                    "customer balances {period} (USD)\n  opening              {:>14}\n  top-ups credited   + {:>14}\n  consumed by orders - {:>14}\n  reversed           - {:>14}\n  adjustments        + {:>14}\n  closing              {:>14}\n  customers' balances  {:>14} ({} customers){}",
+                    "customer balances {period} (USD)\n  opening              {:>14}\n  top-ups credited   + {:>14}\n  consumed by orders - {:>14}\n  reversed           - {:>14}\n  refunded           - {:>14}\n  adjustments        + {:>14}\n  closing              {:>14}\n  customers' balances  {:>14} ({} customers){}",
                     r.opening.amount,
                     r.topups_credited.amount,
                     r.consumed_by_orders.amount,
                     r.reversed.amount,
+                    r.refunded.amount,
                     r.operator_adjustments.amount,
                     r.closing.amount,
                     r.customer_balances.amount,

@@ -14,7 +14,12 @@ pub(super) enum RefundCommand {
     /// arrived on, and how much (never more than is held and not yet refunded).
     Request {
         /// The exception whose money goes back (as `exception list` shows it).
-        exception: String,
+        #[arg(required_unless_present = "payment", conflicts_with = "payment")]
+        exception: Option<String>,
+        /// Or a settled payment (its intent id, `pi_…`) to refund: the credit it bought is
+        /// taken back from the customer's balance or the rental revenue first.
+        #[arg(long)]
+        payment: Option<String>,
         /// The customer's address.
         #[arg(long)]
         address: String,
@@ -101,14 +106,23 @@ pub(super) async fn refund(
         }
         RefundCommand::Request {
             exception,
+            payment,
             address,
             amount,
             actor,
-        } => vec![
-            engine
-                .request_refund(&exception, &address, &amount, &actor)
-                .await?,
-        ],
+        } => vec![match (exception, payment) {
+            (_, Some(intent)) => {
+                engine
+                    .request_payment_refund(&intent, &address, &amount, &actor)
+                    .await?
+            }
+            (Some(exception), None) => {
+                engine
+                    .request_refund(&exception, &address, &amount, &actor)
+                    .await?
+            }
+            (None, None) => anyhow::bail!("name an exception or --payment"),
+        }],
         RefundCommand::Approve { id, actor } => vec![engine.approve_refund(&id, &actor).await?],
         RefundCommand::Sent { id, txid, actor } => {
             vec![engine.refund_sent(&id, &txid, &actor).await?]

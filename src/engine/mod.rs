@@ -6,6 +6,7 @@
 mod books;
 mod finance;
 mod operators;
+pub(crate) mod payment_refunds;
 pub(crate) mod refund_chain;
 pub(crate) mod refund_prepare;
 pub(crate) mod refunds;

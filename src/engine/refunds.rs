@@ -1,14 +1,14 @@
 //! Refunds: recording where an exception's money goes back, and an operator's approval (the
 //! chain's part is `refund_chain`).
 
-use payrecon_chain_core::{Amount, Network};
+use payrecon_chain_core::{Amount, Method, Network};
 
 use crate::engine::Engine;
 use crate::error::Error;
 use crate::operator::{MAX_ACTOR_LEN, MAX_REASON_LEN, check_text, held_money, open_exception};
-use crate::records::{Refund, RefundState};
+use crate::records::{ExceptionRecord, Refund, RefundState};
 use crate::refund::{RefundAmount, amount_of, customer_address};
-use crate::store::{payments, refunds};
+use crate::store::{WriteTx, payments, refunds};
 
 /// Refunds listed at most at once.
 const MAX_LISTED: i64 = 10_000;
@@ -27,7 +27,6 @@ impl Engine {
         actor: &str,
     ) -> Result<Refund, Error> {
         check_text("actor", actor, MAX_ACTOR_LEN)?;
-        let now = self.clock().now();
         let mut tx = self.db().begin_write().await?;
         refunds::lock_exception(tx.conn(), exception_id).await?;
         let (exception, intent) = open_exception(&mut tx, exception_id).await?;
@@ -38,7 +37,28 @@ impl Engine {
                 reason: "it holds no money to refund".into(),
             })?;
         let asked = RefundAmount::parse(amount, held.method)?;
-        let network = held.method.network();
+        let address = self
+            .customers_address(&mut tx, held.method.network(), address)
+            .await?;
+        let refunded = refunds::list(tx.conn(), Some(&exception.id), MAX_LISTED)
+            .await?
+            .iter()
+            .filter(|r| r.state != RefundState::Cancelled)
+            .map(|r| r.amount.base_units())
+            .sum();
+        let (units, kind) = amount_of(asked, &exception.kind, held.method, (held.units, refunded))?;
+        let refund = self.new_refund(&exception, held.method, units, kind, address);
+        self.record_request(tx, refund, actor).await
+    }
+
+    /// `address` checked as a payment address of `network` and refused when it is one of the
+    /// shop's own (a treasury, Solana's recipient, an address payrecon handed out).
+    pub(super) async fn customers_address(
+        &self,
+        tx: &mut WriteTx,
+        network: Network,
+        address: &str,
+    ) -> Result<String, Error> {
         let settings = self.payment_settings();
         let utxo_network = settings.wallets.get(&network).map(|w| w.network);
         let address = customer_address(network, utxo_network, address)?;
@@ -56,27 +76,34 @@ impl Engine {
                 "refund address {address} is one of the shop's own: give the customer's"
             )));
         }
-        let refunded = refunds::list(tx.conn(), Some(&exception.id), MAX_LISTED)
-            .await?
-            .iter()
-            .filter(|r| r.state != RefundState::Cancelled)
-            .map(|r| r.amount.base_units())
-            .sum();
-        let (units, kind) = amount_of(asked, &exception.kind, held.method, (held.units, refunded))?;
+        Ok(address)
+    }
+
+    /// A requested refund of `units` of `method` from what `exception` holds.
+    pub(super) fn new_refund(
+        &self,
+        exception: &ExceptionRecord,
+        method: Method,
+        units: u128,
+        kind: &str,
+        address: String,
+    ) -> Refund {
+        let now = self.clock().now();
         let amount = Amount::from_base_units(units);
-        let refund = Refund {
+        Refund {
             id: format!("rf_{}", uuid::Uuid::new_v4().simple()),
             exception_id: exception.id.clone(),
             intent_id: exception.intent_id.clone(),
             order_ref: exception.order_ref.clone(),
-            method: held.method,
+            method,
             amount,
-            amount_decimal: held.method.format_amount(amount),
+            amount_decimal: method.format_amount(amount),
             amount_kind: kind.to_owned(),
             address,
-            fee_payer: settings
+            fee_payer: self
+                .payment_settings()
                 .refund_fee_payer
-                .get(&held.method)
+                .get(&method)
                 .copied()
                 .unwrap_or_default(),
             state: RefundState::Requested,
@@ -85,9 +112,18 @@ impl Engine {
             paid: None,
             created_at: now,
             updated_at: now,
-        };
+        }
+    }
+
+    /// Writes a requested refund and its event, and commits.
+    pub(super) async fn record_request(
+        &self,
+        mut tx: WriteTx,
+        refund: Refund,
+        actor: &str,
+    ) -> Result<Refund, Error> {
         refunds::insert(tx.conn(), &refund, actor).await?;
-        record_event(tx.conn(), &refund, now).await?;
+        record_event(tx.conn(), &refund, refund.created_at).await?;
         tx.commit().await?;
         self.notify_events();
         tracing::info!(refund = %refund.id, exception = %refund.exception_id, amount = %refund.amount_decimal, method = %refund.method, "refund requested");

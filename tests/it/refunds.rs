@@ -7,8 +7,9 @@ use crate::common;
 use common::checks::order;
 use common::checks::sound;
 use common::payments::{Tx, config, engine, start_time};
-use common::topup;
-use payrecon::RefundState;
+use common::{account, rental, topup};
+use payrecon::ledger::{Account, Currency, SuspenseReason};
+use payrecon::{Action, Period, RefundState};
 use payrecon_chain_core::{Method, Network};
 
 /// A valid Bitcoin mainnet address no intent has (BIP173's example).
@@ -92,6 +93,65 @@ on_both_databases! {
         let metrics = payrecon::test_utils::api::metrics_text(&engine).await.unwrap();
         assert!(metrics.contains("payrecon_stuck_items{category=\"refund\",kind=\"refund_requested\"} 2"), "{metrics}");
         // Recording a refund moves no money yet.
+        sound(&engine).await;
+    }
+
+    async fn a_settled_payment_is_refunded_from_what_it_credited(db) {
+        let (engine, _clock) = engine(&db, config(|_| {})).await;
+        engine.create_topup(&topup("T1", "42", "500")).await.unwrap();
+        let pay = engine.create_payment(&order("T1"), Method::Btc).await.unwrap();
+        let unpaid = engine.create_payment(&order("T1"), Method::Btc).await.unwrap();
+        let paid = Tx::new(Network::Bitcoin, "t1", &pay.intent.watch_key, Method::Btc, 625_000, start_time());
+        engine.apply_chain_events(&[paid.observed(2, 10)]).await.unwrap();
+        assert_eq!(engine.available_balance(&account("42")).await.unwrap().cents(), 50_000);
+        let not_settled = engine.request_payment_refund(&unpaid.intent.id, CUSTOMER, "all", "ops").await.unwrap_err().to_string();
+        assert!(not_settled.contains("not settled"), "{not_settled}");
+
+        // Part of it: its credit leaves the balance at the locked rate, into suspense, under
+        // an exception the refund settles.
+        let part = engine.request_payment_refund(&pay.intent.id, CUSTOMER, "0.0025", "ops").await.unwrap();
+        assert_eq!((part.amount_decimal.as_str(), part.amount_kind.as_str()), ("0.0025", "exact"));
+        assert_eq!(part.exception_id, format!("returned:{}:1", pay.intent.id));
+        assert_eq!(engine.available_balance(&account("42")).await.unwrap().cents(), 30_000);
+        let held = engine.account_balance(&Account::Suspense(SuspenseReason::Refunding), Currency::Crypto(Method::Btc)).await.unwrap();
+        assert_eq!(held, -250_000);
+        let exception = engine.exceptions(Some(&order("T1"))).await.unwrap().into_iter().find(|e| e.id == part.exception_id).unwrap();
+        assert_eq!(exception.kind, "returned");
+        let beyond = engine.request_payment_refund(&pay.intent.id, CUSTOMER, "0.004", "ops").await.unwrap_err().to_string();
+        assert!(beyond.contains("0.00375 BTC of the 0.00625 BTC settled is left"), "{beyond}");
+        let own = engine.request_payment_refund(&pay.intent.id, &pay.intent.pay_to, "all", "ops").await.unwrap_err().to_string();
+        assert!(own.contains("one of the shop's own"), "{own}");
+
+        // The balance was spent meanwhile: the rest cannot be taken back, and nothing moves.
+        engine.create_rental_order(&rental("R1", "42", "250")).await.unwrap();
+        engine.pay_order_from_balance(&order("R1")).await.unwrap();
+        let spent = engine.request_payment_refund(&pay.intent.id, CUSTOMER, "all", "ops").await.unwrap_err().to_string();
+        assert!(spent.contains("holds 50.00 USD, less than the 300.00 USD"), "{spent}");
+        assert_eq!(engine.refunds(None).await.unwrap().len(), 1);
+        // The customer keeps the first part as credit after all: its refund is withdrawn and
+        // the held money goes back onto the balance.
+        engine.cancel_refund(&part.id, "lead", "the customer keeps it as credit").await.unwrap();
+        let keep = Action::CreditBalance { account: None, usd: None };
+        engine.resolve_exception(&part.exception_id, &keep, "lead", "kept as credit").await.unwrap();
+        assert_eq!(engine.available_balance(&account("42")).await.unwrap().cents(), 25_000);
+
+        // A rental paid directly: its revenue gives the credit back, all of it at once.
+        engine.create_rental_order(&rental("R2", "42", "300")).await.unwrap();
+        let rental_pay = engine.create_payment(&order("R2"), Method::Btc).await.unwrap();
+        let paid = Tx::new(Network::Bitcoin, "r2", &rental_pay.intent.watch_key, Method::Btc, 375_000, start_time());
+        engine.apply_chain_events(&[paid.observed(2, 11)]).await.unwrap();
+        let revenue = engine.account_balance(&Account::RevenueRentals, Currency::Usd).await.unwrap();
+        let all = engine.request_payment_refund(&rental_pay.intent.id, CUSTOMER, "all", "ops").await.unwrap();
+        assert_eq!((all.amount_decimal.as_str(), all.amount_kind.as_str()), ("0.00375", "all"));
+        assert_eq!(engine.account_balance(&Account::RevenueRentals, Currency::Usd).await.unwrap(), revenue + 30_000);
+        let again = engine.request_payment_refund(&rental_pay.intent.id, CUSTOMER, "all", "ops").await.unwrap_err().to_string();
+        assert!(again.contains("0 BTC of the 0.00375 BTC settled is left"), "{again}");
+
+        // The customer-balance roll-forward names what was taken back, and closes.
+        let month = Period::containing(start_time(), "UTC".parse().unwrap());
+        let rollforward = engine.rollforward(month).await.unwrap();
+        assert_eq!(rollforward.refunded.amount, "200.00");
+        assert!(rollforward.closes, "{rollforward:?}");
         sound(&engine).await;
     }
 }

@@ -18,15 +18,7 @@ use serde_json::json;
 on_both_databases_and_sources! {
     async fn an_overpaid_part_goes_back_through_the_merchants_wallet(db, source) {
         let chain = Chain::lock().await;
-        let key = fresh_merchant_key();
-        let litecoin = UtxoConfig {
-            key_origin: Some(key.origin.clone()),
-            ..source.config(&key.account_xpub, &chain, 2)
-        };
-        let (engine, _clock) = ltc_engine(&db, &chain, 2, &key.account_xpub, |c: &mut Config| {
-            c.networks.litecoin = Some(litecoin);
-        })
-        .await;
+        let (engine, key) = signing_merchant(&db, &chain, source).await;
         engine.create_topup(&topup("T1", "42", "100")).await.unwrap();
         let pay = engine.create_payment(&order("T1"), Method::Ltc).await.unwrap();
         let watcher = source.watch(&engine, &chain);
@@ -223,6 +215,50 @@ on_both_databases_and_sources! {
         sound(&engine).await;
     }
 
+    async fn part_of_a_settled_top_up_goes_back_from_the_output_it_paid(db, source) {
+        let chain = Chain::lock().await;
+        let (engine, key) = signing_merchant(&db, &chain, source).await;
+        engine.create_topup(&topup("S1", "42", "100")).await.unwrap();
+        let pay = engine.create_payment(&order("S1"), Method::Ltc).await.unwrap();
+        let watcher = source.watch(&engine, &chain);
+        chain.send(&pay.intent.pay_to, "1").await;
+        chain.mine(2).await;
+        wait_status(&engine, &pay.intent.id, IntentStatus::Settled).await;
+
+        // 0.4 LTC of it: 40 USD leave the balance, and the merchant's keys sign the PSBT that
+        // spends the payment's own output.
+        let customer = chain.wallet_address().await;
+        let refund = engine.request_payment_refund(&pay.intent.id, &customer, "0.4", "ops").await.unwrap();
+        assert_eq!(engine.available_balance(&common::account("42")).await.unwrap().cents(), 6_000);
+        engine.approve_refund(&refund.id, "lead").await.unwrap();
+        let prepared = engine.prepare_refund(&refund.id, "ops").await.unwrap().psbt.unwrap();
+        assert_eq!((prepared.pays.as_str(), prepared.inputs.len()), ("0.4", 1));
+        let wallet = chain.seed_wallet(&key, [0, 20]).await;
+        let signed = chain.call_wallet(&wallet, "walletprocesspsbt", json!([prepared.psbt])).await;
+        assert_eq!(signed["complete"], json!(true), "{signed}");
+        let final_tx = chain.call(false, "finalizepsbt", json!([signed["psbt"]])).await;
+        chain.call(false, "unloadwallet", json!([wallet])).await;
+        chain.call(false, "sendrawtransaction", json!([final_tx["hex"]])).await;
+        chain.mine(2).await;
+        eventually("the refund is completed", || async {
+            engine.refunds(None).await.unwrap().iter().any(|r| r.id == refund.id && r.state == RefundState::Completed)
+        })
+        .await;
+        watcher.stop().await.unwrap();
+        let returned = engine.exceptions(Some(&order("S1"))).await.unwrap().remove(0);
+        assert_eq!(returned.kind, "returned");
+        assert!(returned.resolution.is_some(), "the chain resolved it: {returned:?}");
+        let held = engine
+            .account_balance(&Account::Suspense(SuspenseReason::Refunding), Currency::Crypto(Method::Ltc))
+            .await
+            .unwrap();
+        assert_eq!(held, 0);
+        engine.value_entries().await.unwrap();
+        let valuation = engine.valuation(&format!("refund:{}", refund.id)).await.unwrap().unwrap();
+        assert!(valuation.basis.starts_with("held since ") && valuation.basis.contains("; sent in "), "{}", valuation.basis);
+        sound(&engine).await;
+    }
+
     async fn two_refunds_prepared_at_once_never_share_a_change_address(db, source) {
         let chain = Chain::lock().await;
         let key = fresh_merchant_key();
@@ -291,4 +327,23 @@ async fn approved_overpaid_refunds(
         refunds.push(engine.approve_refund(&refund.id, "lead").await.unwrap());
     }
     refunds
+}
+
+/// An engine watching Litecoin at 2 confirmations for a fresh merchant key whose origin its
+/// PSBTs name, so the key's wallet on the node signs them.
+async fn signing_merchant(
+    db: &common::TestDb,
+    chain: &Chain,
+    source: common::regtest::Source,
+) -> (payrecon::Engine, common::regtest::MerchantKey) {
+    let key = fresh_merchant_key();
+    let litecoin = UtxoConfig {
+        key_origin: Some(key.origin.clone()),
+        ..source.config(&key.account_xpub, chain, 2)
+    };
+    let (engine, _clock) = ltc_engine(db, chain, 2, &key.account_xpub, |c: &mut Config| {
+        c.networks.litecoin = Some(litecoin);
+    })
+    .await;
+    (engine, key)
 }
