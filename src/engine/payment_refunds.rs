@@ -218,7 +218,7 @@ fn return_entry(
         kind: EntryKind::Refund,
         reference: Some(reference.to_string()),
         memo: format!(
-            "{} {} of {reference} set aside to go back to the customer",
+            "refund: {} {} of {reference} taken back to go back to the customer",
             method.format_amount(Amount::from_base_units(units as u128)),
             method.asset()
         ),
