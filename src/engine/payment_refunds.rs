@@ -122,11 +122,8 @@ impl Engine {
             now,
         )
         .await?;
-        let refund = self.new_refund(&exception, intent.method, units, "exact", address);
-        let refund = Refund {
-            amount_kind: if units == left { "all" } else { "exact" }.to_owned(),
-            ..refund
-        };
+        let kind = if units == left { "all" } else { "exact" };
+        let refund = self.new_refund(&exception, intent.method, units, kind, address);
         self.record_request(tx, refund, actor).await
     }
 }
@@ -202,12 +199,12 @@ fn return_entry(
     cents: i128,
     credited: &Account,
 ) -> Result<NewEntry, Error> {
-    let units = i128::try_from(units)
+    let minor = i128::try_from(units)
         .map_err(|_| Error::InvalidInput(format!("{key}: amount out of range")))?;
     let crypto = Currency::Crypto(method);
     let mut postings = vec![
-        Posting::debit(Account::Fx(method), crypto, units),
-        Posting::credit(Account::Suspense(SuspenseReason::Refunding), crypto, units),
+        Posting::debit(Account::Fx(method), crypto, minor),
+        Posting::credit(Account::Suspense(SuspenseReason::Refunding), crypto, minor),
     ];
     if cents > 0 {
         postings.push(Posting::debit(credited.clone(), Currency::Usd, cents));
@@ -219,7 +216,7 @@ fn return_entry(
         reference: Some(reference.to_string()),
         memo: format!(
             "refund: {} {} of {reference} taken back to go back to the customer",
-            method.format_amount(Amount::from_base_units(units as u128)),
+            method.format_amount(Amount::from_base_units(units)),
             method.asset()
         ),
         postings,
