@@ -82,20 +82,27 @@ impl Engine {
 
     /// What the chain shows of `refund` now: `seen`, a transaction in a block paying it
     /// whole, or none. Sent when first seen, completed and booked at the network's depth,
-    /// back to `approved` when a sent refund's transaction is gone.
+    /// back to `approved` when a sent refund's transaction is gone. A transaction other
+    /// refunds to the same address already name, and that does not pay them all, changes
+    /// nothing: the answer says why.
     pub(crate) async fn refund_seen(
         &self,
         refund: &Refund,
         seen: Option<(&Candidate, &Paid)>,
         actor: &str,
-    ) -> Result<(), Error> {
+    ) -> Result<Option<String>, Error> {
         let needed = self.refund_depth(refund);
         let mut tx = self.db().begin_write().await?;
         let Some(current) = refunds::get(tx.conn(), &refund.id).await? else {
-            return Ok(());
+            return Ok(None);
         };
         if !current.state.awaits_chain() {
-            return Ok(());
+            return Ok(None);
+        }
+        if let Some((candidate, paid)) = seen
+            && let Some(short) = shared_shortfall(tx.conn(), &current, candidate, paid).await?
+        {
+            return Ok(Some(short));
         }
         match seen {
             None if current.state == RefundState::Sent => {
@@ -112,7 +119,7 @@ impl Engine {
                 )
                 .await?;
             }
-            None => return Ok(()),
+            None => return Ok(None),
             Some((candidate, paid)) if paid.confirmations >= needed => {
                 self.complete(&mut tx, &current, (candidate, paid), (actor, None))
                     .await?;
@@ -122,7 +129,7 @@ impl Engine {
                     && current.txid.as_deref() == Some(candidate.txid.as_str())
                     && current.block_height == paid.block.as_ref().map(|b| b.height);
                 if unchanged {
-                    return Ok(());
+                    return Ok(None);
                 }
                 let detail = format!("seen in {}", candidate.txid);
                 self.move_in(
@@ -137,7 +144,7 @@ impl Engine {
         }
         tx.commit().await?;
         self.notify_events();
-        Ok(())
+        Ok(None)
     }
 
     /// Completes `refund`: books it from the money its exception holds, and resolves the
@@ -226,8 +233,12 @@ impl Engine {
         let refund = approved_refund(&mut conn, id, "recorded as sent").await?;
         drop(conn);
         let (candidate, paid) = self.checked_on_chain(&refund, txid).await?;
-        self.refund_seen(&refund, Some((&candidate, &paid)), actor)
-            .await?;
+        if let Some(short) = self
+            .refund_seen(&refund, Some((&candidate, &paid)), actor)
+            .await?
+        {
+            return Err(Error::InvalidInput(short));
+        }
         let mut conn = self.db().pool().acquire().await?;
         refunds::get(&mut conn, id)
             .await?
@@ -289,6 +300,9 @@ impl Engine {
             .await?
             .filter(|r| r.state == refund.state)
             .ok_or_else(|| refuse(format!("refund {} changed meanwhile: try again", refund.id)))?;
+        if let Some(short) = shared_shortfall(tx.conn(), &current, &candidate, &paid).await? {
+            return Err(refuse(short));
+        }
         let (record, entry) = self
             .complete(
                 &mut tx,
@@ -439,6 +453,48 @@ async fn completed_units(
         .filter(|r| r.state == RefundState::Completed)
         .map(|r| r.amount.base_units())
         .sum())
+}
+
+/// Why `candidate` cannot pay `refund` when other refunds to the same address already name
+/// it: one transaction settles them all only when it pays them all. `None` when it can.
+async fn shared_shortfall(
+    conn: &mut sqlx::AnyConnection,
+    refund: &Refund,
+    candidate: &Candidate,
+    paid: &Paid,
+) -> Result<Option<String>, Error> {
+    let network = refund.method.network();
+    let others = refunds::paid_by_same(
+        conn,
+        (network.as_str(), &candidate.txid),
+        &refund.address,
+        &refund.id,
+    )
+    .await?;
+    if others.is_empty() {
+        return Ok(None);
+    }
+    let together = others
+        .iter()
+        .try_fold(refund.amount, |sum, other| sum.checked_add(other.amount))
+        .ok_or_else(|| StoreError::Corrupt("refund amounts overflow".into()))?;
+    let all = Refund {
+        amount: together,
+        ..refund.clone()
+    };
+    if settles(&all, candidate, paid) {
+        return Ok(None);
+    }
+    let named: Vec<&str> = others.iter().map(|r| r.id.as_str()).collect();
+    Ok(Some(format!(
+        "{} already pays {} to {}; it pays {}, not also the {} of refund {}",
+        candidate.txid,
+        named.join(", "),
+        refund.address,
+        refund.method.format_with_asset(paid.amount),
+        refund.method.format_with_asset(refund.amount),
+        refund.id
+    )))
 }
 
 /// Whether a refund's transaction paying `paid` settles it, given where it came from.

@@ -179,6 +179,27 @@ pub(crate) async fn awaiting_chain(
     rows.iter().map(read).collect()
 }
 
+/// The other refunds, not withdrawn, that name transaction `txid` of `network` as what paid
+/// them to `address` (by the `refunds_by_txid` index).
+pub(crate) async fn paid_by_same(
+    conn: &mut AnyConnection,
+    (network, txid): (&str, &str),
+    address: &str,
+    except: &str,
+) -> Result<Vec<Refund>, StoreError> {
+    let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM refunds WHERE network = $1 AND txid = $2 AND address = $3 \
+         AND id <> $4 AND state <> 'cancelled' ORDER BY id"
+    )))
+    .bind(network)
+    .bind(txid)
+    .bind(address)
+    .bind(except)
+    .fetch_all(conn)
+    .await?;
+    rows.iter().map(read).collect()
+}
+
 async fn record_event(
     conn: &mut AnyConnection,
     id: &str,

@@ -79,9 +79,12 @@ impl RefundWatch {
                     }
                 }
             }
-            engine
+            if let Some(short) = engine
                 .refund_seen(refund, seen.as_ref().map(|(c, p)| (*c, p)), "payrecon")
-                .await?;
+                .await?
+            {
+                tracing::info!(%network, refund = %refund.id, %short, "a transaction that pays another refund is not this one's");
+            }
         }
         Ok(())
     }

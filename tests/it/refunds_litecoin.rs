@@ -152,7 +152,7 @@ on_both_databases_and_sources! {
         })
         .await;
         let watcher = source.watch(&engine, &chain);
-        let refunds = approved_overpaid_refunds(&engine, &chain, ["T1", "T2"]).await;
+        let refunds = approved_overpaid_refunds(&engine, &chain, ["T1", "T2"], None).await;
         let mark = |exception: String, txid: String| {
             let engine = engine.clone();
             async move {
@@ -259,6 +259,32 @@ on_both_databases_and_sources! {
         sound(&engine).await;
     }
 
+    async fn one_transaction_settles_two_refunds_to_one_address_only_if_it_pays_both(db, source) {
+        let chain = Chain::lock().await;
+        let key = fresh_merchant_key();
+        let (engine, _clock) = ltc_engine(&db, &chain, 2, &key.account_xpub, |c: &mut Config| {
+            c.networks.litecoin = Some(source.config(&key.account_xpub, &chain, 2));
+        })
+        .await;
+        let watcher = source.watch(&engine, &chain);
+        let customer = chain.wallet_address().await;
+        let refunds = approved_overpaid_refunds(&engine, &chain, ["D1", "D2"], Some(&customer)).await;
+        let once = chain.send(&customer, "0.3").await;
+        chain.mine(1).await;
+        chain.wait_synced(&engine, payrecon_chain_core::Network::Litecoin).await;
+        let first = engine.refund_sent(&refunds[0].id, &once, "bob").await.unwrap();
+        assert_eq!(first.state, RefundState::Sent);
+        let twice = engine.refund_sent(&refunds[1].id, &once, "bob").await.unwrap_err().to_string();
+        assert!(twice.contains(&format!("already pays {}", refunds[0].id)), "{twice}");
+        let both = chain.send(&customer, "0.6").await;
+        chain.mine(1).await;
+        chain.wait_synced(&engine, payrecon_chain_core::Network::Litecoin).await;
+        let second = engine.refund_sent(&refunds[1].id, &both, "bob").await.unwrap();
+        assert_eq!(second.txid.as_deref(), Some(both.as_str()));
+        watcher.stop().await.unwrap();
+        sound(&engine).await;
+    }
+
     async fn two_refunds_prepared_at_once_never_share_a_change_address(db, source) {
         let chain = Chain::lock().await;
         let key = fresh_merchant_key();
@@ -267,7 +293,7 @@ on_both_databases_and_sources! {
         })
         .await;
         let watcher = source.watch(&engine, &chain);
-        let refunds = approved_overpaid_refunds(&engine, &chain, ["C1", "C2"]).await;
+        let refunds = approved_overpaid_refunds(&engine, &chain, ["C1", "C2"], None).await;
         watcher.stop().await.unwrap();
 
         // Another process takes change index 0 for the first refund and has not committed when
@@ -291,11 +317,13 @@ on_both_databases_and_sources! {
 }
 
 /// For each of `references`, a 100 USD top-up paid 1.3 LTC (0.3 too much) and the refund of
-/// the excess to one of the node's addresses, approved. The watcher must be running.
+/// the excess to `customer` or else a fresh address of the node's, approved. The watcher must
+/// be running.
 async fn approved_overpaid_refunds(
     engine: &payrecon::Engine,
     chain: &Chain,
     references: [&str; 2],
+    customer: Option<&str>,
 ) -> Vec<payrecon::Refund> {
     let mut refunds = Vec::new();
     for reference in references {
@@ -319,7 +347,10 @@ async fn approved_overpaid_refunds(
             .await
             .unwrap()
             .remove(0);
-        let customer = chain.wallet_address().await;
+        let customer = match customer {
+            Some(address) => address.to_owned(),
+            None => chain.wallet_address().await,
+        };
         let refund = engine
             .request_refund(&exception.id, &customer, "overpaid", "ops")
             .await
