@@ -146,11 +146,7 @@ on_both_databases_and_sources! {
 
     async fn a_refund_from_another_wallet_counts_only_on_the_chains_word(db, source) {
         let chain = Chain::lock().await;
-        let key = fresh_merchant_key();
-        let (engine, _clock) = ltc_engine(&db, &chain, 2, &key.account_xpub, |c: &mut Config| {
-            c.networks.litecoin = Some(source.config(&key.account_xpub, &chain, 2));
-        })
-        .await;
+        let engine = watching_merchant(&db, &chain, source).await;
         let watcher = source.watch(&engine, &chain);
         let refunds = approved_overpaid_refunds(&engine, &chain, ["T1", "T2"], None).await;
         let mark = |exception: String, txid: String| {
@@ -261,11 +257,7 @@ on_both_databases_and_sources! {
 
     async fn one_transaction_settles_two_refunds_to_one_address_only_if_it_pays_both(db, source) {
         let chain = Chain::lock().await;
-        let key = fresh_merchant_key();
-        let (engine, _clock) = ltc_engine(&db, &chain, 2, &key.account_xpub, |c: &mut Config| {
-            c.networks.litecoin = Some(source.config(&key.account_xpub, &chain, 2));
-        })
-        .await;
+        let engine = watching_merchant(&db, &chain, source).await;
         let watcher = source.watch(&engine, &chain);
         let customer = chain.wallet_address().await;
         let refunds = approved_overpaid_refunds(&engine, &chain, ["D1", "D2"], Some(&customer)).await;
@@ -287,11 +279,7 @@ on_both_databases_and_sources! {
 
     async fn two_refunds_prepared_at_once_never_share_a_change_address(db, source) {
         let chain = Chain::lock().await;
-        let key = fresh_merchant_key();
-        let (engine, _clock) = ltc_engine(&db, &chain, 2, &key.account_xpub, |c: &mut Config| {
-            c.networks.litecoin = Some(source.config(&key.account_xpub, &chain, 2));
-        })
-        .await;
+        let engine = watching_merchant(&db, &chain, source).await;
         let watcher = source.watch(&engine, &chain);
         let refunds = approved_overpaid_refunds(&engine, &chain, ["C1", "C2"], None).await;
         watcher.stop().await.unwrap();
@@ -377,4 +365,18 @@ async fn signing_merchant(
     })
     .await;
     (engine, key)
+}
+
+/// An engine watching Litecoin at 2 confirmations for a fresh merchant key.
+async fn watching_merchant(
+    db: &common::TestDb,
+    chain: &Chain,
+    source: common::regtest::Source,
+) -> payrecon::Engine {
+    let key = fresh_merchant_key();
+    let (engine, _clock) = ltc_engine(db, chain, 2, &key.account_xpub, |c: &mut Config| {
+        c.networks.litecoin = Some(source.config(&key.account_xpub, chain, 2));
+    })
+    .await;
+    engine
 }
