@@ -7,6 +7,3 @@ ALTER TABLE entry_valuations ADD COLUMN held_usd_per_reporting TEXT;
 -- PostgreSQL could read the same highest one): the second is refused and takes the next.
 CREATE UNIQUE INDEX refunds_by_change_index ON refunds (network, change_index)
     WHERE change_index IS NOT NULL;
--- The refunds one transaction paid: a transaction that pays one customer's address is never
--- counted for two of its refunds unless it pays both.
-CREATE INDEX refunds_by_txid ON refunds (network, txid);

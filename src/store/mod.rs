@@ -51,7 +51,7 @@ const POSTGRES_MAX_CONNECTIONS: u32 = 16;
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The schema, in order. Each version has one script per database.
-const MIGRATIONS: [(i64, &str, &str, &str); 24] = [
+const MIGRATIONS: [(i64, &str, &str, &str); 25] = [
     (
         1,
         "foundation",
@@ -195,6 +195,12 @@ const MIGRATIONS: [(i64, &str, &str, &str); 24] = [
         "refund exchange difference",
         include_str!("../../migrations/sqlite/0024_refund_exchange_difference.sql"),
         include_str!("../../migrations/postgres/0024_refund_exchange_difference.sql"),
+    ),
+    (
+        25,
+        "refunds by txid",
+        include_str!("../../migrations/sqlite/0025_refunds_by_txid.sql"),
+        include_str!("../../migrations/postgres/0025_refunds_by_txid.sql"),
     ),
 ];
 
