@@ -105,7 +105,9 @@ impl Engine {
             return Ok(Some(short));
         }
         match seen {
-            None if current.state == RefundState::Sent => {
+            // Only a look that asked about the transaction now recorded can say it is gone: an
+            // operator may have recorded one after the watcher took its list.
+            None if current.state == RefundState::Sent && current.txid == refund.txid => {
                 let detail = format!(
                     "reorg: {} no longer pays it",
                     current.txid.as_deref().unwrap_or("?")
