@@ -157,6 +157,9 @@ pub struct Watcher<S> {
     witnesses: Option<witness::Witnesses>,
     /// Refunds waiting for the chain, looked at on this watcher's source.
     refunds: refunds::RefundWatch,
+    /// The engine's wake-ups (a new intent), while rounds run: drained right after a round's
+    /// own commit, so one that comes later starts the next round at once.
+    wake: Option<tokio::sync::broadcast::Receiver<()>>,
 }
 
 /// Why a run of rounds ended without an error.
@@ -203,6 +206,7 @@ impl<S: ChainScanner> Watcher<S> {
             found_ahead: false,
             witnesses,
             refunds: refunds::RefundWatch::new(),
+            wake: None,
         }
     }
 
@@ -289,6 +293,11 @@ impl<S: ChainScanner> Watcher<S> {
                 return Err(ScanError::Transient(LEASE_LOST.into()));
             }
             applied.map_err(engine_failure)?;
+            // Our own commit notified every subscriber, us included; an intent made after it
+            // (during the refund look, the status update) must wake the next round.
+            if let Some(wake) = self.wake.as_mut() {
+                while wake.try_recv().is_ok() {}
+            }
         }
         if events > 0 {
             tracing::info!(%network, events, tip = batch.cursor.tip.height, "chain events committed");
@@ -388,7 +397,7 @@ impl<S: ChainScanner> Watcher<S> {
     async fn run_rounds(&mut self, shutdown: &mut watch::Receiver<bool>) -> Result<RunEnd, Error> {
         let network = self.scanner.network();
         let mut gate = HandoutGuard::close(&self.engine, network);
-        let mut wake = self.engine.subscribe();
+        self.wake = Some(self.engine.subscribe());
         let mut failures: u32 = 0;
         let mut refusals: u32 = 0;
         loop {
@@ -420,8 +429,6 @@ impl<S: ChainScanner> Watcher<S> {
                 Ok(round) => {
                     failures = 0;
                     refusals = 0;
-                    // Our own commit notified every subscriber, us included.
-                    while wake.try_recv().is_ok() {}
                     if round.more {
                         continue;
                     }
@@ -485,9 +492,15 @@ impl<S: ChainScanner> Watcher<S> {
                     continue;
                 }
             };
+            let woken = async {
+                match self.wake.as_mut() {
+                    Some(wake) => drop(wake.recv().await),
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = tokio::time::sleep(pause) => {}
-                _ = wake.recv() => {}
+                () = woken => {}
                 _ = self.scanner.news() => {}
                 _ = shutdown.changed() => {}
             }
