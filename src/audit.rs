@@ -16,7 +16,7 @@ use payrecon_chain_solana::SolanaScanner;
 use payrecon_chain_tron::TronScanner;
 use serde::Serialize;
 
-use crate::config::Config;
+use crate::config::NetworksConfig;
 use crate::error::Error;
 use crate::matcher::MatchPolicy;
 use crate::money::Usd;
@@ -71,14 +71,17 @@ pub(crate) enum Rechecker {
 
 impl Rechecker {
     /// The configured client of `network` (its first source), or why there is none.
-    pub(crate) fn for_network(config: &Config, network: Network) -> Result<Rechecker, String> {
-        Ok(Rechecker::every_source(&config.networks, network)?.swap_remove(0))
+    pub(crate) fn for_network(
+        networks: &NetworksConfig,
+        network: Network,
+    ) -> Result<Rechecker, String> {
+        Ok(Rechecker::every_source(networks, network)?.swap_remove(0))
     }
 
     /// A client per configured source of `network`, in order (at least one), or why there is
     /// none.
     pub(crate) fn every_source(
-        networks: &crate::config::NetworksConfig,
+        networks: &NetworksConfig,
         network: Network,
     ) -> Result<Vec<Rechecker>, String> {
         let missing = || format!("networks.{network} has no node configured");

@@ -255,15 +255,9 @@ impl Engine {
         let refund = refunds::get(conn, refund_id)
             .await?
             .ok_or_else(|| gone("record"))?;
-        let exception = operations::get_exception(conn, &refund.exception_id)
+        let hold = hold_of(conn, &refund.exception_id)
             .await?
-            .ok_or_else(|| gone("exception"))?;
-        let intent = match &exception.intent_id {
-            Some(id) => payments::get_intent(conn, id).await?,
-            None => None,
-        };
-        let hold = crate::operator::hold_key(&exception, intent.as_ref())
-            .ok_or_else(|| gone("hold entry"))?;
+            .ok_or_else(|| gone("exception or its hold entry"))?;
         let Some(held) = valuation_of(conn, this_page, &hold).await? else {
             return Ok(None);
         };
@@ -377,14 +371,7 @@ impl Engine {
         if !releases_held {
             return Ok(None);
         }
-        let Some(exception) = operations::get_exception(conn, exception_id).await? else {
-            return Ok(None);
-        };
-        let intent = match &exception.intent_id {
-            Some(id) => payments::get_intent(conn, id).await?,
-            None => None,
-        };
-        Ok(crate::operator::hold_key(&exception, intent.as_ref()))
+        hold_of(conn, exception_id).await
     }
 
     /// The fiat valuation of the entry with idempotency key `key` (a payment's value at
@@ -900,6 +887,22 @@ async fn rollforward_of(
     let rollforward = RollForward::from_sums(period, opening, &by_kind, &balances);
     debug_assert!(rollforward.closes, "the roll-forward of {period} closes");
     Ok(rollforward)
+}
+
+/// The key of the entry that put exception `exception_id`'s money in suspense, if there is
+/// such an exception and entry.
+async fn hold_of(
+    conn: &mut sqlx::AnyConnection,
+    exception_id: &str,
+) -> Result<Option<String>, Error> {
+    let Some(exception) = operations::get_exception(conn, exception_id).await? else {
+        return Ok(None);
+    };
+    let intent = match &exception.intent_id {
+        Some(id) => payments::get_intent(conn, id).await?,
+        None => None,
+    };
+    Ok(crate::operator::hold_key(&exception, intent.as_ref()))
 }
 
 /// Reads every entry booked in `period` and folds its figures.

@@ -41,7 +41,7 @@ impl Engine {
                 .parse()
                 .map_err(|_| Error::Report(format!("unknown network {}", transfer.network)))?;
             let entry = pending.entry(network).or_insert_with(|| Pending {
-                checker: Rechecker::for_network(config, network),
+                checker: Rechecker::for_network(&config.networks, network),
                 batch: Vec::new(),
             });
             entry.batch.push(transfer);

@@ -356,9 +356,8 @@ impl Engine {
             from: paid_from(&mut conn, network, txid).await?,
         };
         drop(conn);
-        let mut source = Rechecker::every_source(&self.payment_settings().networks, network)
-            .map_err(Error::InvalidInput)?
-            .swap_remove(0);
+        let mut source = Rechecker::for_network(&self.payment_settings().networks, network)
+            .map_err(Error::InvalidInput)?;
         let paid = source
             .paid_to(txid, &refund.address, &refund.asset(), seen_at)
             .await

@@ -260,21 +260,22 @@ impl Engine {
     /// highest index: the unique index refuses the second, which takes the next.
     async fn keep_change_index(&self, id: &str, network: Network) -> Result<u32, Error> {
         const ATTEMPTS: usize = 3;
-        for _ in 1..ATTEMPTS {
+        let mut attempt = 1;
+        loop {
             let mut tx = self.db().begin_write().await?;
             match refunds::change_index(tx.conn(), id, network.as_str()).await {
                 Ok(index) => {
                     tx.commit().await?;
                     return Ok(index);
                 }
-                Err(StoreError::Database(sqlx::Error::Database(e))) if e.is_unique_violation() => {}
+                Err(StoreError::Database(sqlx::Error::Database(e)))
+                    if e.is_unique_violation() && attempt < ATTEMPTS =>
+                {
+                    attempt += 1;
+                }
                 Err(e) => return Err(e.into()),
             }
         }
-        let mut tx = self.db().begin_write().await?;
-        let index = refunds::change_index(tx.conn(), id, network.as_str()).await?;
-        tx.commit().await?;
-        Ok(index)
     }
 
     /// The unsigned transaction sending an Ethereum refund from the one address that holds
@@ -384,9 +385,7 @@ impl Engine {
             .await
             .map_err(|e| Error::Chain(format!("solana: {e}")))
     }
-}
 
-impl Engine {
     /// The shop's one Solana recipient, which no watch key names.
     pub(crate) fn solana_recipient(&self) -> Option<String> {
         self.payment_settings()
@@ -399,11 +398,8 @@ impl Engine {
 
 /// The network's first configured source.
 fn first_source(engine: &Engine, network: Network) -> Result<Rechecker, Error> {
-    Ok(
-        Rechecker::every_source(&engine.payment_settings().networks, network)
-            .map_err(Error::InvalidInput)?
-            .swap_remove(0),
-    )
+    Rechecker::for_network(&engine.payment_settings().networks, network)
+        .map_err(Error::InvalidInput)
 }
 
 /// The one address an account-chain refund is sent from: where its exception's one payment
@@ -465,9 +461,7 @@ async fn source_facts(
         .map(|(input, seen_at)| (input.outpoint.txid, *seen_at))
         .collect();
     let failed = |e: payrecon_chain_core::ScanError| Error::Chain(format!("{network}: {e}"));
-    let checker = Rechecker::every_source(networks, network)
-        .map_err(Error::InvalidInput)?
-        .swap_remove(0);
+    let checker = Rechecker::for_network(networks, network).map_err(Error::InvalidInput)?;
     let (previous, rate) = match checker {
         Rechecker::Electrum(mut source) => (
             source.transactions(&wanted).await.map_err(failed)?,

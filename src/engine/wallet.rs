@@ -221,7 +221,7 @@ impl Engine {
                 .iter()
                 .map(|((address, ..), method)| (address.clone(), *method))
                 .collect();
-            let checked = match Rechecker::for_network(config, network) {
+            let checked = match Rechecker::for_network(&config.networks, network) {
                 Ok(mut checker) => checker
                     .balances_at(&asked, to.timestamp_millis())
                     .await
@@ -268,7 +268,8 @@ impl Engine {
                 "network {network}: the sweep list covers ethereum and tron; Bitcoin-family wallets import the descriptors of `wallet export`"
             )));
         }
-        let mut checker = Rechecker::for_network(config, network).map_err(Error::InvalidInput)?;
+        let mut checker =
+            Rechecker::for_network(&config.networks, network).map_err(Error::InvalidInput)?;
         let fees = checker
             .sweep_fees()
             .await

@@ -107,7 +107,7 @@ impl Engine {
             .iter()
             .flat_map(|address| methods.iter().map(move |m| (address.clone(), *m)))
             .collect();
-        let mut checker = Rechecker::for_network(config, network)?;
+        let mut checker = Rechecker::for_network(&config.networks, network)?;
         let recorded: HashMap<(&str, &str), u128> = rows
             .iter()
             .map(|row| {

@@ -21,6 +21,7 @@ use payrecon::{IntentStatus, RefundState, UnsignedRefund};
 use payrecon_chain_core::Method;
 use payrecon_chain_core::bitcoin::base58;
 use payrecon_chain_core::bitcoin::hashes::{Hash as _, sha256};
+use payrecon_chain_core::bitcoin::hex::FromHex as _;
 use payrecon_chain_solana::testkit::{FakeSolana, random_pubkey};
 use payrecon_chain_tron::TronAddress;
 use payrecon_chain_tron::testkit::{FakeTron, TxSpec, trc20, trx};
@@ -30,16 +31,6 @@ const TOPUP_SUN: u64 = 400_000_000;
 
 /// 1 SOL, what a 100 USD top-up costs at 100 USD per SOL.
 const LAMPORTS: u64 = 1_000_000_000;
-
-fn hex_bytes(text: &str) -> Vec<u8> {
-    (0..text.len() / 2)
-        .map(|i| u8::from_str_radix(&text[2 * i..2 * i + 2], 16).unwrap())
-        .collect()
-}
-
-fn bs58(bytes: &[u8]) -> String {
-    base58::encode(bytes)
-}
 
 /// A customer's Tron address, none of the shop's.
 const CUSTOMER: &str = "TEQrkTwY43gnKH62mH8xQo1DKPorVZvv5r";
@@ -74,7 +65,7 @@ on_both_databases! {
         assert_eq!(value["owner_address"].as_str(), Some(pay.intent.pay_to.parse::<TronAddress>().unwrap().to_hex().as_str()));
         assert_eq!(value["to_address"].as_str(), Some(CUSTOMER.parse::<TronAddress>().unwrap().to_hex().as_str()));
         assert_eq!(value["amount"], 100_000_000);
-        let raw = hex_bytes(unsigned.transaction["raw_data_hex"].as_str().unwrap());
+        let raw = Vec::<u8>::from_hex(unsigned.transaction["raw_data_hex"].as_str().unwrap()).unwrap();
         assert_eq!(unsigned.transaction["txID"].as_str(), Some(sha256::Hash::hash(&raw).to_string().as_str()));
         assert_eq!(unsigned.txid, unsigned.transaction["txID"].as_str().unwrap());
         assert!(unsigned.expires_at_ms > 0);
@@ -164,9 +155,9 @@ on_both_databases! {
         assert_eq!((unsigned.fee.as_str(), unsigned.top_up_first.as_str()), ("5000", "0"));
         let message = BASE64.decode(&unsigned.message).unwrap();
         assert_eq!(message[..4], [1, 0, 1, 3], "one signer, the program read-only, three keys");
-        assert_eq!(bs58(&message[4..36]), solana.recipient);
-        assert_eq!(bs58(&message[36..68]), customer);
-        assert_eq!(bs58(&message[100..132]), unsigned.recent_blockhash);
+        assert_eq!(base58::encode(&message[4..36]), solana.recipient);
+        assert_eq!(base58::encode(&message[36..68]), customer);
+        assert_eq!(base58::encode(&message[100..132]), unsigned.recent_blockhash);
         assert_eq!(message[message.len() - 8..], (LAMPORTS / 5).to_le_bytes());
         let transaction = BASE64.decode(&unsigned.transaction).unwrap();
         assert_eq!((transaction[0], &transaction[65..]), (1, message.as_slice()), "one empty signature, then the message");

@@ -495,12 +495,14 @@ fn account(chain: &Chain, body: &Bytes) -> Value {
 /// `transaction`) answers: the transaction on the head block, expiring a minute after it,
 /// its raw data both as JSON and as the protobuf bytes a signer hashes.
 fn unsigned(chain: &Chain, body: &Bytes, call: bool) -> Value {
-    use crate::unsigned::{decode_hex, hex, proto};
+    use crate::unsigned::proto;
     use payrecon_chain_core::bitcoin::hashes::{Hash as _, sha256};
+    use payrecon_chain_core::bitcoin::hex::{DisplayHex as _, FromHex as _};
     use prost::Message as _;
     let request: Value = serde_json::from_slice(body).unwrap_or_default();
-    let bytes =
-        |key: &str| decode_hex(request[key].as_str().unwrap_or_default()).unwrap_or_default();
+    let bytes = |key: &str| {
+        Vec::<u8>::from_hex(request[key].as_str().unwrap_or_default()).unwrap_or_default()
+    };
     let head = &chain.blocks.last().expect("a block").block;
     let number = head["block_header"]["raw_data"]["number"]
         .as_u64()
@@ -508,7 +510,7 @@ fn unsigned(chain: &Chain, body: &Bytes, call: bool) -> Value {
     let head_time = head["block_header"]["raw_data"]["timestamp"]
         .as_i64()
         .expect("a time");
-    let block_id = decode_hex(head["blockID"].as_str().expect("an id")).expect("a hex id");
+    let block_id = Vec::<u8>::from_hex(head["blockID"].as_str().expect("an id")).expect("a hex id");
     let (kind, name, value, value_json, fee_limit) = if call {
         // The only call payrecon makes: TRC-20 `transfer`.
         if request["function_selector"] != "transfer(address,uint256)" {
@@ -523,7 +525,7 @@ fn unsigned(chain: &Chain, body: &Bytes, call: bool) -> Value {
             data: data.clone(),
         };
         let json = json!({
-            "data": hex(&data),
+            "data": data.to_lower_hex_string(),
             "owner_address": request["owner_address"],
             "contract_address": request["contract_address"],
         });
@@ -568,8 +570,8 @@ fn unsigned(chain: &Chain, body: &Bytes, call: bool) -> Value {
             "parameter": { "value": value_json, "type_url": type_url },
             "type": name,
         }],
-        "ref_block_bytes": hex(&raw.ref_block_bytes),
-        "ref_block_hash": hex(&raw.ref_block_hash),
+        "ref_block_bytes": raw.ref_block_bytes.to_lower_hex_string(),
+        "ref_block_hash": raw.ref_block_hash.to_lower_hex_string(),
         "expiration": raw.expiration,
         "timestamp": raw.timestamp,
     });
@@ -580,7 +582,7 @@ fn unsigned(chain: &Chain, body: &Bytes, call: bool) -> Value {
         "visible": false,
         "txID": sha256::Hash::hash(&raw_bytes).to_string(),
         "raw_data": raw_data,
-        "raw_data_hex": hex(&raw_bytes),
+        "raw_data_hex": raw_bytes.to_lower_hex_string(),
     })
 }
 

@@ -6,6 +6,7 @@
 
 use payrecon_chain_core::ScanError;
 use payrecon_chain_core::bitcoin::hashes::{Hash as _, sha256};
+use payrecon_chain_core::bitcoin::hex::{DisplayHex as _, FromHex as _};
 use prost::Message as _;
 use serde::Serialize;
 
@@ -96,7 +97,7 @@ impl TronScanner {
                     "owner_address": from.to_hex(),
                     "contract_address": contract.to_hex(),
                     "function_selector": "transfer(address,uint256)",
-                    "parameter": hex(&transfer_arguments(&to, units)),
+                    "parameter": transfer_arguments(&to, units).to_lower_hex_string(),
                     "fee_limit": fee_limit,
                     "call_value": 0,
                 });
@@ -140,10 +141,11 @@ fn contract_call_transaction(answer: serde_json::Value) -> Result<serde_json::Va
         return Ok(answer["transaction"].clone());
     }
     let message = answer["result"]["message"].as_str().unwrap_or_default();
-    let message = (0..message.len() / 2)
-        .filter_map(|i| u8::from_str_radix(message.get(2 * i..2 * i + 2)?, 16).ok())
-        .map(char::from)
-        .collect::<String>();
+    // java-tron writes the message in hex; anything else is quoted as it came.
+    let message = Vec::<u8>::from_hex(message).map_or_else(
+        |_| message.to_owned(),
+        |bytes| String::from_utf8_lossy(&bytes).into_owned(),
+    );
     Err(ScanError::Fatal(format!(
         "/wallet/triggersmartcontract refused: {} {}",
         payrecon_chain_core::excerpt(answer["result"]["code"].as_str().unwrap_or("no code")),
@@ -157,10 +159,6 @@ fn transfer_arguments(to: &TronAddress, units: u128) -> Vec<u8> {
     arguments[12..32].copy_from_slice(to.account_bytes());
     arguments[48..64].copy_from_slice(&units.to_be_bytes());
     arguments
-}
-
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// What a checked transaction's bytes say beyond what it sends.
@@ -179,7 +177,7 @@ pub(crate) fn check_unsigned(
     from: &TronAddress,
     sending: &TronSending,
 ) -> Result<CheckedTransaction, String> {
-    let bytes = decode_hex(raw_hex).ok_or("a raw_data_hex that is not hex")?;
+    let bytes = Vec::<u8>::from_hex(raw_hex).map_err(|_| "a raw_data_hex that is not hex")?;
     let hash = sha256::Hash::hash(&bytes).to_string();
     if !hash.eq_ignore_ascii_case(txid) {
         return Err(format!(
@@ -241,15 +239,6 @@ pub(crate) fn check_unsigned(
         expiration: raw.expiration,
         fee_limit: u64::try_from(raw.fee_limit).map_err(|_| "a negative fee limit")?,
     })
-}
-
-pub(crate) fn decode_hex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) || !text.is_ascii() {
-        return None;
-    }
-    (0..text.len() / 2)
-        .map(|i| u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok())
-        .collect()
 }
 
 /// The part of java-tron's `Tron.proto` an unsigned transfer uses. `Raw` is what a signer
@@ -386,7 +375,7 @@ mod tests {
             check_unsigned(raw, txid, &from, &sending).unwrap_err(),
             "a contract call other than the token transfer asked for"
         );
-        let bytes = decode_hex(raw).unwrap();
+        let bytes = Vec::<u8>::from_hex(raw).unwrap();
         let mut decoded = proto::Raw::decode(bytes.as_slice()).unwrap();
         assert_eq!(
             decoded.encode_to_vec(),
@@ -402,10 +391,11 @@ mod tests {
         any.value = call.encode_to_vec();
         let plain = decoded.encode_to_vec();
         let plain_id = sha256::Hash::hash(&plain).to_string();
-        let checked = check_unsigned(&hex(&plain), &plain_id, &from, &sending).unwrap();
+        let checked =
+            check_unsigned(&plain.to_lower_hex_string(), &plain_id, &from, &sending).unwrap();
         assert_eq!(checked.fee_limit, 225_000_000);
         assert!(
-            check_unsigned(&hex(&plain), txid, &from, &sending)
+            check_unsigned(&plain.to_lower_hex_string(), txid, &from, &sending)
                 .unwrap_err()
                 .starts_with("txID 4ad97d49")
         );
@@ -419,7 +409,7 @@ mod tests {
             ),
             "response",
         );
-        let mut bytes = decode_hex(tx["raw_data_hex"].as_str().unwrap()).unwrap();
+        let mut bytes = Vec::<u8>::from_hex(tx["raw_data_hex"].as_str().unwrap()).unwrap();
         // Field 10, `data` (a memo): "hi".
         bytes.extend([0x52, 0x02, b'h', b'i']);
         let id = sha256::Hash::hash(&bytes).to_string();
@@ -429,7 +419,7 @@ mod tests {
         };
         let from = address("41f460a8883003ad4996fe2aac1fce0e7136c8a3da");
         assert_eq!(
-            check_unsigned(&hex(&bytes), &id, &from, &sending).unwrap_err(),
+            check_unsigned(&bytes.to_lower_hex_string(), &id, &from, &sending).unwrap_err(),
             "a transaction with fields payrecon does not read"
         );
     }
