@@ -278,7 +278,9 @@ impl From<Error> for ApiError {
             | Error::Books(_) => (S::CONFLICT, "conflict"),
             Error::MethodDisabled(_) => (S::UNPROCESSABLE_ENTITY, "method_disabled"),
             Error::Rate(_) => (S::SERVICE_UNAVAILABLE, "rate_unavailable"),
-            Error::CatchingUp(_) => (S::SERVICE_UNAVAILABLE, "catching_up"),
+            Error::CatchingUp(_) | Error::AddressFoundPaid { .. } => {
+                (S::SERVICE_UNAVAILABLE, "catching_up")
+            }
             Error::Chain(_) => (S::BAD_GATEWAY, "chain_unavailable"),
             _ => {
                 tracing::error!(%error, "request failed");

@@ -14,14 +14,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 #[cfg(feature = "test-utils")]
 pub const CRASH_AT_ENV: &str = "PAYRECON_CRASH_AT";
 
-/// Every crash point, in the order an event passes them.
+/// Every crash point: those an event passes, in order, then the one of a new intent's index.
 #[cfg(feature = "test-utils")]
-pub const CRASH_POINTS: [&str; 5] = [
+pub const CRASH_POINTS: [&str; 6] = [
     "watcher.after_scan",
     "apply.after_event",
     "ledger.before_postings",
     "apply.before_commit",
     "apply.after_commit",
+    "indexes.after_block",
 ];
 
 #[cfg(feature = "test-utils")]

@@ -98,6 +98,17 @@ pub enum Error {
         "the {0} watcher is still looking for payments ahead of its address counter since it started; ask again in a few seconds"
     )]
     CatchingUp(payrecon_chain_core::Network),
+    /// The address of the index an intent was about to take was found paid before anyone was
+    /// given it (money ahead of the counter, or a restored database's lost intent): it is never
+    /// handed out. The engine takes another index; this reaches a caller only when several in
+    /// a row were found paid.
+    #[error("the {network} address {address} was found paid before it was handed out; ask again")]
+    AddressFoundPaid {
+        /// The network.
+        network: payrecon_chain_core::Network,
+        /// The address.
+        address: String,
+    },
     /// A watcher stopped because its chain data source cannot be trusted.
     #[error("the {network} watcher stopped: {reason}")]
     WatcherStopped {

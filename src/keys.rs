@@ -78,6 +78,18 @@ impl KeyState {
     }
 }
 
+/// A key's counter as a restore moved it: the indexes from `counter_before` up to
+/// `counter_after` are never handed out, and stay watched for a monitoring window.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CounterMoved {
+    /// The account key (`<chain>:<fingerprint>`).
+    pub key_id: String,
+    /// The next index the restored database would have handed out.
+    pub counter_before: u32,
+    /// The next index it hands out now.
+    pub counter_after: u32,
+}
+
 /// Refuses a look-ahead no watcher could follow.
 pub(crate) fn check_lookahead(network: Network, lookahead: u32) -> Result<(), crate::Error> {
     if lookahead > MAX_LOOKAHEAD {

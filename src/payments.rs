@@ -1,7 +1,7 @@
 //! Payment instructions on the engine: create them, mark them paid, feed the matcher chain
 //! events, expire what is due, and stream what changed.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -517,12 +517,14 @@ fn explicit_finality_depth(network: Network, confirmations: u32) -> Result<(), E
     Ok(())
 }
 
-/// An intent with its rate and dates, waiting for its order's total (read under the order's
-/// lock) and its address: what a group-committed write turns into a stored intent.
+/// An intent with its rate, dates and derivation index, waiting for its order's total (read
+/// under the order's lock): what a group-committed write turns into a stored intent.
 pub(crate) struct IntentDraft {
     pub(crate) order_ref: OrderRef,
     pub(crate) method: Method,
     pub(crate) deriver: Arc<dyn AddressDeriver>,
+    /// Taken from this process's block of the key (see [`crate::indexes`]).
+    pub(crate) index: u32,
     pub(crate) rate: IntentRate,
     pub(crate) created_at: DateTime<Utc>,
     pub(crate) deadline: DateTime<Utc>,
@@ -546,15 +548,6 @@ impl GroupWrite for IntentDraft {
     }
 }
 
-/// Addresses derived ahead after an intent made alone.
-const DERIVED_AHEAD_ALONE: u32 = 8;
-
-/// Derives the next addresses of a key on the blocking pool, while the caller's commit syncs.
-fn derive_ahead(deriver: &Arc<dyn AddressDeriver>, from: u32, count: u32) {
-    let deriver = deriver.clone();
-    tokio::task::spawn_blocking(move || deriver.derive_ahead(from, count));
-}
-
 /// The `intent_created` event of an intent.
 fn intent_created(intent: &PaymentIntent, superseded: &[String]) -> NewEvent {
     NewEvent {
@@ -568,13 +561,9 @@ fn intent_created(intent: &PaymentIntent, superseded: &[String]) -> NewEvent {
     }
 }
 
-/// The intent a draft becomes with `index` and the address derived from it.
-fn intent_of(
-    draft: &IntentDraft,
-    order: &crate::order::Order,
-    key_id: String,
-    index: u32,
-) -> Result<PaymentIntent, Error> {
+/// The intent a draft becomes with the address derived from its index.
+fn intent_of(draft: &IntentDraft, order: &crate::order::Order) -> Result<PaymentIntent, Error> {
+    let index = draft.index;
     let method = draft.method;
     let amount =
         crypto_amount_for(order.total_usd, draft.rate.usd_per_unit, method).ok_or_else(|| {
@@ -602,50 +591,45 @@ fn intent_of(
         first_seen_at: None,
         settled_at: None,
         settlement_count: 0,
-        key_id,
+        key_id: draft.deriver.key_id(),
         derivation_index: index,
         checkout_key: uuid::Uuid::new_v4().simple().to_string(),
     })
 }
 
 /// [`store_intent`] for many drafts at once, in a fixed number of statements: the orders
-/// locked, each key's counter locked and moved on once, the intents, the superseding and the
-/// events. Indexes go out in draft order; a draft refused (its order unknown or settled, its
-/// address not derivable) takes none, so they stay gap-free exactly as one by one.
+/// locked, the intents, the superseding and the events. A draft refused (its order unknown or
+/// settled, its address not derivable) stores nothing; its caller gives its index back.
 async fn store_intents(
     tx: &mut WriteTx,
     drafts: Vec<&IntentDraft>,
 ) -> Result<Answers<PaymentIntent, Error>, Error> {
     let references: Vec<&str> = drafts.iter().map(|d| d.order_ref.as_str()).collect();
+    let mut with_live_intents: HashSet<String> = HashSet::new();
     let orders: HashMap<String, crate::order::Order> =
-        crate::store::orders::lock_orders(tx, &references)
+        crate::store::orders::lock_orders_for_intents(tx, &references)
             .await?
             .into_iter()
-            .map(|stored| (stored.order.reference.to_string(), stored.order))
+            .map(|(stored, live)| {
+                let reference = stored.order.reference.to_string();
+                if live {
+                    with_live_intents.insert(reference.clone());
+                }
+                (reference, stored.order)
+            })
             .collect();
-    let key_ids: Vec<String> = drafts.iter().map(|d| d.deriver.key_id()).collect();
-    let mut unique_keys: Vec<&str> = key_ids.iter().map(String::as_str).collect();
-    unique_keys.sort_unstable();
-    unique_keys.dedup();
-    let mut next = payments::lock_counters(tx, &unique_keys).await?;
     let mut results: Vec<Result<PaymentIntent, Error>> = Vec::with_capacity(drafts.len());
-    for (draft, key_id) in drafts.iter().zip(&key_ids) {
+    for draft in &drafts {
         let outcome = match orders.get(draft.order_ref.as_str()) {
             None => Err(Error::OrderNotFound(draft.order_ref.clone())),
             Some(order) if order.status != OrderStatus::Open => {
                 Err(Error::AlreadySettled(draft.order_ref.clone()))
             }
-            Some(order) => {
-                let index = next[key_id.as_str()];
-                let made = intent_of(draft, order, key_id.clone(), index);
-                if made.is_ok() {
-                    next.insert(key_id.clone(), index + 1);
-                }
-                made
-            }
+            Some(order) => intent_of(draft, order),
         };
         results.push(outcome);
     }
+    refuse_found_paid(tx, &mut results).await?;
     // Per order, the first new intent supersedes the stored live ones, each later one the new
     // one before it.
     let mut supersedes: Vec<Vec<String>> = vec![Vec::new(); results.len()];
@@ -669,20 +653,15 @@ async fn store_intents(
             older.superseded_by = Some(newer);
         }
     }
+    // Only orders that have a live intent have one to supersede.
     let pairs: Vec<(&str, &str)> = first_of
         .iter()
+        .filter(|(order, _, _)| with_live_intents.contains(order))
         .map(|(order, id, _)| (order.as_str(), id.as_str()))
         .collect();
     for (old, order) in payments::supersede_for_orders(tx, &pairs).await? {
         if let Some((_, _, i)) = first_of.iter().find(|(o, _, _)| *o == order) {
             supersedes[*i].push(old);
-        }
-    }
-    let moved: Vec<(&str, u32)> = next.iter().map(|(k, v)| (k.as_str(), *v)).collect();
-    payments::set_counters(tx, &moved).await?;
-    for (draft, key_id) in drafts.iter().zip(&key_ids) {
-        if let Some(from) = next.remove(key_id.as_str()) {
-            derive_ahead(&draft.deriver, from, drafts.len() as u32 * 2);
         }
     }
     let kept: Vec<&PaymentIntent> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
@@ -706,9 +685,43 @@ async fn store_intents(
     Ok(results)
 }
 
-/// Stores a drafted intent under its order's lock: the next derivation index of the key (rolled
-/// back with the write if it is refused), the address derived from it, the intent, the
-/// superseding of the order's older intents and the `intent_created` event.
+/// Refuses each intent whose address money was found at before anyone was given it: a process
+/// took its index in a block before a watcher or the holdings check found the payment there
+/// (see [`crate::indexes`]).
+async fn refuse_found_paid(
+    tx: &mut WriteTx,
+    results: &mut [Result<PaymentIntent, Error>],
+) -> Result<(), Error> {
+    let mut by_network: BTreeMap<Network, Vec<&str>> = BTreeMap::new();
+    for intent in results.iter().flatten() {
+        by_network
+            .entry(intent.network())
+            .or_default()
+            .push(intent.watch_key.as_str());
+    }
+    let mut found: Vec<(Network, String)> = Vec::new();
+    for (network, keys) in by_network {
+        for key in payments::found_ahead(tx, network.as_str(), &keys).await? {
+            found.push((network, key));
+        }
+    }
+    for result in results.iter_mut() {
+        if let Ok(intent) = result
+            && found
+                .iter()
+                .any(|(network, key)| *network == intent.network() && *key == intent.watch_key)
+        {
+            *result = Err(Error::AddressFoundPaid {
+                network: intent.network(),
+                address: intent.pay_to.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Stores a drafted intent under its order's lock: the address derived from its index, the
+/// intent, the superseding of the order's older intents and the `intent_created` event.
 async fn store_intent(tx: &mut WriteTx, draft: &IntentDraft) -> Result<PaymentIntent, Error> {
     let order_ref = &draft.order_ref;
     let order = crate::store::orders::lock_order(tx, order_ref)
@@ -718,10 +731,10 @@ async fn store_intent(tx: &mut WriteTx, draft: &IntentDraft) -> Result<PaymentIn
     if order.status != OrderStatus::Open {
         return Err(Error::AlreadySettled(order_ref.clone()));
     }
-    let key_id = draft.deriver.key_id();
-    let index = payments::reserve_index(tx, &key_id).await?;
-    let intent = intent_of(draft, &order, key_id, index)?;
-    derive_ahead(&draft.deriver, index + 1, DERIVED_AHEAD_ALONE);
+    let mut made = [intent_of(draft, &order)];
+    refuse_found_paid(tx, &mut made).await?;
+    let [made] = made;
+    let intent = made?;
     payments::insert_intent(tx, &intent).await?;
     let superseded = payments::supersede_others(tx.conn(), order_ref, &intent.id).await?;
     payments::append_events_at(

@@ -92,6 +92,27 @@ enum BenchCommand {
     /// The stream clients of `bench edge`, in a process of their own (run by it).
     #[command(hide = true)]
     EdgeClients(EdgeClientsArgs),
+    /// One of the processes of `bench payments --processes N` creating intents (run by it).
+    #[command(hide = true)]
+    IntentsWorker(IntentsWorkerArgs),
+}
+
+/// The options of `intents-worker`: its share of the intents of `bench payments`.
+#[derive(Debug, clap::Args)]
+struct IntentsWorkerArgs {
+    #[arg(long)]
+    url: String,
+    #[arg(long)]
+    scratch: std::path::PathBuf,
+    /// The order references' prefix.
+    #[arg(long)]
+    prefix: String,
+    #[arg(long)]
+    first: usize,
+    #[arg(long)]
+    count: usize,
+    #[arg(long)]
+    callers: usize,
 }
 
 /// The options of `ledger`.
@@ -130,6 +151,11 @@ struct PaymentsArgs {
     /// A database the benchmark may fill. Default: a fresh temporary SQLite file.
     #[arg(long)]
     scratch_database: Option<String>,
+    /// Processes creating the intents on one PostgreSQL database, each with its share of the
+    /// callers and the intents (payrecon's several `serve` processes); the addresses they
+    /// hand out are checked unique across them.
+    #[arg(long, default_value_t = 1)]
+    processes: usize,
 }
 
 /// The options of `ethereum`.
@@ -348,6 +374,7 @@ async fn run(command: BenchCommand, json: bool) -> anyhow::Result<()> {
         BenchCommand::Books(args) => books::workload(args, json).await,
         BenchCommand::Edge(args) => edge_workload(args, json).await,
         BenchCommand::EdgeClients(EdgeClientsArgs { url }) => edge::clients(&url).await,
+        BenchCommand::IntentsWorker(args) => intents_worker(args).await,
         BenchCommand::Ledger(args) => ledger_workload(args, json).await,
         BenchCommand::Witness(args) => {
             let lines = witness::witness(args).await?;
@@ -371,15 +398,24 @@ async fn payments_workload(
         sweep_items,
         reference_events,
         scratch_database,
+        processes,
     }: PaymentsArgs,
     json: bool,
 ) -> anyhow::Result<()> {
     anyhow::ensure!(
         intents > 0
             && events_per_batch > 0
+            && processes > 0
             && !concurrency.is_empty()
-            && concurrency.iter().all(|c| *c > 0),
-        "counts must be positive"
+            && concurrency.iter().all(|c| *c >= processes),
+        "counts must be positive, with at least one caller per process"
+    );
+    anyhow::ensure!(
+        processes == 1
+            || scratch_database
+                .as_deref()
+                .is_some_and(|url| url.starts_with("postgres")),
+        "--processes needs --scratch-database postgres://…: several processes share one PostgreSQL"
     );
     let (scratch_dir, url) = scratch(scratch_database)?;
     let engine = payments_engine(&url, scratch_dir.path(), payrecon::DEFAULT_LOOKAHEAD).await?;
@@ -389,6 +425,11 @@ async fn payments_workload(
         concurrency,
         sweep_items,
         reference_events,
+        processes: (processes > 1).then(|| Processes {
+            count: processes,
+            url: url.clone(),
+            scratch: scratch_dir.path().to_owned(),
+        }),
     };
     let without_lookahead = payments_engine(&url, scratch_dir.path(), 0).await?;
     let lines = payments(&engine, &without_lookahead, &plan).await?;
@@ -820,6 +861,15 @@ struct PaymentsPlan {
     sweep_items: usize,
     /// Events settled through the one-by-one reference path first, for comparison.
     reference_events: usize,
+    /// Intents created by several processes.
+    processes: Option<Processes>,
+}
+
+/// Where the processes of `--processes` find the database.
+struct Processes {
+    count: usize,
+    url: String,
+    scratch: std::path::PathBuf,
 }
 
 /// API writes at each caller count, each beside the line: the same rows in batches of as many
@@ -840,7 +890,8 @@ async fn api_write_sweep(
         };
         let items = next_item..next_item + count;
         next_item += count;
-        let (topups, made) = api_writes(engine, run, items.clone(), callers).await?;
+        let (topups, made) =
+            api_writes(engine, run, items.clone(), callers, plan.processes.as_ref()).await?;
         instructions.extend(made.1);
         let line_run = format!("{run}-{callers}");
         let topup_line = timed_line(engine, count, callers, |tx, rows, now| {
@@ -1060,33 +1111,33 @@ async fn payments(
     Ok(lines)
 }
 
-/// Top-ups then intents for `items`, from `callers` concurrent callers.
+/// Top-ups then intents for `items`, from `callers` concurrent callers (the intents from
+/// `processes` when given, each with its share of them).
 async fn api_writes(
     engine: &Engine,
     run: &str,
     items: std::ops::Range<usize>,
     callers: usize,
+    processes: Option<&Processes>,
 ) -> anyhow::Result<(BenchLine, (BenchLine, Vec<PaidIntent>))> {
     let prefix = format!("b{run}");
-    let reference =
-        move |i: usize| payrecon::test_utils::order::OrderRef::new(format!("{prefix}-{i}"));
     let count = items.len();
     let first = items.start;
     let grouped = engine.store().group_commit_stats();
     let progress = progress_bar(count as u64, "top-ups");
     reset_peak_memory();
     let started = Instant::now();
-    let (caller_engine, caller_progress, caller_reference) =
-        (engine.clone(), progress.clone(), reference.clone());
+    let (caller_engine, caller_progress, caller_prefix) =
+        (engine.clone(), progress.clone(), prefix.clone());
     spread(count, callers, move |i| {
         let (engine, reference, progress) = (
             caller_engine.clone(),
-            caller_reference(first + i),
+            format!("{caller_prefix}-{}", first + i),
             caller_progress.clone(),
         );
         async move {
             let request = payrecon::test_utils::order::TopupRequest {
-                reference: reference?.to_string(),
+                reference,
                 account_id: format!("c{}", (first + i) % BENCH_CUSTOMERS),
                 amount_usd: payrecon::test_utils::money::Usd::from_dollars(500),
             };
@@ -1107,12 +1158,40 @@ async fn api_writes(
         grouped,
     );
 
-    let progress = progress_bar(count as u64, "intents");
+    if let Some(processes) = processes {
+        let (intents, made) = intents_in_processes(processes, &prefix, items, callers).await?;
+        return Ok((topups, (intents, made)));
+    }
     let grouped = engine.store().group_commit_stats();
     reset_peak_memory();
     let started = Instant::now();
+    let made = create_intents(engine, &prefix, items, callers).await?;
+    let intents = with_group_size(
+        with_peak(line(
+            &format!("intents created, {callers} callers"),
+            count,
+            started.elapsed(),
+        )),
+        engine,
+        grouped,
+    );
+    Ok((topups, (intents, made)))
+}
+
+/// Intents for the top-ups `{prefix}-{i}` of `items`, from `callers` concurrent callers.
+async fn create_intents(
+    engine: &Engine,
+    prefix: &str,
+    items: std::ops::Range<usize>,
+    callers: usize,
+) -> anyhow::Result<Vec<PaidIntent>> {
+    let prefix = prefix.to_owned();
+    let reference =
+        move |i: usize| payrecon::test_utils::order::OrderRef::new(format!("{prefix}-{i}"));
+    let first = items.start;
+    let progress = progress_bar(items.len() as u64, "intents");
     let (caller_engine, caller_progress) = (engine.clone(), progress.clone());
-    let made = spread(count, callers, move |i| {
+    let made = spread(items.len(), callers, move |i| {
         let (engine, reference, progress) = (
             caller_engine.clone(),
             reference(first + i),
@@ -1130,16 +1209,125 @@ async fn api_writes(
     })
     .await?;
     progress.finish_and_clear();
-    let intents = with_group_size(
-        with_peak(line(
-            &format!("intents created, {callers} callers"),
-            count,
-            started.elapsed(),
-        )),
-        engine,
-        grouped,
+    Ok(made)
+}
+
+/// What one process of `--processes` reports: its intents and its group commits.
+#[derive(Serialize, serde::Deserialize)]
+struct WorkerReport {
+    intents: Vec<PaidIntent>,
+    writes: u64,
+    commits: u64,
+}
+
+/// `intents-worker`: opens its engine, says `ready`, waits for `go` on stdin, creates its
+/// intents and prints its [`WorkerReport`].
+async fn intents_worker(args: IntentsWorkerArgs) -> anyhow::Result<()> {
+    use tokio::io::AsyncBufReadExt;
+    let engine = payments_engine(&args.url, &args.scratch, payrecon::DEFAULT_LOOKAHEAD).await?;
+    println!("ready");
+    let mut go = String::new();
+    tokio::io::BufReader::new(tokio::io::stdin())
+        .read_line(&mut go)
+        .await?;
+    anyhow::ensure!(go.trim() == "go", "expected `go`, read {go:?}");
+    let before = engine.store().group_commit_stats();
+    let items = args.first..args.first + args.count;
+    let intents = create_intents(&engine, &args.prefix, items, args.callers).await?;
+    let after = engine.store().group_commit_stats();
+    println!(
+        "{}",
+        serde_json::to_string(&WorkerReport {
+            intents,
+            writes: after.writes - before.writes,
+            commits: after.commits - before.commits,
+        })?
     );
-    Ok((topups, (intents, made)))
+    Ok(())
+}
+
+/// The intents of `items` created by `processes` processes at once, each with its share of
+/// the items and of the `callers`: timed from the moment all are ready, checked for an
+/// address handed out twice.
+async fn intents_in_processes(
+    processes: &Processes,
+    prefix: &str,
+    items: std::ops::Range<usize>,
+    callers: usize,
+) -> anyhow::Result<(BenchLine, Vec<PaidIntent>)> {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+    let count = items.len();
+    let share = count.div_ceil(processes.count);
+    let mut workers = Vec::new();
+    for n in 0..processes.count {
+        let first = items.start + n * share;
+        let mine = share.min(items.end.saturating_sub(first));
+        let mut child = tokio::process::Command::new(std::env::current_exe()?)
+            .args([
+                "intents-worker",
+                "--url",
+                &processes.url,
+                "--prefix",
+                prefix,
+            ])
+            .arg("--scratch")
+            .arg(&processes.scratch)
+            .args(["--first", &first.to_string(), "--count", &mine.to_string()])
+            .args(["--callers", &(callers / processes.count).max(1).to_string()])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting an intents worker")?;
+        let mut out = tokio::io::BufReader::new(child.stdout.take().expect("piped"));
+        let mut ready = String::new();
+        out.read_line(&mut ready).await?;
+        anyhow::ensure!(ready.trim() == "ready", "an intents worker failed to start");
+        workers.push((child, out));
+    }
+    reset_peak_memory();
+    let started = Instant::now();
+    for (child, _) in &mut workers {
+        child
+            .stdin
+            .as_mut()
+            .expect("piped")
+            .write_all(b"go\n")
+            .await?;
+    }
+    let mut reports = Vec::new();
+    for (mut child, mut out) in workers {
+        let mut text = String::new();
+        out.read_to_string(&mut text).await?;
+        anyhow::ensure!(child.wait().await?.success(), "an intents worker failed");
+        reports.push(serde_json::from_str::<WorkerReport>(&text)?);
+    }
+    let elapsed = started.elapsed();
+    let (writes, commits) = reports
+        .iter()
+        .fold((0, 0), |(w, c), r| (w + r.writes, c + r.commits));
+    let made: Vec<PaidIntent> = reports.into_iter().flat_map(|r| r.intents).collect();
+    let unique: std::collections::HashSet<&str> = made.iter().map(|i| i.address.as_str()).collect();
+    anyhow::ensure!(
+        made.len() == count && unique.len() == count,
+        "{} intents and {} distinct addresses from {} processes: an address went out twice",
+        made.len(),
+        unique.len(),
+        processes.count
+    );
+    let mut measured = line(
+        &format!(
+            "intents created, {callers} callers in {} processes",
+            processes.count
+        ),
+        count,
+        elapsed,
+    );
+    measured.note = Some(format!(
+        "{:.1} writes per commit; all {count} addresses unique across the processes",
+        writes as f64 / commits.max(1) as f64
+    ));
+    Ok((measured, made))
 }
 
 /// Times the line: `count` rows written by `write`, `per_commit` rows per transaction, one
@@ -1201,6 +1389,7 @@ fn beside(mut measured: BenchLine, line: &BenchLine) -> BenchLine {
 
 /// What the settling stage needs of one created intent: the harness keeps only this, so peak
 /// memory measures the engine rather than a million kept payment instructions.
+#[derive(Serialize, serde::Deserialize)]
 struct PaidIntent {
     address: String,
     amount: Amount,

@@ -53,6 +53,10 @@ enum Command {
         #[arg(long)]
         output: PathBuf,
     },
+    /// Tells payrecon its database was just restored from a backup (after `pg_restore`; a copy
+    /// `payrecon backup` wrote says so itself): each key's counter moves past every address the
+    /// lost database may have handed out.
+    Restored,
     /// Rental orders.
     #[command(subcommand)]
     Order(OrderCommand),
@@ -286,6 +290,22 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     report.schema_version,
                     report.integrity
                 )
+            })
+        }
+        Command::Restored => {
+            let moved = engine.restored().await?;
+            emit(json, &moved, || {
+                let mut text = String::new();
+                for counter in &moved {
+                    text.push_str(&format!(
+                        "{}: next index {} -> {} (the indexes between stay watched)\n",
+                        counter.key_id, counter.counter_before, counter.counter_after
+                    ));
+                }
+                text.push_str(
+                    "new addresses wait until each network's watcher has looked past the counters",
+                );
+                text
             })
         }
         Command::Order(command) => shop::order(command, &engine, json).await,

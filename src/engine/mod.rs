@@ -5,6 +5,7 @@
 
 mod books;
 mod finance;
+mod handout;
 mod operators;
 pub(crate) mod payment_refunds;
 pub(crate) mod refund_chain;
@@ -49,6 +50,7 @@ pub struct Engine {
     catalog: Arc<Catalog>,
     books: Arc<books::Books>,
     handout: Arc<crate::keys::HandoutGate>,
+    indexes: Arc<crate::indexes::IndexPools>,
 }
 
 /// The result of a create call: the order, and whether this call created it or found the
@@ -82,10 +84,12 @@ impl Engine {
         let engine =
             Engine::open_with(config.database_url.expose(), config.database_durability).await?;
         engine.register_keys(&mut settings).await?;
-        engine
+        let engine = engine
             .with_payment_settings(settings)
             .with_catalog(config.catalog.clone())?
-            .with_books(config.books.clone())
+            .with_books(config.books.clone())?;
+        engine.restore_if_backup_copy().await?;
+        Ok(engine)
     }
 
     fn now(&self) -> DateTime<Utc> {
@@ -114,6 +118,7 @@ impl Engine {
             events: tokio::sync::broadcast::channel(EVENT_NOTIFICATIONS).0,
             matcher_path: MatcherPath::default(),
             handout: Arc::default(),
+            indexes: Arc::default(),
             catalog: Arc::new(Catalog::default()),
             books: Arc::new(
                 books::Books::new(crate::config::BooksConfig::default())

@@ -22,6 +22,10 @@ use chrono::{DateTime, Utc};
 use payrecon_chain_core::Method;
 use std::sync::Arc;
 
+/// Addresses found paid in a row before a new intent gives up with
+/// [`Error::AddressFoundPaid`].
+const MAX_FOUND_PAID_IN_A_ROW: u32 = 8;
+
 impl Engine {
     /// Creates payment instructions for an order or top-up in one method: a fresh address,
     /// the amount at a freshly locked rate (rounded up), and a deadline. Refused, with nothing
@@ -66,20 +70,49 @@ impl Engine {
                 .copied()
                 .unwrap_or(settings.default_deadline);
 
-        let draft = IntentDraft {
-            order_ref: order_ref.clone(),
-            method,
-            deriver,
-            rate: IntentRate {
-                usd_per_unit: rate.usd_per_unit,
-                source: rate.source,
-                fetched_at: rate.fetched_at,
-            },
-            created_at: now,
-            deadline,
-            monitor_until: deadline + settings.monitoring_window,
+        // An index whose address was found paid before anyone was given it is never handed
+        // out: the next one is taken.
+        let mut found_paid = 0;
+        let intent = loop {
+            let taken = self
+                .take_index(method.network(), &deriver, order_ref)
+                .await?;
+            let draft = IntentDraft {
+                order_ref: order_ref.clone(),
+                method,
+                index: taken.index(),
+                deriver: deriver.clone(),
+                rate: IntentRate {
+                    usd_per_unit: rate.usd_per_unit,
+                    source: rate.source.clone(),
+                    fetched_at: rate.fetched_at,
+                },
+                created_at: now,
+                deadline,
+                monitor_until: deadline + settings.monitoring_window,
+            };
+            match self.db().write_batched(draft).await {
+                Ok(intent) => {
+                    taken.stored();
+                    break intent;
+                }
+                Err(found @ Error::AddressFoundPaid { .. }) => {
+                    taken.lost();
+                    found_paid += 1;
+                    if found_paid == MAX_FOUND_PAID_IN_A_ROW {
+                        return Err(found);
+                    }
+                }
+                // The database failed: the intent may be stored after all, so its index never
+                // goes out again.
+                Err(failed @ Error::Database(_)) => {
+                    taken.lost();
+                    return Err(failed);
+                }
+                // Refused before anything was written: the index goes back.
+                Err(refused) => return Err(refused),
+            }
         };
-        let intent = self.db().write_batched(draft).await?;
         self.notify_events();
         // Its deadline is ahead: how far its chain was read does not change what it says.
         Ok(self.instructions(intent, None))

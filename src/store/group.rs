@@ -6,8 +6,6 @@
 //! [`MAX_GROUP_WRITES`]), runs each in a savepoint of its own, commits once, and only then
 //! answers every caller of the group. So:
 //! - a refusal (or a failing statement) rolls back that caller's savepoint only;
-//! - a derivation index reserved by a refused write is rolled back with it, so the next write
-//!   gets it: indexes stay gap-free and unique;
 //! - no answer leaves before the commit that makes it true is on disk, and a failed commit
 //!   fails every write of its group (none of them happened).
 //!
@@ -39,6 +37,12 @@ const MAX_CONFLICT_RETRIES: u32 = 8;
 /// concurrent commits into one log flush.
 const SQLITE_PIPELINES: usize = 1;
 const POSTGRES_PIPELINES: usize = 4;
+
+/// Writes queued before a second group starts beside one in flight. Below it they wait for
+/// the running group's next turn, which takes them all: small parallel groups cost a commit
+/// and a round of statements each (measured on PostgreSQL: four pipelines of 64 callers made
+/// groups of 12; several processes, each with their own pipelines, groups of 4 to 6).
+const PARALLEL_GROUP_MIN: usize = 16;
 
 /// What a caller's write returns: a future borrowing the group's transaction.
 pub type WriteFuture<'a, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send + 'a>>;
@@ -275,7 +279,8 @@ impl GroupCommit {
         let start_runner = {
             let mut state = self.state.lock().expect("never poisoned");
             state.queue.push_back(queued);
-            let free = state.running < self.pipelines;
+            let free = state.running == 0
+                || (state.running < self.pipelines && state.queue.len() >= PARALLEL_GROUP_MIN);
             if free {
                 state.running += 1;
             }

@@ -86,11 +86,14 @@ pub(crate) async fn keys_of(
 }
 
 /// What a watcher needs to place each key's look-ahead window: its next free index, and the
-/// lowest index skipped by money found ahead of it since `since_ms` (still watched).
+/// lowest index below it that may be unused and still needs watching: skipped by money found
+/// ahead of it or by a restore, or in a block a process took, since `since_ms`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct KeyWindow {
     pub next_index: u32,
-    pub skipped_from: Option<u32>,
+    pub watched_from: Option<u32>,
+    /// The key's database was restored and its watcher has not looked past the counter yet.
+    pub restore_pending: bool,
 }
 
 /// Each of `key_ids`' [`KeyWindow`] on `network`, in one statement (a watcher reads it every
@@ -108,27 +111,38 @@ pub(crate) async fn windows(
     if key_ids.is_empty() {
         return Ok(windows);
     }
-    let placeholders: Vec<String> = (3..3 + key_ids.len()).map(|n| format!("${n}")).collect();
+    let placeholders: Vec<String> = (5..5 + key_ids.len()).map(|n| format!("${n}")).collect();
     let sql = format!(
-        "SELECT c.key_id, c.next_index, (SELECT MIN(u.counter_before) FROM unissued_payments u \
-           WHERE u.network = $1 AND u.key_id = c.key_id AND u.found_at_ms > $2) \
+        "SELECT c.key_id, c.next_index, \
+           (SELECT MIN(u.counter_before) FROM unissued_payments u \
+             WHERE u.network = $1 AND u.key_id = c.key_id AND u.found_at_ms > $2), \
+           (SELECT MIN(s.from_index) FROM counter_skips s \
+             WHERE s.key_id = c.key_id AND s.skipped_at_ms > $3), \
+           (SELECT MIN(b.first_index) FROM index_blocks b \
+             WHERE b.key_id = c.key_id AND b.taken_at_ms > $4), \
+           (SELECT COUNT(*) FROM restore_pending r WHERE r.key_id = c.key_id) \
          FROM derivation_counters c WHERE c.key_id IN ({})",
         placeholders.join(", ")
     );
-    let mut query = sqlx::query_as::<_, (String, i64, Option<i64>)>(sqlx::AssertSqlSafe(sql))
+    type Row = (String, i64, Option<i64>, Option<i64>, Option<i64>, i64);
+    let mut query = sqlx::query_as::<_, Row>(sqlx::AssertSqlSafe(sql))
         .bind(network)
+        .bind(since_ms)
+        .bind(since_ms)
         .bind(since_ms);
     for key_id in key_ids {
         query = query.bind(key_id.as_str());
     }
-    for (key_id, next, skipped) in query.fetch_all(&mut *conn).await? {
+    for (key_id, next, unissued, skipped, blocks, pending) in query.fetch_all(&mut *conn).await? {
         let index = |value: i64| {
             u32::try_from(value)
                 .map_err(|_| StoreError::Corrupt(format!("derivation index {value} of {key_id}")))
         };
+        let lowest = [unissued, skipped, blocks].into_iter().flatten().min();
         let window = KeyWindow {
             next_index: index(next)?,
-            skipped_from: skipped.map(index).transpose()?,
+            watched_from: lowest.map(index).transpose()?,
+            restore_pending: pending > 0,
         };
         windows.insert(key_id, window);
     }
@@ -184,14 +198,22 @@ pub(crate) async fn record_unissued(
         Backend::Sqlite => "MAX",
         Backend::Postgres => "GREATEST",
     };
+    // On a restored database not yet looked past, the addresses after a paid one may have been
+    // handed out too: the counter moves past them, as far as the look-ahead reaches.
+    let pending: Option<i64> =
+        sqlx::query_scalar("SELECT lookahead FROM restore_pending WHERE key_id = $1")
+            .bind(row.key_id.as_str())
+            .fetch_optional(&mut *conn)
+            .await?;
+    let past = i64::from(row.derivation_index) + 1 + pending.unwrap_or(0);
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "INSERT INTO derivation_counters (key_id, next_index) VALUES ($1, $2) \
          ON CONFLICT (key_id) DO UPDATE SET \
            next_index = {greatest}(derivation_counters.next_index, $3)"
     )))
     .bind(row.key_id.as_str())
-    .bind(i64::from(row.derivation_index) + 1)
-    .bind(i64::from(row.derivation_index) + 1)
+    .bind(past)
+    .bind(past)
     .execute(&mut *conn)
     .await?;
     Ok(())
@@ -217,4 +239,210 @@ pub(crate) async fn unissued(
             .map_err(|_| StoreError::Corrupt(format!("derivation index {index} of {address}")))
     })
     .transpose()
+}
+
+/// Takes the next `size` indexes of `key_id` as one block: its counter moves past them, and
+/// the block is recorded so the watcher follows those addresses while some may be unused.
+/// Blocks of this key taken before `prune_before_ms`, and `spent` ones (every index of them
+/// used), are forgotten in the same transaction. Returns the block's first index.
+pub(crate) async fn take_block(
+    tx: &mut super::WriteTx,
+    key_id: &str,
+    size: u32,
+    now_ms: i64,
+    (spent, prune_before_ms): (&[u32], i64),
+) -> Result<u32, StoreError> {
+    let end: i64 = sqlx::query_scalar(
+        "INSERT INTO derivation_counters (key_id, next_index) VALUES ($1, $2) \
+         ON CONFLICT (key_id) DO UPDATE SET next_index = derivation_counters.next_index + $2 \
+         RETURNING next_index",
+    )
+    .bind(key_id)
+    .bind(i64::from(size))
+    .fetch_one(tx.conn())
+    .await?;
+    let first = end - i64::from(size);
+    sqlx::query(
+        "INSERT INTO index_blocks (key_id, first_index, end_index, taken_at_ms) \
+         VALUES ($1, $2, $3, $4)",
+    )
+    .bind(key_id)
+    .bind(first)
+    .bind(end)
+    .bind(now_ms)
+    .execute(tx.conn())
+    .await?;
+    let backend = tx.backend();
+    let sql = format!(
+        "DELETE FROM index_blocks WHERE key_id = {} AND (taken_at_ms < {}{})",
+        super::placeholder(backend, 1),
+        super::placeholder(backend, 2),
+        if spent.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " OR first_index IN ({})",
+                super::list_placeholders_after(backend, 2, spent.len())
+            )
+        }
+    );
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(key_id)
+        .bind(prune_before_ms);
+    for first in spent {
+        query = query.bind(i64::from(*first));
+    }
+    query.execute(tx.conn()).await?;
+    u32::try_from(first)
+        .ok()
+        .filter(|_| end <= i64::from(u32::MAX))
+        .ok_or_else(|| StoreError::Corrupt(format!("index {end} of {key_id}")))
+}
+
+/// Whether this database is a copy `payrecon backup` wrote that nobody started on yet.
+pub(crate) async fn is_backup_copy(conn: &mut AnyConnection) -> Result<bool, StoreError> {
+    let mark: Option<i64> =
+        sqlx::query_scalar("SELECT at_ms FROM database_marks WHERE name = 'backup_copy'")
+            .fetch_optional(&mut *conn)
+            .await?;
+    Ok(mark.is_some())
+}
+
+/// Marks a database as a backup copy (written into the copy, never into the live database).
+pub(crate) async fn mark_backup_copy(
+    conn: &mut AnyConnection,
+    now_ms: i64,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO database_marks (name, at_ms) VALUES ('backup_copy', $1) \
+         ON CONFLICT (name) DO UPDATE SET at_ms = excluded.at_ms",
+    )
+    .bind(now_ms)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// One key's counter as a restore moved it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct RestoredCounter {
+    pub key_id: String,
+    /// The lowest index the lost database may have handed out after the backup: the counter,
+    /// or lower where a process held a block.
+    pub watched_from: u32,
+    pub from_index: u32,
+    pub until_index: u32,
+}
+
+/// Every key's derivation counter, with the lowest index of the blocks processes held (the
+/// counter when none): what a restore moves.
+pub(crate) async fn counters(
+    conn: &mut AnyConnection,
+) -> Result<Vec<(String, u32, u32)>, StoreError> {
+    let rows: Vec<(String, i64, Option<i64>)> = sqlx::query_as(
+        "SELECT c.key_id, c.next_index, \
+           (SELECT MIN(b.first_index) FROM index_blocks b WHERE b.key_id = c.key_id) \
+         FROM derivation_counters c ORDER BY c.key_id",
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.into_iter()
+        .map(|(key, next, held)| {
+            let index = |value: i64| {
+                u32::try_from(value)
+                    .map_err(|_| StoreError::Corrupt(format!("index {value} of {key}")))
+            };
+            let next = index(next)?;
+            let held = held.map(index).transpose()?.unwrap_or(next).min(next);
+            Ok((key.clone(), next, held))
+        })
+        .collect()
+}
+
+/// Records a restore: each counter jumps as `moved` says (the skipped indexes stay watched for
+/// a monitoring window), each key waits for its watcher's look past the counter (`lookahead`
+/// of `pending`, money found ahead moves the counter that much further), every block taken
+/// before is forgotten (its process is gone).
+pub(crate) async fn record_restore(
+    conn: &mut AnyConnection,
+    moved: &[RestoredCounter],
+    pending: &[(String, u32)],
+    now_ms: i64,
+) -> Result<(), StoreError> {
+    for counter in moved {
+        sqlx::query("UPDATE derivation_counters SET next_index = $2 WHERE key_id = $1")
+            .bind(counter.key_id.as_str())
+            .bind(i64::from(counter.until_index))
+            .execute(&mut *conn)
+            .await?;
+        sqlx::query(
+            "INSERT INTO counter_skips (key_id, from_index, until_index, skipped_at_ms, reason) \
+             VALUES ($1, $2, $3, $4, 'restore')",
+        )
+        .bind(counter.key_id.as_str())
+        .bind(i64::from(counter.watched_from))
+        .bind(i64::from(counter.until_index))
+        .bind(now_ms)
+        .execute(&mut *conn)
+        .await?;
+    }
+    for (key_id, lookahead) in pending {
+        sqlx::query(
+            "INSERT INTO restore_pending (key_id, lookahead, restored_at_ms) VALUES ($1, $2, $3) \
+             ON CONFLICT (key_id) DO UPDATE SET lookahead = excluded.lookahead, \
+               restored_at_ms = excluded.restored_at_ms",
+        )
+        .bind(key_id.as_str())
+        .bind(i64::from(*lookahead))
+        .bind(now_ms)
+        .execute(&mut *conn)
+        .await?;
+    }
+    sqlx::query("DELETE FROM index_blocks")
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// Clears the backup mark; true if there was one (the first of several starts at once).
+pub(crate) async fn take_backup_mark(conn: &mut AnyConnection) -> Result<bool, StoreError> {
+    let taken = sqlx::query("DELETE FROM database_marks WHERE name = 'backup_copy'")
+        .execute(&mut *conn)
+        .await?;
+    Ok(taken.rows_affected() > 0)
+}
+
+/// Whether `key_id` still waits for its watcher's first look past the counters of a restored
+/// database.
+pub(crate) async fn restore_pending(
+    conn: &mut AnyConnection,
+    key_id: &str,
+) -> Result<bool, StoreError> {
+    let row: Option<i64> =
+        sqlx::query_scalar("SELECT lookahead FROM restore_pending WHERE key_id = $1")
+            .bind(key_id)
+            .fetch_optional(&mut *conn)
+            .await?;
+    Ok(row.is_some())
+}
+
+/// The watcher of `key_ids` looked past their counters and found nothing more: new blocks may
+/// be taken again.
+pub(crate) async fn settle_restore(
+    conn: &mut AnyConnection,
+    backend: Backend,
+    key_ids: &[String],
+) -> Result<u64, StoreError> {
+    if key_ids.is_empty() {
+        return Ok(0);
+    }
+    let sql = format!(
+        "DELETE FROM restore_pending WHERE key_id IN ({})",
+        super::list_placeholders(backend, key_ids.len())
+    );
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+    for key_id in key_ids {
+        query = query.bind(key_id.as_str());
+    }
+    Ok(query.execute(&mut *conn).await?.rows_affected())
 }

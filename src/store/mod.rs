@@ -51,7 +51,7 @@ const POSTGRES_MAX_CONNECTIONS: u32 = 16;
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The schema, in order. Each version has one script per database.
-const MIGRATIONS: [(i64, &str, &str, &str); 25] = [
+const MIGRATIONS: [(i64, &str, &str, &str); 26] = [
     (
         1,
         "foundation",
@@ -202,6 +202,12 @@ const MIGRATIONS: [(i64, &str, &str, &str); 25] = [
         include_str!("../../migrations/sqlite/0025_refunds_by_txid.sql"),
         include_str!("../../migrations/postgres/0025_refunds_by_txid.sql"),
     ),
+    (
+        26,
+        "index blocks",
+        include_str!("../../migrations/sqlite/0026_index_blocks.sql"),
+        include_str!("../../migrations/postgres/0026_index_blocks.sql"),
+    ),
 ];
 
 /// The newest schema version this payrecon writes.
@@ -261,11 +267,14 @@ pub enum Durability {
 
 /// Opens the SQLite copy at `path` read-only: its integrity check must say `ok`; answers its
 /// schema version.
-async fn check_copy(path: &str) -> Result<i64, StoreError> {
-    let options: AnyConnectOptions = format!("sqlite://{path}?mode=ro")
+/// Marks the copy at `path` as a backup (a start on it then knows it runs on a restored
+/// database, see `Engine::restored`), then checks it.
+async fn mark_and_check_copy(path: &str) -> Result<i64, StoreError> {
+    let options: AnyConnectOptions = format!("sqlite://{path}?mode=rw")
         .parse()
         .map_err(StoreError::Connect)?;
     let mut copy = options.connect().await.map_err(StoreError::Connect)?;
+    keys::mark_backup_copy(&mut copy, chrono::Utc::now().timestamp_millis()).await?;
     let verdict: Vec<String> = sqlx::query_scalar("PRAGMA integrity_check")
         .fetch_all(&mut copy)
         .await?;
@@ -275,9 +284,11 @@ async fn check_copy(path: &str) -> Result<i64, StoreError> {
             payrecon_chain_core::excerpt(&verdict.join("; "))
         )));
     }
-    Ok(Store::applied_version(&mut copy, Backend::Sqlite)
+    let version = Store::applied_version(&mut copy, Backend::Sqlite)
         .await?
-        .unwrap_or(0))
+        .unwrap_or(0);
+    sqlx::Connection::close(copy).await?;
+    Ok(version)
 }
 
 /// What [`Store::health`] reads.
@@ -525,7 +536,7 @@ impl Store {
             .execute(&mut *conn)
             .await?;
         drop(conn);
-        let schema_version = check_copy(target).await.inspect_err(|_| {
+        let schema_version = mark_and_check_copy(target).await.inspect_err(|_| {
             let _ = std::fs::remove_file(path);
         })?;
         let bytes = std::fs::metadata(path)

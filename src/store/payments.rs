@@ -1,4 +1,4 @@
-//! SQL for payment intents, derivation counters, transfers, exceptions and intent events.
+//! SQL for payment intents, transfers, exceptions and intent events.
 
 use crate::records::{ExceptionRecord, IntentEvent, StoredTransfer};
 use std::collections::{BTreeMap, HashSet};
@@ -29,18 +29,26 @@ macro_rules! select_intents {
     };
 }
 
-/// Takes the next derivation index of `key_id`. Inside the intent's transaction, so a failed
-/// creation gives the index back and two intents never get the same one.
-pub(crate) async fn reserve_index(tx: &mut WriteTx, key_id: &str) -> Result<u32, StoreError> {
-    let next: i64 = sqlx::query_scalar(
-        "INSERT INTO derivation_counters (key_id, next_index) VALUES ($1, 1) \
-         ON CONFLICT (key_id) DO UPDATE SET next_index = derivation_counters.next_index + 1 \
-         RETURNING next_index",
-    )
-    .bind(key_id)
-    .fetch_one(tx.conn())
-    .await?;
-    u32::try_from(next - 1).map_err(|_| StoreError::Corrupt(format!("index {next} of {key_id}")))
+/// Which of `watch_keys` on `network` money was found at before an intent owned them.
+pub(crate) async fn found_ahead(
+    tx: &mut WriteTx,
+    network: &str,
+    watch_keys: &[&str],
+) -> Result<HashSet<String>, StoreError> {
+    let mut found = HashSet::new();
+    for chunk in watch_keys.chunks(rows_per_statement(1).saturating_sub(1).max(1)) {
+        let sql = format!(
+            "SELECT address FROM unissued_payments WHERE network = {} AND address IN ({})",
+            super::placeholder(tx.backend(), 1),
+            list_placeholders_after(tx.backend(), 1, chunk.len())
+        );
+        let mut query = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql)).bind(network);
+        for key in chunk {
+            query = query.bind(*key);
+        }
+        found.extend(query.fetch_all(tx.conn()).await?);
+    }
+    Ok(found)
 }
 
 /// Stores a new intent, stamped with the transaction's feed position so watchers find it.
@@ -96,47 +104,6 @@ pub(crate) async fn insert_intents(
                 .bind(intent.checkout_key.as_str());
         }
         query.execute(tx.conn()).await?;
-    }
-    Ok(())
-}
-
-/// Locks the derivation counters of `key_ids` (creating them at 0) and returns each one's next
-/// free index, for a caller that hands out several indexes at once and then
-/// [`set_counters`].
-pub(crate) async fn lock_counters(
-    tx: &mut WriteTx,
-    key_ids: &[&str],
-) -> Result<std::collections::HashMap<String, u32>, StoreError> {
-    let sql = format!(
-        "INSERT INTO derivation_counters (key_id, next_index) VALUES {} \
-         ON CONFLICT (key_id) DO UPDATE SET next_index = derivation_counters.next_index \
-         RETURNING key_id, next_index",
-        values_placeholders(tx.backend(), 2, key_ids.len())
-    );
-    let mut query = sqlx::query_as::<_, (String, i64)>(sqlx::AssertSqlSafe(sql));
-    for key in key_ids {
-        query = query.bind(*key).bind(0i64);
-    }
-    query
-        .fetch_all(tx.conn())
-        .await?
-        .into_iter()
-        .map(|(key, next)| {
-            let next = u32::try_from(next)
-                .map_err(|_| StoreError::Corrupt(format!("index {next} of {key}")))?;
-            Ok((key, next))
-        })
-        .collect()
-}
-
-/// Moves locked derivation counters on to the next free index.
-pub(crate) async fn set_counters(tx: &mut WriteTx, next: &[(&str, u32)]) -> Result<(), StoreError> {
-    for (key, index) in next {
-        sqlx::query("UPDATE derivation_counters SET next_index = $2 WHERE key_id = $1")
-            .bind(*key)
-            .bind(i64::from(*index))
-            .execute(tx.conn())
-            .await?;
     }
     Ok(())
 }

@@ -1,8 +1,10 @@
 //! The addresses a watcher follows ahead of each key's counter (see [`crate::keys`]).
 //!
 //! Each key's window is `[from, next + lookahead)`, where `next` is its counter and `from` is
-//! `next`, or lower while money found ahead of the counter skipped indexes in the last
-//! monitoring window (a restored database's lost intents may still be paid there). An
+//! `next`, or lower while indexes below it may be unused and were set aside in the last
+//! monitoring window: skipped by money found ahead of the counter or by a restore (a restored
+//! database's lost intents may still be paid there), or in a block a process took and may not
+//! have handed out whole (see [`crate::indexes`]). An
 //! address of the window that an intent or a holding comes to claim passes to them; the
 //! window owns only the others, and drops those its counter passed.
 
@@ -28,6 +30,8 @@ pub(super) struct Ahead {
     keys: Vec<KeyAhead>,
     /// Watch keys followed only for a window: which key and index each is.
     owned: HashMap<Arc<str>, (usize, u32)>,
+    /// A key's database was restored and its watcher has not looked past the counter yet.
+    restore_pending: bool,
 }
 
 impl Ahead {
@@ -45,7 +49,13 @@ impl Ahead {
                 })
                 .collect(),
             owned: HashMap::new(),
+            restore_pending: false,
         }
+    }
+
+    /// Whether a key waits for the look past the counters of a restored database.
+    pub(super) fn restore_pending(&self) -> bool {
+        self.restore_pending
     }
 
     /// The key ids whose windows [`Ahead::place`] needs.
@@ -79,11 +89,12 @@ impl Ahead {
         watch_keys: &mut WatchKeys,
     ) -> (usize, usize) {
         let (mut added, mut dropped) = (0, 0);
+        self.restore_pending = windows.values().any(|window| window.restore_pending);
         for (slot, key) in self.keys.iter_mut().enumerate() {
             let window = windows.get(&key.key_id).copied().unwrap_or_default();
             let from = window
-                .skipped_from
-                .map_or(window.next_index, |skipped| skipped.min(window.next_index));
+                .watched_from
+                .map_or(window.next_index, |low| low.min(window.next_index));
             let until = window.next_index.saturating_add(self.lookahead);
             if (from, until) == (key.from, key.until) {
                 continue;

@@ -397,6 +397,7 @@ impl<S: ChainScanner> Watcher<S> {
     async fn run_rounds(&mut self, shutdown: &mut watch::Receiver<bool>) -> Result<RunEnd, Error> {
         let network = self.scanner.network();
         let mut gate = HandoutGuard::close(&self.engine, network);
+        self.engine.restore_if_backup_copy().await?;
         self.wake = Some(self.engine.subscribe());
         let mut failures: u32 = 0;
         let mut refusals: u32 = 0;
@@ -433,6 +434,11 @@ impl<S: ChainScanner> Watcher<S> {
                         continue;
                     }
                     if !std::mem::take(&mut self.found_ahead) {
+                        if self.live.as_ref().is_some_and(LiveView::restore_pending)
+                            && let Err(e) = self.engine.settle_restore(network).await
+                        {
+                            tracing::warn!(%network, error = %e, "could not record the look past the counters of a restored database; trying again next round");
+                        }
                         gate.open();
                     }
                     self.options.poll_interval

@@ -157,6 +157,12 @@ impl LiveView {
         self.ahead.owner(watch_key)
     }
 
+    /// Whether a key of the network waits for the look past the counters of a restored
+    /// database.
+    pub(crate) fn restore_pending(&self) -> bool {
+        self.ahead.restore_pending()
+    }
+
     /// The receipts of a scan's `events` paid to addresses ahead of their key's counter.
     pub(crate) fn unissued(&self, events: &[payrecon_chain_core::ChainEvent]) -> Vec<UnissuedRow> {
         self.ahead.unissued(self.network, events)

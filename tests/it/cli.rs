@@ -774,3 +774,29 @@ fn the_wallet_export_and_holdings_from_the_command_line() {
     assert!(refused(&url, &["report", "holdings", "--period", "2026-13"]).contains("YYYY-MM"));
     assert!(refused(&url, &["holdings", "--sort", "size"]).contains("size"));
 }
+
+#[test]
+fn restored_moves_each_counter_past_every_address_the_lost_database_may_have_given() {
+    let config = common::serve::ServeConfig::new(
+        &["btc"],
+        r#"{"BTC":"80000"}"#,
+        &format!(
+            "[networks.bitcoin]\nxpub = \"{}\"\nnetwork = \"mainnet\"\nconfirmations = 2\nwatch = false\n",
+            payrecon_chain_core::test_vectors::BIP84_ZPUB
+        ),
+    );
+    let (intent, _) = config.topup_and_pay("btc");
+    let moved = config.cli(&["restored"]);
+    // The intent's process took a first block of four indexes; the counter stood past it.
+    assert_eq!(moved[0]["counter_before"], 4, "{moved}");
+    assert_eq!(
+        moved[0]["counter_after"],
+        4 + payrecon::DEFAULT_LOOKAHEAD,
+        "{moved}"
+    );
+    assert!(
+        moved[0]["key_id"].as_str().unwrap().starts_with("bc:"),
+        "{moved}"
+    );
+    assert_eq!(config.cli(&["pay", "show", &intent])["derivation_index"], 0);
+}

@@ -1,6 +1,6 @@
 //! Group commit: 64 concurrent callers share commits, each in its own savepoint. Derivation
-//! indexes stay unique and gap-free while some callers are refused after reserving one, and
-//! refusals of every kind leave the other callers' writes standing.
+//! indexes stay unique while some callers are refused after taking one (it goes back to the
+//! process's block), and refusals of every kind leave the other callers' writes standing.
 
 use crate::common;
 
@@ -42,7 +42,7 @@ impl AddressDeriver for Flaky {
 const CALLERS: usize = 64;
 
 on_both_databases! {
-    async fn sixty_four_callers_share_commits_and_indexes_stay_gap_free(db) {
+    async fn sixty_four_callers_share_commits_and_no_index_goes_out_twice(db) {
         let mut settings = PaymentSettings::from_config(&config(|_| {})).unwrap();
         settings.rates = Some(Arc::new(RateBook::new(
             vec![Arc::new(FixedRates(PRICES))],
@@ -94,8 +94,13 @@ on_both_databases! {
         }
         assert!(refused_intents > 0, "some intents were refused after reserving an index");
         indexes.sort_unstable();
-        let expected: Vec<u32> = (0..indexes.len() as u32).collect();
-        assert_eq!(indexes, expected, "indexes unique and gap-free");
+        let handed_out = indexes.len();
+        indexes.dedup();
+        assert_eq!(indexes.len(), handed_out, "no index went out twice");
+        // A refused intent gives its index back to the process's block, to go out next: the
+        // holes below the highest index are at most the refusals.
+        let holes = *indexes.last().unwrap() as usize + 1 - indexes.len();
+        assert!(holes <= refused_intents, "{holes} holes, {refused_intents} refusals");
 
         // Nothing of a refused write stayed: no debit, the conflicting orders untouched.
         let trial = engine.trial_balance().await.unwrap();
@@ -106,7 +111,7 @@ on_both_databases! {
             assert_eq!(order.total_usd.cents(), 42_000, "the rental is still the rental");
         }
 
-        // The next intent takes the next index: nothing was burnt.
+        // The next intent takes the lowest index given back: nothing was burnt.
         let retry = loop {
             match engine.create_payment(&OrderRef::new("T0").unwrap(), Method::Btc).await {
                 Ok(made) => break made,
@@ -114,7 +119,8 @@ on_both_databases! {
                 Err(other) => panic!("{other}"),
             }
         };
-        assert_eq!(retry.intent.derivation_index as usize, indexes.len());
+        let lowest_free = (0..).find(|i| indexes.binary_search(i).is_err()).unwrap();
+        assert_eq!(retry.intent.derivation_index, lowest_free);
 
         let after = engine.store().group_commit_stats();
         let writes = after.writes - before.writes;

@@ -21,6 +21,7 @@ mod ethereum_anvil;
 mod ethereum_internal;
 mod ethereum_sweep;
 mod group_commit;
+mod handout;
 mod leases;
 mod ledger_properties;
 mod litecoin_faults;

@@ -134,6 +134,14 @@ impl TestDb {
         }
     }
 
+    /// What the operator does after a restore: on PostgreSQL `payrecon restored` (a `pg_dump`
+    /// carries no mark); a SQLite copy `payrecon backup` wrote says so itself.
+    pub async fn after_restore(&self, engine: &Engine) {
+        if self.pg_schema.is_some() {
+            engine.restored().await.expect("payrecon restored");
+        }
+    }
+
     /// A new database restored from `backup` (`psql` of the dump, into a schema of its own).
     pub async fn restore(backup: &Backup) -> TestDb {
         match backup {

@@ -190,26 +190,21 @@ impl ServeConfig {
     /// Runs `payrecon serve` with `env` set until it exits by itself (a crash point); its
     /// exit status. Fails the test if it is still running after a minute.
     pub async fn serve_until_exit(&self, env: &[(&str, &str)]) -> std::process::ExitStatus {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_payrecon"))
+        self.serve_quietly(&self.path, env).exited().await
+    }
+
+    /// `payrecon serve` on the configuration at `path`, with `env` set and its log dropped.
+    fn serve_quietly(&self, path: &std::path::Path, env: &[(&str, &str)]) -> Serving {
+        let child = Command::new(env!("CARGO_BIN_EXE_payrecon"))
             .arg("--config")
-            .arg(&self.path)
+            .arg(path)
             .arg("serve")
             .envs(env.iter().copied())
             .current_dir(self.dir.path())
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap();
-        let started = std::time::Instant::now();
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                return status;
-            }
-            if started.elapsed() > std::time::Duration::from_secs(60) {
-                let _ = child.kill();
-                panic!("serve did not reach the crash point {env:?}");
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
+        Serving { child: Some(child) }
     }
 
     /// Changes the configuration file's text.
@@ -237,6 +232,18 @@ impl ServeConfig {
     /// The temporary directory the configuration lives in.
     pub fn dir(&self) -> &std::path::Path {
         self.dir.path()
+    }
+
+    /// `payrecon serve` answering HTTP on `port`, with `env` set (a crash point).
+    pub fn serve_http(&self, port: u16, env: &[(&str, &str)]) -> Serving {
+        let path = self.dir.path().join(format!("payrecon-{port}.toml"));
+        let text = std::fs::read_to_string(&self.path).unwrap();
+        std::fs::write(
+            &path,
+            format!("{text}\n[http]\nlisten = \"127.0.0.1:{port}\"\n"),
+        )
+        .unwrap();
+        self.serve_quietly(&path, env)
     }
 
     /// Starts `payrecon serve`.
@@ -297,6 +304,20 @@ impl Serving {
     }
 
     /// SIGKILL: the process dies mid-whatever, without any cleanup.
+    /// Waits for the process to end by itself (a crash point); how it ended. Fails the test
+    /// after a minute.
+    pub async fn exited(mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("running");
+        let started = std::time::Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(started.elapsed().as_secs() < 60, "the server did not end");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+
     pub fn kill9(mut self) {
         let mut child = self.child.take().expect("running");
         child.kill().unwrap();
