@@ -220,7 +220,7 @@ async fn three_processes_one_killed_holding_a_block_hand_out_no_address_twice_an
         .await
         .unwrap();
     assert_eq!(holdings.totals[0].amount, "150000000");
-    for server in servers {
-        server.stop().await;
-    }
+    // The servers are killed when dropped: their clean shutdown is the subject of `edge` and
+    // `durability`, not of this test.
+    drop(servers);
 }
