@@ -731,9 +731,8 @@ async fn store_intent(tx: &mut WriteTx, draft: &IntentDraft) -> Result<PaymentIn
     if order.status != OrderStatus::Open {
         return Err(Error::AlreadySettled(order_ref.clone()));
     }
-    let mut made = [intent_of(draft, &order)];
-    refuse_found_paid(tx, &mut made).await?;
-    let [made] = made;
+    let mut made = intent_of(draft, &order);
+    refuse_found_paid(tx, std::slice::from_mut(&mut made)).await?;
     let intent = made?;
     payments::insert_intent(tx, &intent).await?;
     let superseded = payments::supersede_others(tx.conn(), order_ref, &intent.id).await?;

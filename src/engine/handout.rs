@@ -64,7 +64,10 @@ impl Engine {
         let deadline = tokio::time::Instant::now() + HANDOUT_WAIT;
         loop {
             let mut conn = self.db().pool().acquire().await?;
-            if !key_store::restore_pending(&mut conn, key_id).await? {
+            if key_store::restore_pending(&mut conn, key_id)
+                .await?
+                .is_none()
+            {
                 return Ok(());
             }
             drop(conn);
@@ -115,21 +118,16 @@ impl Engine {
                 key_id: key_id.clone(),
                 watched_from: *held,
                 from_index: *next,
-                until_index: next.saturating_add(lookahead_of(key_id)),
+                lookahead: lookahead_of(key_id),
             })
             .collect();
-        let pending: Vec<(String, u32)> = counters
-            .iter()
-            .map(|(key_id, _, _)| (key_id.clone(), lookahead_of(key_id)))
-            .collect();
-        key_store::record_restore(tx.conn(), &moved, &pending, self.now().timestamp_millis())
-            .await?;
+        key_store::record_restore(tx.conn(), &moved, self.now().timestamp_millis()).await?;
         tx.commit().await?;
         for counter in &moved {
             tracing::warn!(
                 key = %counter.key_id,
                 from = counter.from_index,
-                to = counter.until_index,
+                to = counter.until_index(),
                 "restored database: the key's counter moved past every address the lost database may have handed out"
             );
         }
@@ -137,9 +135,9 @@ impl Engine {
             moved
                 .into_iter()
                 .map(|counter| CounterMoved {
-                    key_id: counter.key_id,
+                    counter_after: counter.until_index(),
                     counter_before: counter.from_index,
-                    counter_after: counter.until_index,
+                    key_id: counter.key_id,
                 })
                 .collect(),
         ))

@@ -200,12 +200,8 @@ pub(crate) async fn record_unissued(
     };
     // On a restored database not yet looked past, the addresses after a paid one may have been
     // handed out too: the counter moves past them, as far as the look-ahead reaches.
-    let pending: Option<i64> =
-        sqlx::query_scalar("SELECT lookahead FROM restore_pending WHERE key_id = $1")
-            .bind(row.key_id.as_str())
-            .fetch_optional(&mut *conn)
-            .await?;
-    let past = i64::from(row.derivation_index) + 1 + pending.unwrap_or(0);
+    let pending = restore_pending(conn, &row.key_id).await?;
+    let past = i64::from(row.derivation_index) + 1 + i64::from(pending.unwrap_or(0));
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "INSERT INTO derivation_counters (key_id, next_index) VALUES ($1, $2) \
          ON CONFLICT (key_id) DO UPDATE SET \
@@ -331,7 +327,16 @@ pub(crate) struct RestoredCounter {
     /// or lower where a process held a block.
     pub watched_from: u32,
     pub from_index: u32,
-    pub until_index: u32,
+    /// How far past `from_index` the counter moves, and past a payment found until the
+    /// watcher has looked.
+    pub lookahead: u32,
+}
+
+impl RestoredCounter {
+    /// The counter after the restore.
+    pub(crate) fn until_index(&self) -> u32 {
+        self.from_index.saturating_add(self.lookahead)
+    }
 }
 
 /// Every key's derivation counter, with the lowest index of the blocks processes held (the
@@ -360,19 +365,18 @@ pub(crate) async fn counters(
 }
 
 /// Records a restore: each counter jumps as `moved` says (the skipped indexes stay watched for
-/// a monitoring window), each key waits for its watcher's look past the counter (`lookahead`
-/// of `pending`, money found ahead moves the counter that much further), every block taken
-/// before is forgotten (its process is gone).
+/// a monitoring window), each key waits for its watcher's look past the counter (money found
+/// ahead moves the counter its look-ahead further), every block taken before is forgotten (its
+/// process is gone).
 pub(crate) async fn record_restore(
     conn: &mut AnyConnection,
     moved: &[RestoredCounter],
-    pending: &[(String, u32)],
     now_ms: i64,
 ) -> Result<(), StoreError> {
     for counter in moved {
         sqlx::query("UPDATE derivation_counters SET next_index = $2 WHERE key_id = $1")
             .bind(counter.key_id.as_str())
-            .bind(i64::from(counter.until_index))
+            .bind(i64::from(counter.until_index()))
             .execute(&mut *conn)
             .await?;
         sqlx::query(
@@ -381,19 +385,17 @@ pub(crate) async fn record_restore(
         )
         .bind(counter.key_id.as_str())
         .bind(i64::from(counter.watched_from))
-        .bind(i64::from(counter.until_index))
+        .bind(i64::from(counter.until_index()))
         .bind(now_ms)
         .execute(&mut *conn)
         .await?;
-    }
-    for (key_id, lookahead) in pending {
         sqlx::query(
             "INSERT INTO restore_pending (key_id, lookahead, restored_at_ms) VALUES ($1, $2, $3) \
              ON CONFLICT (key_id) DO UPDATE SET lookahead = excluded.lookahead, \
                restored_at_ms = excluded.restored_at_ms",
         )
-        .bind(key_id.as_str())
-        .bind(i64::from(*lookahead))
+        .bind(counter.key_id.as_str())
+        .bind(i64::from(counter.lookahead))
         .bind(now_ms)
         .execute(&mut *conn)
         .await?;
@@ -412,18 +414,22 @@ pub(crate) async fn take_backup_mark(conn: &mut AnyConnection) -> Result<bool, S
     Ok(taken.rows_affected() > 0)
 }
 
-/// Whether `key_id` still waits for its watcher's first look past the counters of a restored
-/// database.
+/// The look-ahead of `key_id` while it still waits for its watcher's first look past the
+/// counters of a restored database; `None` when it does not.
 pub(crate) async fn restore_pending(
     conn: &mut AnyConnection,
     key_id: &str,
-) -> Result<bool, StoreError> {
+) -> Result<Option<u32>, StoreError> {
     let row: Option<i64> =
         sqlx::query_scalar("SELECT lookahead FROM restore_pending WHERE key_id = $1")
             .bind(key_id)
             .fetch_optional(&mut *conn)
             .await?;
-    Ok(row.is_some())
+    row.map(|lookahead| {
+        u32::try_from(lookahead)
+            .map_err(|_| StoreError::Corrupt(format!("look-ahead {lookahead} of {key_id}")))
+    })
+    .transpose()
 }
 
 /// The watcher of `key_ids` looked past their counters and found nothing more: new blocks may

@@ -9,8 +9,6 @@ use crate::order::{
 };
 
 /// The order columns every order query selects.
-/// How many columns [`ORDER_COLUMNS`] names.
-const ORDER_COLUMN_COUNT: usize = 15;
 const ORDER_COLUMNS: &str = "reference, kind, account_id, gpu_model, duration_days, lots, \
      gpu_count, total_usd_cents, content_hash, status, settled_via, settlement_entry, \
      created_at_ms, settled_at_ms, attention";
@@ -226,7 +224,8 @@ async fn locked_orders(
             query = query.bind(*reference);
         }
         for row in query.fetch_all(tx.conn()).await? {
-            let live: i64 = row.try_get(ORDER_COLUMN_COUNT)?;
+            // The live-intent flag follows the order's columns.
+            let live: i64 = row.try_get(row.columns().len() - 1)?;
             orders.push((decode_order(&row)?, live > 0));
         }
     }
