@@ -1,7 +1,7 @@
 //! Payment instructions on the engine: create them, mark them paid, feed the matcher chain
 //! events, expire what is due, and stream what changed.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -605,19 +605,13 @@ async fn store_intents(
     drafts: Vec<&IntentDraft>,
 ) -> Result<Answers<PaymentIntent, Error>, Error> {
     let references: Vec<&str> = drafts.iter().map(|d| d.order_ref.as_str()).collect();
-    let mut with_live_intents: HashSet<String> = HashSet::new();
     let orders: HashMap<String, crate::order::Order> =
-        crate::store::orders::lock_orders_for_intents(tx, &references)
+        crate::store::orders::lock_orders(tx, &references)
             .await?
             .into_iter()
-            .map(|(stored, live)| {
-                let reference = stored.order.reference.to_string();
-                if live {
-                    with_live_intents.insert(reference.clone());
-                }
-                (reference, stored.order)
-            })
+            .map(|stored| (stored.order.reference.to_string(), stored.order))
             .collect();
+    let with_live_intents = payments::with_live_intents(tx, &references).await?;
     let mut results: Vec<Result<PaymentIntent, Error>> = Vec::with_capacity(drafts.len());
     for draft in &drafts {
         let outcome = match orders.get(draft.order_ref.as_str()) {
@@ -656,7 +650,7 @@ async fn store_intents(
     // Only orders that have a live intent have one to supersede.
     let pairs: Vec<(&str, &str)> = first_of
         .iter()
-        .filter(|(order, _, _)| with_live_intents.contains(order))
+        .filter(|(order, _, _)| with_live_intents.contains(order.as_str()))
         .map(|(order, id, _)| (order.as_str(), id.as_str()))
         .collect();
     for (old, order) in payments::supersede_for_orders(tx, &pairs).await? {

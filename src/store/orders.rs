@@ -182,41 +182,14 @@ pub(crate) async fn lock_orders(
     tx: &mut WriteTx,
     references: &[&str],
 ) -> Result<Vec<StoredOrder>, StoreError> {
-    Ok(locked_orders(tx, references, false)
-        .await?
-        .into_iter()
-        .map(|(order, _)| order)
-        .collect())
-}
-
-/// [`lock_orders`], each with whether it has a live (not superseded) payment intent: a new
-/// intent supersedes those, and most orders have none.
-pub(crate) async fn lock_orders_for_intents(
-    tx: &mut WriteTx,
-    references: &[&str],
-) -> Result<Vec<(StoredOrder, bool)>, StoreError> {
-    locked_orders(tx, references, true).await
-}
-
-async fn locked_orders(
-    tx: &mut WriteTx,
-    references: &[&str],
-    with_live_intent: bool,
-) -> Result<Vec<(StoredOrder, bool)>, StoreError> {
     let mut references = references.to_vec();
     references.sort_unstable();
     references.dedup();
     let lock = tx.backend().pick("", " FOR UPDATE");
-    let live = if with_live_intent {
-        ", (SELECT COUNT(*) FROM (SELECT 1 FROM payment_intents p \
-           WHERE p.order_ref = orders.reference AND p.superseded_by IS NULL LIMIT 1) l)"
-    } else {
-        ", 0"
-    };
     let mut orders = Vec::with_capacity(references.len());
     for chunk in references.chunks(rows_per_statement(1)) {
         let sql = format!(
-            "SELECT {ORDER_COLUMNS}{live} FROM orders WHERE reference IN ({}) ORDER BY reference{lock}",
+            "SELECT {ORDER_COLUMNS} FROM orders WHERE reference IN ({}) ORDER BY reference{lock}",
             list_placeholders(tx.backend(), chunk.len())
         );
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
@@ -224,9 +197,7 @@ async fn locked_orders(
             query = query.bind(*reference);
         }
         for row in query.fetch_all(tx.conn()).await? {
-            // The live-intent flag follows the order's columns.
-            let live: i64 = row.try_get(row.columns().len() - 1)?;
-            orders.push((decode_order(&row)?, live > 0));
+            orders.push(decode_order(&row)?);
         }
     }
     Ok(orders)

@@ -29,6 +29,29 @@ macro_rules! select_intents {
     };
 }
 
+/// Which of `order_refs` have a live (not superseded) payment intent. Read after the orders
+/// are locked, in a statement of its own: on PostgreSQL a statement sees what the transactions
+/// it waited for committed only if it starts after the wait.
+pub(crate) async fn with_live_intents(
+    tx: &mut WriteTx,
+    order_refs: &[&str],
+) -> Result<HashSet<String>, StoreError> {
+    let mut live = HashSet::new();
+    for chunk in order_refs.chunks(rows_per_statement(1)) {
+        let sql = format!(
+            "SELECT DISTINCT order_ref FROM payment_intents \
+             WHERE order_ref IN ({}) AND superseded_by IS NULL",
+            list_placeholders(tx.backend(), chunk.len())
+        );
+        let mut query = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql));
+        for order_ref in chunk {
+            query = query.bind(*order_ref);
+        }
+        live.extend(query.fetch_all(tx.conn()).await?);
+    }
+    Ok(live)
+}
+
 /// Which of `watch_keys` on `network` money was found at before an intent owned them.
 pub(crate) async fn found_ahead(
     tx: &mut WriteTx,
