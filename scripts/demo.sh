@@ -132,7 +132,10 @@ EOF
 # Each payment's state as it changes.
 declare -A last=()
 settled() { [ "${last[$rental_id]:-}" = settled ] && [ "${last[$topup_id]:-}" = settled ]; }
-for round in $(seq 1 600); do
+# Interactive: until Ctrl-C. --check: until both settled, for five minutes at most.
+round=0
+while true; do
+  round=$((round + 1))
   for id in "$rental_id" "$topup_id"; do
     state=$(call "$shop" "$base/v1/payments/$id" | json '["status"]')
     if [ "$state" != "${last[$id]:-}" ]; then
@@ -140,7 +143,7 @@ for round in $(seq 1 600); do
       last[$id]=$state
     fi
   done
-  if $check && settled; then break; fi
+  if $check && { settled || (( round >= 600 )); }; then break; fi
   # Keep both chains moving so that confirmations arrive as they would.
   if (( round % 10 == 0 )) && ! settled; then scripts/devnet.sh mine 1 2>/dev/null; eth anvil_mine '["0x1"]' >/dev/null; fi
   sleep 0.5

@@ -6,6 +6,9 @@
 # payment settles and SIGTERM stops it with status 0 (scripts/demo.sh --check), and the
 # package is purged.
 #
+# It never touches a payrecon installed on this machine: where the payrecon package is
+# installed (or purged but for its configuration), it says so and skips, leaving it as it is.
+#
 # PAYRECON_DEB_PROFILE: the cargo profile of the package's binary: `release` (the default,
 # built here) is what ships; `dev` packages the debug binary the test suite just built, as it
 # is (scripts/test.sh), instead of spending a release build on a test.
@@ -15,6 +18,10 @@ cd "$(dirname "$0")/.."
 say() { printf '%s\n' "package-test: $*"; }
 fail() { say "$*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || fail "installing a package needs root"
+if state=$(dpkg-query -W -f='${db:Status-Status}' payrecon 2>/dev/null) && [ "$state" != not-installed ]; then
+  say "skipped: the payrecon package is on this machine ($state); this test would replace and purge it"
+  exit 0
+fi
 
 profile=${PAYRECON_DEB_PROFILE:-release}
 if ! command -v cargo-deb >/dev/null; then
@@ -34,7 +41,6 @@ cleanup() {
   fi
 }
 trap cleanup EXIT
-dpkg --purge payrecon >/dev/null 2>&1 || true
 dpkg -i "$deb" >/dev/null
 installed=true
 
@@ -59,7 +65,19 @@ shutdown=$(sed -n 's/^shutdown_seconds = \([0-9]*\)$/\1/p' /etc/payrecon/payreco
 [ "$stop" -gt "$shutdown" ] || fail "TimeoutStopSec ($stop s) is not above serve.shutdown_seconds ($shutdown s)"
 verify=$(systemd-analyze verify "$unit" 2>&1) || fail "systemd-analyze verify: $verify"
 if [ -n "$verify" ]; then fail "systemd-analyze verify: $verify"; fi
-say "files, user, conffile and unit as they should be"
+# The guides as in the repository: every relative link between them leads to a file.
+python3 - /usr/share/doc/payrecon <<'PY' || fail "an installed guide links to a file the package lacks"
+import pathlib, re, sys
+root = pathlib.Path(sys.argv[1])
+def prose(doc):
+    return re.sub(r"`[^`]*`", "", re.sub(r"^```.*?^```", "", doc.read_text(), flags=re.S | re.M))
+broken = [f"{doc}: {target}" for doc in root.rglob("*.md")
+          for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", prose(doc))
+          if not (doc.parent / target).exists()]
+print("\n".join(broken), file=sys.stderr)
+sys.exit(1 if broken else 0)
+PY
+say "files, user, conffile, unit and guides as they should be"
 
 # The packaged configuration starts as it is, and the service's own commands work as its user.
 setpriv --reuid=payrecon --regid=payrecon --init-groups /usr/bin/payrecon --config /etc/payrecon/payrecon.toml init >/dev/null

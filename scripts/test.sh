@@ -1,5 +1,13 @@
 #!/usr/bin/env bash
 # The whole test suite, on SQLite and PostgreSQL, against the real chain nodes.
+#
+# It needs root, and it installs on this machine what is missing: Debian's postgresql (when no
+# DATABASE_URL is given), litecoind, chromium, strace and prometheus (for promtool) with apt;
+# ElectrumX from PyPI into a virtualenv and anvil from npm under /tmp/payrecon-devnet
+# (DEVNET_DIR); cargo-deb with
+# cargo install. It builds payrecon's Debian package and installs, runs and purges it, but only
+# where no payrecon package is installed: a payrecon installed here, its configuration and its
+# database are left as they are (the package test says it skipped).
 # - PostgreSQL comes from DATABASE_URL when it is set; otherwise a throwaway server is started
 #   for this run and removed after it.
 # - The Litecoin regtest node, ElectrumX and anvil come from PAYRECON_TEST_LTC_RPC,
@@ -22,6 +30,10 @@
 #   package, runs it as the payrecon user against the devnet, and purges it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "$(id -u)" != 0 ]; then
+  echo "scripts/test.sh needs root: it installs missing Debian packages and tests payrecon's own package (see its first lines)" >&2
+  exit 1
+fi
 
 cleanup=()
 finish() { for step in "${cleanup[@]}"; do eval "$step" || true; done; }

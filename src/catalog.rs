@@ -17,6 +17,7 @@ const MAX_GPUS_PER_LOT: u32 = 64;
 const MAX_TOPUP_USD: u32 = 1_000_000;
 
 /// `[catalog]`: the shop's products, which every order and top-up is checked against.
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Catalog {

@@ -17,8 +17,9 @@ use rust_decimal::Decimal;
 use serde::Serialize;
 
 use crate::audit::Rechecker;
+use crate::config::Durability;
 use crate::config::{Config, WebhookConfig};
-use crate::store::{Durability, Store};
+use crate::store::Store;
 
 /// How a check came out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

@@ -6,19 +6,47 @@
 //! addresses past it (BIP44's gap limit), so money paid to an address that a database since
 //! restored from a backup had handed out is found, and that address is never handed out again.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use payrecon_chain_core::{AddressDeriver, Network};
+use payrecon_chain_bitcoin::{KeyOrigin, UtxoNetwork, WalletDescriptors, descriptors, origin_text};
+use payrecon_chain_core::{AccountXpub, AddressDeriver, DeriveError, Network};
 use serde::Serialize;
 
-use crate::wallet::UtxoWallet;
+use crate::config::MAX_LOOKAHEAD;
 
-/// Addresses watched past each key's counter unless configured: the gap limit of BIP44 and of
-/// Electrum's and Sparrow's wallets.
-pub const DEFAULT_LOOKAHEAD: u32 = 20;
+/// A Bitcoin or Litecoin account as the merchant's wallet must see it.
+#[derive(Clone, Debug)]
+pub struct UtxoWallet {
+    /// The account key payrecon derives from.
+    pub account: AccountXpub,
+    /// Mainnet, testnet or regtest: decides how the key is written.
+    pub network: UtxoNetwork,
+    /// Where the key sits below the wallet's master key, when configured.
+    pub origin: Option<KeyOrigin>,
+    /// The stuck view warns when the needed gap limit passes this.
+    pub gap_limit_warning: u32,
+}
 
-/// The widest look-ahead accepted: each address in it is derived and followed by the watcher.
-pub const MAX_LOOKAHEAD: u32 = 10_000;
+impl UtxoWallet {
+    /// The account's receive and change descriptors; an origin that cannot be this key's is
+    /// refused.
+    pub fn descriptors(&self) -> Result<WalletDescriptors, DeriveError> {
+        descriptors(&self.account, self.network, self.origin.as_ref())
+    }
+
+    /// The path of receive address `index`, for people: the origin's path when configured,
+    /// else the account written as the key itself.
+    pub fn receive_path(&self, index: i64) -> String {
+        match &self.origin {
+            Some(origin) => format!("{}/0/{index}", origin_text(origin)),
+            None => format!("[account]/0/{index}"),
+        }
+    }
+}
+
+/// The Bitcoin-family wallets of the configured networks.
+pub type UtxoWallets = BTreeMap<Network, UtxoWallet>;
 
 /// One account key of a derived-key network (Bitcoin, Litecoin, Ethereum, Tron).
 #[derive(Clone, Debug)]

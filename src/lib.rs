@@ -98,6 +98,19 @@ pub mod test_utils;
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
+/// Every `payrecon::…` path a guide names, compiled (tests/it/docs.rs checks that each one a
+/// guide names is imported here):
+///
+/// ```
+/// use payrecon::Engine;
+/// use payrecon::chain;
+/// use payrecon::chain::Method;
+/// use payrecon::test_utils;
+/// use payrecon::verify_signature;
+/// ```
+#[cfg(doctest)]
+struct GuidePaths;
+
 /// The shop's guide's Rust examples (the library's whole flow), compiled and run as doctests.
 #[cfg(doctest)]
 #[doc = include_str!("../docs/shop.md")]
@@ -111,13 +124,14 @@ pub use books::{
 };
 pub use catalog::Catalog;
 pub use config::Config;
+pub use config::{DEFAULT_LOOKAHEAD, Durability, MAX_LOOKAHEAD};
 pub use doctor::{DoctorCheck, Verdict, doctor};
 pub use engine::refund_prepare::{PreparedRefund, RefundPsbt, UnsignedRefund};
 pub use engine::{BalancePayment, Created, Engine};
 pub use error::Error;
 pub use history::{AccountHistory, HistoryItem};
 pub use intent::{IntentStatus, PaymentIntent};
-pub use keys::{AccountKey, CounterMoved, DEFAULT_LOOKAHEAD, KeyState, MAX_LOOKAHEAD, NetworkKeys};
+pub use keys::{AccountKey, CounterMoved, KeyState, NetworkKeys, UtxoWallet, UtxoWallets};
 pub use leases::Lease;
 pub use ledger::{AccountBalance, TrialBalance};
 pub use money::Usd;
@@ -135,14 +149,14 @@ pub use records::{
 pub use refund::RefundAmount;
 pub use report::{CsvSection, ReportFormat, ReportQuery, ReportTotals};
 pub use serve::serve;
-pub use store::{BackupReport, Durability, SCHEMA_VERSION, StoreError as DatabaseError};
+pub use store::{BackupReport, SCHEMA_VERSION, StoreError as DatabaseError};
 pub use stuck::{Page, StuckItem, StuckOptions};
 pub use support::{AddressView, Finding, OrderView, TransferView};
 pub use tokens::Role;
 pub use wallet::{
     GAP_MARGIN, Holding, HoldingDifference, HoldingKeyTotal, HoldingTotal, HoldingsRollForward,
     HoldingsSort, HoldingsVerification, HoldingsView, MAX_HOLDINGS_PAGE, SweepAddress, SweepList,
-    UnknownToken, UtxoWallet, UtxoWallets, WalletExport, derivation_path,
+    UnknownToken, WalletExport, derivation_path,
 };
 pub use webhooks::{EVENT_ID_HEADER, SIGNATURE_HEADER, SIGNATURE_TOLERANCE, verify_signature};
 

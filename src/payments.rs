@@ -19,12 +19,12 @@ use crate::config::{Config, EthereumFinality, NetworksConfig, RatesConfig, TronF
 use crate::error::Error;
 use crate::intent::{IntentRate, IntentStatus, PaymentIntent, UriParams, crypto_amount_for};
 use crate::keys::{AccountKey, NetworkKeys, check_lookahead};
+use crate::keys::{UtxoWallet, UtxoWallets};
 use crate::matcher::{ConfirmationRule, MatchPolicy};
 use crate::order::{OrderRef, OrderStatus};
 use crate::rates::{CoinGecko, Kraken, RateBook, RateSource, RecordedQuotes};
 use crate::store::payments::{self, NewEvent};
 use crate::store::{Answers, GroupWrite, WriteFuture, WriteTx};
-use crate::wallet::{UtxoWallet, UtxoWallets};
 
 /// Intents evaluated per `tick` call at most, so one call stays short.
 pub const TICK_BATCH: usize = 500;

@@ -595,9 +595,6 @@ pub struct CoinGecko {
 }
 
 impl CoinGecko {
-    /// The provider's public base URL.
-    pub const DEFAULT_URL: &'static str = "https://api.coingecko.com";
-
     /// A client of the API at `base_url`, with an optional demo API key.
     pub fn new(client: reqwest::Client, base_url: &str, api_key: Option<Secret>) -> CoinGecko {
         CoinGecko {
@@ -866,9 +863,6 @@ const OHLC_INTERVALS: [i64; 7] = [1, 5, 15, 30, 60, 240, 1440];
 const OHLC_CANDLES_REACHED: i64 = 700;
 
 impl Kraken {
-    /// The provider's public base URL.
-    pub const DEFAULT_URL: &'static str = "https://api.kraken.com";
-
     /// The pairs asked for, and the result keys Kraken answers them under.
     const PAIRS: [(Asset, &'static str, &'static str); 7] = [
         (Asset::Btc, "XBTUSD", "XXBTZUSD"),

@@ -8,13 +8,11 @@
 
 use std::collections::BTreeMap;
 
-use payrecon_chain_bitcoin::{KeyOrigin, UtxoNetwork, WalletDescriptors, descriptors, origin_text};
-use payrecon_chain_core::{
-    AccountXpub, Amount, DeriveError, Method, Network, ReceivedAsset, SweepFees,
-};
+use payrecon_chain_bitcoin::{WalletDescriptors, origin_text};
+use payrecon_chain_core::{Amount, Method, Network, ReceivedAsset, SweepFees};
 use serde::Serialize;
 
-use crate::keys::{KeyState, NetworkKeys};
+use crate::keys::{KeyState, NetworkKeys, UtxoWallet, UtxoWallets};
 use crate::ledger::{Account, Currency, EntryKind, NewEntry, Posting, SuspenseReason};
 use crate::records::{AssetRollForward, FundedIndexes};
 use crate::store::StoreError;
@@ -23,36 +21,6 @@ use crate::store::wallet::{HoldingRow, HoldingsDifference, MovementRow};
 /// Addresses added to the needed gap limit in the recommendation: room for the unpaid
 /// intents handed out while the wallet is being set up.
 pub const GAP_MARGIN: u32 = 20;
-
-/// A Bitcoin or Litecoin account as the merchant's wallet must see it.
-#[derive(Clone, Debug)]
-pub struct UtxoWallet {
-    /// The account key payrecon derives from.
-    pub account: AccountXpub,
-    /// Mainnet, testnet or regtest: decides how the key is written.
-    pub network: UtxoNetwork,
-    /// Where the key sits below the wallet's master key, when configured.
-    pub origin: Option<KeyOrigin>,
-    /// The stuck view warns when the needed gap limit passes this.
-    pub gap_limit_warning: u32,
-}
-
-impl UtxoWallet {
-    /// The account's receive and change descriptors; an origin that cannot be this key's is
-    /// refused.
-    pub fn descriptors(&self) -> Result<WalletDescriptors, DeriveError> {
-        descriptors(&self.account, self.network, self.origin.as_ref())
-    }
-
-    /// The path of receive address `index`, for people: the origin's path when configured,
-    /// else the account written as the key itself.
-    pub fn receive_path(&self, index: i64) -> String {
-        match &self.origin {
-            Some(origin) => format!("{}/0/{index}", origin_text(origin)),
-            None => format!("[account]/0/{index}"),
-        }
-    }
-}
 
 /// What `payrecon wallet export` prints: enough for Bitcoin Core, Litecoin Core, Sparrow or
 /// Electrum to find every payment payrecon credited.
@@ -165,9 +133,6 @@ impl WalletExport {
 pub(crate) fn gap_limit_needed(largest_unfunded_run: u32) -> u32 {
     largest_unfunded_run.saturating_add(1)
 }
-
-/// The Bitcoin-family wallets of the configured networks.
-pub type UtxoWallets = BTreeMap<Network, UtxoWallet>;
 
 #[cfg(test)]
 mod tests {

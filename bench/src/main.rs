@@ -34,7 +34,6 @@ const BENCH_CUSTOMERS: usize = 1_000;
 /// Concurrent tasks in the concurrent-debit workload.
 const BENCH_CONCURRENCY: usize = 8;
 
-/// What to measure.
 /// payrecon-bench: throughput of payrecon's hot paths; prints figures, changes nothing but its
 /// scratch database.
 #[derive(Debug, Parser)]
@@ -2210,4 +2209,41 @@ fn progress_bar(length: u64, label: &'static str) -> ProgressBar {
     );
     bar.set_message(label);
     bar
+}
+
+/// Shared with payrecon's CLI test, so that both read the guides' commands one way.
+#[cfg(test)]
+#[path = "../../src/cli/doc_commands.rs"]
+mod doc_commands;
+
+#[cfg(test)]
+mod tests {
+    use super::{Cli, doc_commands};
+
+    /// `payrecon bench` hands its arguments to this binary unread: what the guides show after
+    /// it is checked here, a command to run parsed, a mention's options looked up.
+    #[test]
+    fn every_bench_command_the_guides_show_parses() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let commands: Vec<_> = doc_commands::documented_commands(&root)
+            .into_iter()
+            .filter_map(|command| {
+                let at = command.args.iter().position(|arg| arg == "bench")?;
+                let args = command.args[at + 1..].to_vec();
+                Some((command.place, args, command.runnable))
+            })
+            .collect();
+        assert!(commands.len() > 20, "{commands:?}");
+        let refused: Vec<String> = commands
+            .iter()
+            .filter_map(|(place, args, runnable)| {
+                doc_commands::refusal::<Cli>(place, "payrecon bench", args, *runnable)
+            })
+            .collect();
+        assert!(
+            refused.is_empty(),
+            "commands the bench refuses:\n{}",
+            refused.join("\n")
+        );
+    }
 }

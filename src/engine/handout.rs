@@ -8,9 +8,10 @@ use std::sync::Arc;
 use payrecon_chain_core::{AddressDeriver, Network};
 
 use super::Engine;
+use crate::config::DEFAULT_LOOKAHEAD;
 use crate::error::Error;
 use crate::indexes::TakenIndex;
-use crate::keys::{CounterMoved, DEFAULT_LOOKAHEAD, HANDOUT_WAIT};
+use crate::keys::{CounterMoved, HANDOUT_WAIT};
 use crate::order::{OrderRef, OrderStatus};
 use crate::store::keys::{self as key_store, RestoredCounter};
 

@@ -26,7 +26,7 @@ use sha2::{Digest, Sha256};
 
 use crate::catalog::Catalog;
 use crate::clock::{Clock, SystemClock};
-use crate::config::Config;
+use crate::config::{Config, Durability};
 use crate::error::Error;
 use crate::ledger::{Account, Currency, EntryKind, LedgerError, NewEntry, Posting};
 use crate::matcher::MatcherPath;
@@ -99,11 +99,11 @@ impl Engine {
     /// Opens the database at `url`, bringing its schema up to date. Every commit is durable
     /// before it is acknowledged.
     pub async fn open(url: &str) -> Result<Engine, Error> {
-        Engine::open_with(url, store::Durability::Full).await
+        Engine::open_with(url, Durability::Full).await
     }
 
     /// [`Engine::open`] with an explicit [`Durability`](crate::Durability).
-    pub async fn open_with(url: &str, durability: store::Durability) -> Result<Engine, Error> {
+    pub async fn open_with(url: &str, durability: Durability) -> Result<Engine, Error> {
         let store = Store::connect_with(url, durability).await?;
         store.migrate().await?;
         Ok(Engine::with_store(store))

@@ -158,7 +158,7 @@ impl Engine {
             .ok_or_else(|| Error::InvalidInput(format!("network {network} is not configured")))?;
         let mut conn = self.db().pool().acquire().await?;
         let mut inputs = Vec::with_capacity(held.len());
-        let mut wallet: Option<crate::wallet::UtxoWallet> = None;
+        let mut wallet: Option<crate::keys::UtxoWallet> = None;
         for transfer in held {
             if let Some(spent) = outflows::spenders(&mut conn, &transfer.id)
                 .await?

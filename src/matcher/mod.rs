@@ -34,6 +34,7 @@ use chrono::{DateTime, Utc};
 use payrecon_chain_core::{Amount, ChainEvent, Method, Network, ReceivedAsset, TransferId};
 use serde::{Deserialize, Serialize};
 
+use crate::config::{ConfirmationTier, CreditPolicy};
 use crate::error::Error;
 use crate::intent::{IntentStatus, PaymentIntent};
 use crate::ledger::NewEntry;
@@ -49,17 +50,6 @@ pub use decide::{Booking, BookingKey, Decision, Step, decide};
 pub(crate) use direct::DirectStore;
 pub(crate) use rules::booking_key;
 
-/// What happens to money beyond what an intent asked, or that arrived after its deadline.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CreditPolicy {
-    /// Held in suspense for an operator (credit to balance or refund, by hand).
-    #[default]
-    Hold,
-    /// Its USD value at the intent's locked rate is credited to the customer's balance.
-    CreditBalance,
-}
-
 /// Confirmations a network needs, more for larger payments.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ConfirmationRule {
@@ -68,15 +58,6 @@ pub struct ConfirmationRule {
     /// Payments of at least `min_usd` need `confirmations`.
     #[serde(default)]
     pub tiers: Vec<ConfirmationTier>,
-}
-
-/// One step of a [`ConfirmationRule`].
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ConfirmationTier {
-    /// From this USD value up.
-    pub min_usd: Usd,
-    /// This many confirmations.
-    pub confirmations: u32,
 }
 
 impl ConfirmationRule {

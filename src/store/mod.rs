@@ -28,11 +28,13 @@ pub(crate) mod witness;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::{Any, AnyConnection, AnyPool, ConnectOptions, Executor, Row, SqlSafeStr, Transaction};
 use tokio::sync::{Mutex, OwnedMutexGuard};
+
+use crate::config::Durability;
 
 pub use group::GroupCommitStats;
 #[cfg(feature = "test-utils")]
@@ -248,25 +250,6 @@ pub(crate) async fn begin_detached(
     }
 }
 
-/// When a commit counts as done: what payrecon waits for before it answers.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Durability {
-    /// A commit is on disk before it is acknowledged: SQLite `synchronous=FULL` (the WAL is
-    /// synced at every commit), PostgreSQL `synchronous_commit` at least `on` (raised to `on`
-    /// if the server says `off`; stronger settings such as `remote_apply` are kept). An
-    /// address handed out or a credit reported survives a power loss.
-    #[default]
-    Full,
-    /// Opt-in, faster, and unsafe on power loss: SQLite `synchronous=NORMAL`, PostgreSQL
-    /// `synchronous_commit=off`. A crash of payrecon loses nothing, but an OS crash or power
-    /// loss may roll back the last commits after they were acknowledged; an intent whose
-    /// address a customer already holds can vanish and its index be handed out again.
-    Relaxed,
-}
-
-/// Opens the SQLite copy at `path` read-only: its integrity check must say `ok`; answers its
-/// schema version.
 /// Marks the copy at `path` as a backup (a start on it then knows it runs on a restored
 /// database, see `Engine::restored`), then checks it.
 async fn mark_and_check_copy(path: &str) -> Result<i64, StoreError> {

@@ -18,6 +18,31 @@ use payrecon::{EVENT_ID_HEADER, SIGNATURE_HEADER, SIGNATURE_TOLERANCE, verify_si
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
+/// The body docs/shop.md shows under "An intent payrecon no longer knows".
+fn guide_lost_intent_answer() -> Value {
+    let guide = include_str!("../../docs/shop.md");
+    let shown = guide
+        .split("HTTP/1.1 404 Not Found\n")
+        .nth(1)
+        .and_then(|rest| rest.lines().next())
+        .expect("docs/shop.md shows the 404 of a lost intent");
+    serde_json::from_str(shown).expect("the guide's example is JSON")
+}
+
+/// Whether two JSON documents have the same keys at every level and the same kind of value
+/// under each.
+fn same_shape(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Object(a), Value::Object(b)) => {
+            a.len() == b.len()
+                && a.iter()
+                    .all(|(key, value)| b.get(key).is_some_and(|other| same_shape(value, other)))
+        }
+        (Value::Array(_), Value::Array(_)) => true,
+        _ => std::mem::discriminant(a) == std::mem::discriminant(b),
+    }
+}
+
 /// The API served on a free local port, with a token per role.
 struct Api {
     /// Held for the server's life: dropping it would end every live status.
@@ -195,6 +220,11 @@ on_both_databases! {
         }
         let (status, body) = api.call("GET", "/v1/nothing-here", shop, None).await;
         assert_eq!((status, error_code(&body)), (StatusCode::NOT_FOUND, "not_found"));
+        // The answer docs/shop.md shows for an intent lost in a restore, in its shape.
+        let (_, body) = api.call("GET", "/v1/payments/pi_nope", shop, None).await;
+        let shown = guide_lost_intent_answer();
+        assert!(same_shape(&shown, &body), "docs/shop.md shows {shown}, the server answers {body}");
+        assert_eq!(shown["error"]["code"], body["error"]["code"]);
         // Malformed input: each refused with a JSON error, nothing stored.
         let (status, body) = api.raw("/v1/topups", &api.shop, "application/json", b"{\"reference\": ".to_vec()).await;
         assert_eq!((status, error_code(&body)), (StatusCode::BAD_REQUEST, "malformed_json"));

@@ -7,7 +7,8 @@ use crate::common;
 use std::process::{Command, Stdio};
 
 use common::serve::{ServeConfig, free_port};
-use payrecon::test_utils::store::{Durability, Store};
+use payrecon::Durability;
+use payrecon::test_utils::store::Store;
 use serde_json::json;
 
 on_both_databases! {

@@ -14,6 +14,7 @@ mod browser;
 mod cli;
 mod crash_points;
 mod deadlines;
+mod docs;
 mod doctor;
 mod durability;
 mod edge;

@@ -396,10 +396,9 @@ mod decisions {
     use super::*;
     use chrono::{DateTime, Utc};
     use payrecon::chain::{Amount, TransferId};
+    use payrecon::config::CreditPolicy;
     use payrecon::test_utils::intent::IntentRate;
-    use payrecon::test_utils::matcher::{
-        Booking, BookingKey, CreditPolicy, MatchPolicy, Step, decide,
-    };
+    use payrecon::test_utils::matcher::{Booking, BookingKey, MatchPolicy, Step, decide};
     use payrecon::{
         AccountId, IntentStatus, Order, OrderKind, OrderStatus, PaymentIntent, StoredTransfer, Usd,
     };

@@ -10,7 +10,7 @@ use payrecon_chain_core::{Method, Network, Secret, SecretUrl};
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 
-use crate::matcher::{ConfirmationTier, CreditPolicy};
+use crate::money::Usd;
 
 /// The file read when no `--config` is given, if it exists.
 pub const DEFAULT_CONFIG_FILE: &str = "payrecon.toml";
@@ -18,20 +18,77 @@ pub const DEFAULT_CONFIG_FILE: &str = "payrecon.toml";
 /// The database used when none is configured: a SQLite file in the working directory.
 pub const DEFAULT_DATABASE_URL: &str = "sqlite://payrecon.db";
 
-/// The configuration keys that `PAYRECON_<KEY>` environment variables may set. Other
-/// `PAYRECON_*` variables (`PAYRECON_LOG`, `PAYRECON_CONFIG`) belong to the command line.
-const ENV_KEYS: [&str; 2] = ["database_url", "database_durability"];
+/// What starts an environment variable that sets a configuration key: `PAYRECON_<KEY>`, a
+/// nested key's parts joined by `__` (`PAYRECON_HTTP__LISTEN`).
+pub const ENV_PREFIX: &str = "PAYRECON_";
+
+/// CoinGecko's public API, asked when no other URL is configured.
+pub const COINGECKO_URL: &str = "https://api.coingecko.com";
+
+/// Kraken's public API, asked when no other URL is configured.
+pub const KRAKEN_URL: &str = "https://api.kraken.com";
+
+/// Addresses watched past each key's counter unless configured: the gap limit of BIP44 and of
+/// Electrum's and Sparrow's wallets.
+pub const DEFAULT_LOOKAHEAD: u32 = 20;
+
+/// The widest look-ahead accepted: each address in it is derived and followed by the watcher.
+pub const MAX_LOOKAHEAD: u32 = 10_000;
+
+/// When a commit counts as done: what payrecon waits for before it answers.
+#[cfg_attr(test, derive(schemars::JsonSchema))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Durability {
+    /// A commit is on disk before it is acknowledged: SQLite `synchronous=FULL` (the WAL is
+    /// synced at every commit), PostgreSQL `synchronous_commit` at least `on` (raised to `on`
+    /// if the server says `off`; stronger settings such as `remote_apply` are kept). An
+    /// address handed out or a credit reported survives a power loss.
+    #[default]
+    Full,
+    /// Opt-in, faster, and unsafe on power loss: SQLite `synchronous=NORMAL`, PostgreSQL
+    /// `synchronous_commit=off`. A crash of payrecon loses nothing, but an OS crash or power
+    /// loss may roll back the last commits after they were acknowledged; an intent whose
+    /// address a customer already holds can vanish and its index be handed out again.
+    Relaxed,
+}
+
+/// What happens to money beyond what an intent asked, or that arrived after its deadline.
+#[cfg_attr(test, derive(schemars::JsonSchema))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CreditPolicy {
+    /// Held in suspense for an operator (credit to balance or refund, by hand).
+    #[default]
+    Hold,
+    /// Its USD value at the intent's locked rate is credited to the customer's balance.
+    CreditBalance,
+}
+
+/// One step of a network's confirmation rule: payments of at least `min_usd` need
+/// `confirmations`.
+#[cfg_attr(test, derive(schemars::JsonSchema))]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfirmationTier {
+    /// From this USD value up.
+    #[cfg_attr(test, schemars(with = "String"))]
+    pub min_usd: Usd,
+    /// This many confirmations.
+    pub confirmations: u32,
+}
 
 /// Everything payrecon reads at start.
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// `sqlite://path` (embedded, the default) or `postgres://user@host/db` (production).
+    #[cfg_attr(test, schemars(with = "String"))]
     pub database_url: SecretUrl,
     /// `full` (the default): every commit is on disk before payrecon answers. `relaxed` is an
-    /// explicit opt-in that is faster and unsafe on power loss (see `store::Durability`).
+    /// explicit opt-in that is faster and unsafe on power loss (see [`Durability`]).
     #[serde(default)]
-    pub database_durability: crate::store::Durability,
+    pub database_durability: Durability,
     /// Payment instructions and matching.
     #[serde(default)]
     pub payments: PaymentsConfig,
@@ -60,6 +117,7 @@ pub struct Config {
 }
 
 /// `[serve]`.
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServeConfig {
@@ -89,6 +147,7 @@ impl Default for ServeConfig {
 }
 
 /// `[http]`.
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HttpConfig {
@@ -115,6 +174,7 @@ pub struct HttpConfig {
     /// `/metrics` on an address of its own (e.g. `127.0.0.1:9464`) instead of the API's.
     pub metrics_listen: Option<String>,
     /// With it, `/metrics` asks for `Authorization: Bearer <metrics_token>`.
+    #[cfg_attr(test, schemars(with = "Option<String>"))]
     pub metrics_token: Option<Secret>,
 }
 
@@ -137,14 +197,17 @@ impl Default for HttpConfig {
 }
 
 /// `[[webhooks]]`: one receiving endpoint.
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WebhookConfig {
     /// A stable name: deliveries are tracked per name.
     pub name: String,
     /// Where events are POSTed.
+    #[cfg_attr(test, schemars(with = "String"))]
     pub url: SecretUrl,
     /// The HMAC-SHA256 key the receiver checks signatures with.
+    #[cfg_attr(test, schemars(with = "String"))]
     pub secret: Secret,
     /// Hours a delivery is retried before it is abandoned (an operator can replay it).
     #[serde(default = "webhook_retry_hours")]
@@ -170,7 +233,7 @@ impl Default for Config {
     fn default() -> Config {
         Config {
             database_url: DEFAULT_DATABASE_URL.into(),
-            database_durability: crate::store::Durability::Full,
+            database_durability: Durability::Full,
             payments: PaymentsConfig::default(),
             rates: RatesConfig::default(),
             networks: NetworksConfig::default(),
@@ -184,6 +247,7 @@ impl Default for Config {
 }
 
 /// `[books]`.
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BooksConfig {
@@ -209,6 +273,7 @@ pub struct BooksConfig {
 }
 
 /// The order of day and month in a date a vendor's import reads.
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DateOrder {
@@ -230,6 +295,7 @@ impl DateOrder {
 }
 
 /// One general-ledger account of the chart the exports map to.
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GlAccount {
@@ -240,6 +306,7 @@ pub struct GlAccount {
 }
 
 /// `[books.datev]`: what DATEV's EXTF header needs from the accountant.
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DatevConfig {
@@ -313,14 +380,17 @@ impl Default for BooksConfig {
 }
 
 /// `[payments]`.
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PaymentsConfig {
     /// Methods customers may pick; each also needs its network configured.
+    #[cfg_attr(test, schemars(with = "Vec<String>"))]
     pub enabled_methods: Vec<Method>,
     /// Minutes from creation to deadline, unless a method overrides it.
     pub default_deadline_minutes: u32,
     /// Per-method deadline overrides, in minutes.
+    #[cfg_attr(test, schemars(with = "BTreeMap<String, u32>"))]
     pub deadline_minutes: BTreeMap<Method, u32>,
     /// Hours an intent stays watched after its deadline, so late money is found.
     pub monitoring_window_hours: u32,
@@ -337,6 +407,7 @@ pub struct PaymentsConfig {
     /// opens no exception, held in `suspense:dust`; to no payment instructions it is counted
     /// in one exception per network and day. Overrides the defaults method by method; `"0"`
     /// turns it off.
+    #[cfg_attr(test, schemars(with = "BTreeMap<String, String>"))]
     pub dust: BTreeMap<Method, String>,
     /// Minutes between two holdings checks of `payrecon serve`: every address payrecon
     /// watches on Ethereum read on the chain at the watcher's cursor, and money there that no
@@ -345,9 +416,11 @@ pub struct PaymentsConfig {
     /// Per network, a block explorer's page of a transaction, `{txid}` where its id goes
     /// (`litecoin = "https://litecoinspace.org/tx/{txid}"`): the checkout page links each
     /// payment that arrived there. Mainnets have one by default; `""` turns it off.
+    #[cfg_attr(test, schemars(with = "BTreeMap<String, String>"))]
     pub explorer_urls: BTreeMap<Network, String>,
     /// Per method, who pays a refund's network fee: `shop` (the default: the customer gets
     /// the whole amount back) or `customer` (taken from the amount; native coins only).
+    #[cfg_attr(test, schemars(with = "BTreeMap<String, String>"))]
     pub refund_fee_payer: BTreeMap<Method, crate::records::FeePayer>,
 }
 
@@ -371,6 +444,7 @@ impl Default for PaymentsConfig {
 }
 
 /// `[rates]`.
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RatesConfig {
@@ -379,6 +453,7 @@ pub struct RatesConfig {
     /// A quote older than this is stale.
     pub max_age_seconds: u32,
     /// A stablecoin further than this from 1 USD is refused, in percent.
+    #[cfg_attr(test, schemars(with = "String"))]
     pub peg_band_percent: Decimal,
     /// A source is asked again only after this long.
     pub cache_seconds: u32,
@@ -386,10 +461,13 @@ pub struct RatesConfig {
     /// a historic price further than this from the moment is not used.
     pub history_tolerance_seconds: u32,
     /// CoinGecko's API base URL.
+    #[cfg_attr(test, schemars(with = "String"))]
     pub coingecko_url: SecretUrl,
     /// CoinGecko demo API key, if any.
+    #[cfg_attr(test, schemars(with = "Option<String>"))]
     pub coingecko_api_key: Option<Secret>,
     /// Kraken's API base URL.
+    #[cfg_attr(test, schemars(with = "String"))]
     pub kraken_url: SecretUrl,
     /// Recorded quotes for offline runs (source `recorded`); relative to the config file.
     pub recorded_quotes_file: Option<PathBuf>,
@@ -403,15 +481,16 @@ impl Default for RatesConfig {
             peg_band_percent: Decimal::TWO,
             cache_seconds: 30,
             history_tolerance_seconds: 3600,
-            coingecko_url: crate::rates::CoinGecko::DEFAULT_URL.into(),
+            coingecko_url: COINGECKO_URL.into(),
             coingecko_api_key: None,
-            kraken_url: crate::rates::Kraken::DEFAULT_URL.into(),
+            kraken_url: KRAKEN_URL.into(),
             recorded_quotes_file: None,
         }
     }
 }
 
 /// `[networks.*]`.
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NetworksConfig {
@@ -428,6 +507,7 @@ pub struct NetworksConfig {
 }
 
 /// `[networks.bitcoin]`, `[networks.litecoin]`.
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UtxoConfig {
@@ -444,20 +524,24 @@ pub struct UtxoConfig {
     /// The Electrum server `payrecon serve` watches this network through:
     /// `tcp://host:port` or `ssl://host:port`. Set this or `rpc_url`, not both.
     #[serde(default)]
+    #[cfg_attr(test, schemars(with = "Option<String>"))]
     pub electrum_url: Option<SecretUrl>,
     /// More Electrum servers after `electrum_url`, in order: when the one serving fails, times
     /// out or lags `max_source_lag_blocks` behind another, the watcher goes on with the next,
     /// and back to the first once it is healthy.
     #[serde(default)]
+    #[cfg_attr(test, schemars(with = "Vec<String>"))]
     pub electrum_urls: Vec<SecretUrl>,
     /// The full node's JSON-RPC, `http://host:port` (user and password may be in it). Set
     /// this or `electrum_url`, not both.
     #[serde(default)]
+    #[cfg_attr(test, schemars(with = "Option<String>"))]
     pub rpc_url: Option<SecretUrl>,
     /// More full nodes after `rpc_url`, in order, each with its user and password in its URL
     /// (`rpc_user`, `rpc_password`, `rpc_cookie_file` and `push_peer` are the first's): when
     /// the one serving fails or lags, the watcher goes on with the next, polled.
     #[serde(default)]
+    #[cfg_attr(test, schemars(with = "Vec<String>"))]
     pub rpc_urls: Vec<SecretUrl>,
     /// How many blocks a source may lag behind another before the watcher leaves it.
     #[serde(default = "utxo_source_lag")]
@@ -466,6 +550,7 @@ pub struct UtxoConfig {
     /// witness must hold the same transaction, in the same block, paying the same address the
     /// same amount of the same asset, as deep as the network's confirmations.
     #[serde(default)]
+    #[cfg_attr(test, schemars(with = "Vec<String>"))]
     pub witness_urls: Vec<SecretUrl>,
     /// What a witness that stays silent (unreachable, behind) past `witness_wait_seconds`
     /// means: `hold` the receipt as a `sources_disagree` exception, or `warn` and credit it.
@@ -480,6 +565,7 @@ pub struct UtxoConfig {
     pub rpc_user: Option<String>,
     /// The RPC password.
     #[serde(default)]
+    #[cfg_attr(test, schemars(with = "Option<String>"))]
     pub rpc_password: Option<Secret>,
     /// The node's cookie file instead of a user and password (e.g.
     /// `~/.bitcoin/.cookie`, `~/.litecoin/regtest/.cookie`).
@@ -574,6 +660,7 @@ impl UtxoConfig {
 }
 
 /// What a witness's silence means for a receipt it has not confirmed.
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum WitnessPolicy {
@@ -585,6 +672,7 @@ pub enum WitnessPolicy {
 }
 
 /// `[networks.ethereum]`.
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EthereumConfig {
@@ -607,11 +695,13 @@ pub struct EthereumConfig {
     /// The JSON-RPC node `payrecon serve` watches through; without it no watcher runs.
     /// `http(s)://` polls; `ws(s)://` also subscribes to new heads and scans as each arrives.
     #[serde(default)]
+    #[cfg_attr(test, schemars(with = "Option<String>"))]
     pub rpc_url: Option<SecretUrl>,
     /// More JSON-RPC endpoints after `rpc_url`, in order (another provider, your own node):
     /// when the one serving fails, times out or lags `max_source_lag_blocks` behind another,
     /// the watcher goes on with the next, and back to the first once it is healthy.
     #[serde(default)]
+    #[cfg_attr(test, schemars(with = "Vec<String>"))]
     pub rpc_urls: Vec<SecretUrl>,
     /// How many blocks a source may lag behind another before the watcher leaves it.
     #[serde(default = "ethereum_source_lag")]
@@ -620,6 +710,7 @@ pub struct EthereumConfig {
     /// witness must hold the same transaction, in the same block, paying the same address the
     /// same amount of the same asset, as deep as the network's confirmations.
     #[serde(default)]
+    #[cfg_attr(test, schemars(with = "Vec<String>"))]
     pub witness_urls: Vec<SecretUrl>,
     /// What a witness that stays silent (unreachable, behind) past `witness_wait_seconds`
     /// means: `hold` the receipt as a `sources_disagree` exception, or `warn` and credit it.
@@ -660,6 +751,7 @@ pub struct EthereumConfig {
 }
 
 /// When an Ethereum payment counts as final.
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EthereumFinality {
@@ -671,6 +763,7 @@ pub enum EthereumFinality {
 }
 
 /// `[networks.tron]`.
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TronConfig {
@@ -687,11 +780,13 @@ pub struct TronConfig {
     /// The full node's HTTP API (`https://api.trongrid.io` or your own java-tron) that
     /// `payrecon serve` watches through; without it no watcher runs.
     #[serde(default)]
+    #[cfg_attr(test, schemars(with = "Option<String>"))]
     pub api_url: Option<SecretUrl>,
     /// More full-node HTTP APIs after `api_url`, in order (they share `api_key`): when the one
     /// serving fails, times out or lags `max_source_lag_blocks` behind another, the watcher
     /// goes on with the next, and back to the first once it is healthy.
     #[serde(default)]
+    #[cfg_attr(test, schemars(with = "Vec<String>"))]
     pub api_urls: Vec<SecretUrl>,
     /// How many blocks a source may lag behind another before the watcher leaves it.
     #[serde(default = "tron_source_lag")]
@@ -700,6 +795,7 @@ pub struct TronConfig {
     /// witness must hold the same transaction, in the same block, paying the same address the
     /// same amount of the same asset, as deep as the network's confirmations.
     #[serde(default)]
+    #[cfg_attr(test, schemars(with = "Vec<String>"))]
     pub witness_urls: Vec<SecretUrl>,
     /// What a witness that stays silent (unreachable, behind) past `witness_wait_seconds`
     /// means: `hold` the receipt as a `sources_disagree` exception, or `warn` and credit it.
@@ -711,6 +807,7 @@ pub struct TronConfig {
     pub witness_wait_seconds: u32,
     /// TronGrid's API key, sent as `TRON-PRO-API-KEY`.
     #[serde(default)]
+    #[cfg_attr(test, schemars(with = "Option<String>"))]
     pub api_key: Option<Secret>,
     /// `depth` (count `confirmations` blocks) or `solidified` (wait for the solidity node's
     /// head).
@@ -743,6 +840,7 @@ pub struct TronConfig {
 }
 
 /// When a Tron payment counts as final.
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TronFinality {
@@ -754,6 +852,7 @@ pub enum TronFinality {
 }
 
 /// `[networks.solana]`.
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SolanaConfig {
@@ -767,11 +866,13 @@ pub struct SolanaConfig {
     pub confirmation_tiers: Vec<ConfirmationTier>,
     /// The JSON-RPC endpoint `payrecon serve` watches through; without it no watcher runs.
     #[serde(default)]
+    #[cfg_attr(test, schemars(with = "Option<String>"))]
     pub rpc_url: Option<SecretUrl>,
     /// More JSON-RPC endpoints after `rpc_url`, in order: when the one serving fails, times
     /// out or lags `max_source_lag_blocks` slots behind another, the watcher goes on with the
     /// next, and back to the first once it is healthy.
     #[serde(default)]
+    #[cfg_attr(test, schemars(with = "Vec<String>"))]
     pub rpc_urls: Vec<SecretUrl>,
     /// How many slots a source may lag behind another before the watcher leaves it.
     #[serde(default = "solana_source_lag")]
@@ -780,6 +881,7 @@ pub struct SolanaConfig {
     /// witness must hold the same transaction, in the same block, paying the same address the
     /// same amount of the same asset, as deep as the network's confirmations.
     #[serde(default)]
+    #[cfg_attr(test, schemars(with = "Vec<String>"))]
     pub witness_urls: Vec<SecretUrl>,
     /// What a witness that stays silent (unreachable, behind) past `witness_wait_seconds`
     /// means: `hold` the receipt as a `sources_disagree` exception, or `warn` and credit it.
@@ -849,7 +951,7 @@ fn solana_source_lag() -> u64 {
 }
 
 fn lookahead() -> u32 {
-    crate::keys::DEFAULT_LOOKAHEAD
+    DEFAULT_LOOKAHEAD
 }
 
 fn poll_interval_ms() -> u32 {
@@ -884,7 +986,7 @@ impl Config {
         let mut config = Config::extract(
             Figment::from(Config::defaults())
                 .merge(Toml::file(&file))
-                .merge(Env::prefixed("PAYRECON_").only(&ENV_KEYS)),
+                .merge(Config::environment()),
         )?;
         // A relative path in a file means relative to that file, wherever payrecon runs.
         if let (Some(quotes), Some(dir)) = (&config.rates.recorded_quotes_file, file.parent())
@@ -894,6 +996,25 @@ impl Config {
             config.rates.recorded_quotes_file = Some(dir.join(quotes));
         }
         Ok(config)
+    }
+
+    /// Every `PAYRECON_<KEY>` variable whose key is a top-level configuration key, nested keys
+    /// split at `__`; values read as TOML values are (`true`, `3`, `["btc", "ltc"]`, `"2024"`
+    /// for digits meant as text). Other
+    /// `PAYRECON_*` variables (`PAYRECON_LOG`, `PAYRECON_CONFIG`) belong to the command line
+    /// and are left alone.
+    fn environment() -> Env {
+        let defaults = serde_json::to_value(Config::default()).expect("the defaults serialize");
+        let keys: Vec<String> = defaults
+            .as_object()
+            .expect("the configuration is a table")
+            .keys()
+            .cloned()
+            .collect();
+        Env::prefixed(ENV_PREFIX).split("__").filter(move |key| {
+            let top = key.as_str().split('.').next().unwrap_or_default();
+            keys.iter().any(|known| known.eq_ignore_ascii_case(top))
+        })
     }
 
     /// The configuration a shop embedding payrecon keeps as text: the same keys as the file,
@@ -942,6 +1063,30 @@ pub enum ConfigError {
 mod tests {
     use super::*;
 
+    /// Any key, nested ones included, is set by `PAYRECON_<KEY>` with `__` between its parts;
+    /// the command line's own variables and strangers are not keys and change nothing.
+    #[test]
+    // `Jail::expect_with` takes a closure returning figment's own (large) error type.
+    #[allow(clippy::result_large_err)]
+    fn every_key_can_be_set_from_the_environment() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("PAYRECON_HTTP__LISTEN", "127.0.0.1:9999");
+            jail.set_env("PAYRECON_PAYMENTS__DEFAULT_DEADLINE_MINUTES", "45");
+            jail.set_env("PAYRECON_PAYMENTS__ENABLED_METHODS", r#"["ltc", "sol"]"#);
+            jail.set_env("PAYRECON_DATABASE_DURABILITY", "relaxed");
+            jail.set_env("PAYRECON_BOOKS__XERO_TAX_RATE", r#""2024""#);
+            jail.set_env("PAYRECON_LOG", "debug");
+            jail.set_env("PAYRECON_TEST_ELECTRUM", "tcp://127.0.0.1:1");
+            let config = Config::load(None).map_err(|e| e.to_string())?;
+            assert_eq!(config.http.listen.as_deref(), Some("127.0.0.1:9999"));
+            assert_eq!(config.payments.default_deadline_minutes, 45);
+            assert_eq!(config.payments.enabled_methods, [Method::Ltc, Method::Sol]);
+            assert_eq!(config.database_durability, Durability::Relaxed);
+            assert_eq!(config.books.xero_tax_rate, "2024", "quoted digits are text");
+            Ok(())
+        });
+    }
+
     /// Printing the configuration (a `{:?}` in a log line, a panic message) shows no
     /// credential: every one is a `Secret` or a `SecretUrl`.
     #[test]
@@ -984,3 +1129,6 @@ mod tests {
         assert!(!printed.contains(planted), "{printed}");
     }
 }
+
+#[cfg(test)]
+mod reference;
