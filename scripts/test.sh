@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The whole test suite, on SQLite and PostgreSQL, against the real chain nodes.
 #
-# It needs root, and it installs on this machine what is missing: Debian's postgresql (when no
-# DATABASE_URL is given), litecoind, chromium, strace and prometheus (for promtool) with apt;
-# ElectrumX from PyPI into a virtualenv and anvil from npm under /tmp/payrecon-devnet
-# (DEVNET_DIR); cargo-deb with
-# cargo install. It builds payrecon's Debian package and installs, runs and purges it, but only
-# where no payrecon package is installed: a payrecon installed here, its configuration and its
-# database are left as they are (the package test says it skipped).
+# It needs root, and it installs on this machine what is missing: with apt, Debian's
+# postgresql (when no DATABASE_URL is given), litecoind, chromium, strace, caddy and prometheus
+# (for promtool); ElectrumX from PyPI into a virtualenv and anvil from npm, both under
+# /tmp/payrecon-devnet (DEVNET_DIR); cargo-deb with cargo install. It builds payrecon's Debian
+# package and installs, runs and purges it, but only where no payrecon package is installed: a
+# payrecon installed here, its configuration and its database are left as they are (the
+# package test says it skipped).
+#
 # - PostgreSQL comes from DATABASE_URL when it is set; otherwise a throwaway server is started
 #   for this run and removed after it.
 # - The Litecoin regtest node, ElectrumX and anvil come from PAYRECON_TEST_LTC_RPC,
@@ -66,6 +67,10 @@ fi
 if ! command -v strace >/dev/null; then
   echo "installing strace for the durability test"
   apt_install strace
+fi
+if ! command -v caddy >/dev/null; then
+  echo "installing Debian's caddy (the first deployment's HTTPS step)"
+  apt_install caddy
 fi
 if ! command -v promtool >/dev/null; then
   echo "installing Debian's prometheus for promtool (the alert rules' tests)"

@@ -168,25 +168,33 @@ fn local_chain(config: &Config, network: Network) -> bool {
 }
 
 /// The account key's version bytes against the network: a testnet key on mainnet (or the
-/// reverse) derives addresses nobody pays to.
+/// reverse) derives addresses nobody pays to. The first receive address it derives is shown,
+/// for the merchant to compare with the wallet's: a key of the wrong account or path derives
+/// another.
 fn key(config: &Config, network: Network) -> DoctorCheck {
     let n = &config.networks;
     let check = format!("{network} key");
     // The key, and whether the network is mainnet where that is known from the configuration.
     let configured = match network {
-        Network::Bitcoin => n
-            .bitcoin
-            .as_ref()
-            .map(|c| (c.xpub.as_str(), Some(c.network == "mainnet"))),
-        Network::Litecoin => n
-            .litecoin
-            .as_ref()
-            .map(|c| (c.xpub.as_str(), Some(c.network == "mainnet"))),
+        Network::Bitcoin => n.bitcoin.as_ref().map(|c| {
+            (
+                c.xpub.as_str(),
+                Some(c.network == "mainnet"),
+                c.network.parse().ok(),
+            )
+        }),
+        Network::Litecoin => n.litecoin.as_ref().map(|c| {
+            (
+                c.xpub.as_str(),
+                Some(c.network == "mainnet"),
+                c.network.parse().ok(),
+            )
+        }),
         Network::Ethereum => n
             .ethereum
             .as_ref()
-            .map(|c| (c.xpub.as_str(), (c.chain_id == 1).then_some(true))),
-        Network::Tron => n.tron.as_ref().map(|c| (c.xpub.as_str(), None)),
+            .map(|c| (c.xpub.as_str(), (c.chain_id == 1).then_some(true), None)),
+        Network::Tron => n.tron.as_ref().map(|c| (c.xpub.as_str(), None, None)),
         Network::Solana => {
             return line(
                 check,
@@ -195,7 +203,7 @@ fn key(config: &Config, network: Network) -> DoctorCheck {
             );
         }
     };
-    let Some((xpub, mainnet)) = configured else {
+    let Some((xpub, mainnet, utxo)) = configured else {
         return line(check, Verdict::Fail, "not configured");
     };
     let account = match AccountXpub::from_str(xpub) {
@@ -219,11 +227,21 @@ fn key(config: &Config, network: Network) -> DoctorCheck {
                 "a mainnet key ({prefix}…) on a test network: use the account's test-network key"
             ),
         ),
-        _ => line(
-            check,
-            Verdict::Ok,
-            format!("{prefix}… account key {}", account.fingerprint()),
-        ),
+        _ => {
+            let fingerprint = account.fingerprint();
+            match crate::payments::deriver_of(network, account, utxo).derive(0) {
+                Ok(first) => line(
+                    check,
+                    Verdict::Ok,
+                    format!(
+                        "{prefix}… account key {fingerprint}; its first receive address is {}: \
+                         the wallet's first receive address must be the same",
+                        first.address
+                    ),
+                ),
+                Err(e) => line(check, Verdict::Fail, format!("derives no address: {e}")),
+            }
+        }
     }
 }
 

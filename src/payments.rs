@@ -172,7 +172,7 @@ impl PaymentSettings {
 /// The deriver of `account` on `network`, for the configured key and a retired one alike;
 /// Bitcoin and Litecoin need their wallet's chain. Solana derives from no account key and
 /// never comes here.
-fn deriver_of(
+pub(crate) fn deriver_of(
     network: Network,
     account: AccountXpub,
     utxo: Option<UtxoNetwork>,

@@ -14,46 +14,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use common::regtest::{eventually, eventually_within};
-use common::serve::{ServeConfig, Serving, free_port};
+use common::serve::{ServeConfig, free_port, serving};
 use payrecon::{SIGNATURE_HEADER, SIGNATURE_TOLERANCE, verify_signature};
 use serde_json::Value;
 use tokio::net::TcpListener;
 
 /// A provider key, planted in every URL of one test: it must appear in no output.
 const PLANTED: &str = "SECRETKEY4711";
-
-/// A Litecoin section that is configured but not watched here: enough for payments.
-fn unwatched_litecoin() -> String {
-    format!(
-        "[networks.litecoin]\nxpub = \"{}\"\nnetwork = \"regtest\"\nconfirmations = 1\nwatch = false\n",
-        common::regtest::fresh_account_xpub()
-    )
-}
-
-/// A `payrecon serve` with its HTTP API on a port of its own (and the `http` keys given),
-/// then the `rest` of the TOML, LTC payable and not watched; the base URL once it answers.
-async fn serving(http: &str, rest: &str) -> (ServeConfig, Serving, String) {
-    let port = free_port();
-    let config = ServeConfig::new(
-        &["ltc"],
-        r#"{"LTC":"100"}"#,
-        &format!(
-            "[http]\nlisten = \"127.0.0.1:{port}\"\n{http}{rest}{}",
-            unwatched_litecoin()
-        ),
-    );
-    let serving = config.serve();
-    let base = format!("http://127.0.0.1:{port}");
-    let http = reqwest::Client::new();
-    eventually("payrecon serve to answer", || async {
-        http.get(format!("{base}/health"))
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success())
-    })
-    .await;
-    (config, serving, base)
-}
 
 /// One delivery as a receiver saw it.
 #[derive(Clone, Debug)]

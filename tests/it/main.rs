@@ -21,6 +21,7 @@ mod edge;
 mod ethereum_anvil;
 mod ethereum_internal;
 mod ethereum_sweep;
+mod first_deployment;
 mod group_commit;
 mod handout;
 mod leases;

@@ -15,6 +15,39 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// A Litecoin section that is configured but not watched here: enough for payments.
+pub fn unwatched_litecoin() -> String {
+    format!(
+        "[networks.litecoin]\nxpub = \"{}\"\nnetwork = \"regtest\"\nconfirmations = 1\nwatch = false\n",
+        super::regtest::fresh_account_xpub()
+    )
+}
+
+/// A `payrecon serve` with its HTTP API on a port of its own (and the `http` keys given),
+/// then the `rest` of the TOML, LTC payable and not watched; the base URL once it answers.
+pub async fn serving(http: &str, rest: &str) -> (ServeConfig, Serving, String) {
+    let port = free_port();
+    let config = ServeConfig::new(
+        &["ltc"],
+        r#"{"LTC":"100"}"#,
+        &format!(
+            "[http]\nlisten = \"127.0.0.1:{port}\"\n{http}{rest}{}",
+            unwatched_litecoin()
+        ),
+    );
+    let serving = config.serve();
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    super::regtest::eventually("payrecon serve to answer", || async {
+        http.get(format!("{base}/health"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+    })
+    .await;
+    (config, serving, base)
+}
+
 /// A configuration written to a temporary directory, with an embedded SQLite database and
 /// rates recorded in a file.
 pub struct ServeConfig {
