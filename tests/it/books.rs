@@ -11,6 +11,7 @@ use chrono::{DateTime, TimeZone, Utc};
 use common::books::{cents, export};
 use common::payments::Tx;
 use common::replay::{ReplayServer, Reply};
+use common::tour::{Tour, tour_lines};
 use common::{TestDb, topup};
 use payrecon::config::Config;
 use payrecon::test_utils::clock::{Clock, ManualClock};
@@ -50,6 +51,43 @@ async fn books_engine(db: &TestDb, dir: &Path, now: DateTime<Utc>) -> (Engine, A
     )
     .await;
     (engine, clock)
+}
+
+// docs/finance.md's month as finance runs it: a November of LTC top-ups and a rental paid from
+// the balance, valued; then the guide's close and export commands, as written, from a folder
+// whose payrecon.toml holds the books' settings.
+on_both_databases! {
+    async fn the_finance_guides_month_runs_as_written(db) {
+        let dir = tempfile::tempdir().unwrap();
+        let (engine, clock) = books_engine(&db, dir.path(), at("2026-11-03T08:00:00Z")).await;
+        for n in 0..3 {
+            let reference = format!("T{n}");
+            engine.create_topup(&topup(&reference, "c1", "100")).await.unwrap();
+            let pay = engine.create_payment(&OrderRef::new(&reference).unwrap(), Method::Ltc).await.unwrap();
+            let tx = Tx::new(Network::Litecoin, &format!("tx{n}"), &pay.intent.watch_key, Method::Ltc, 100_000_000, clock.now());
+            engine.apply_chain_events(&[tx.observed(6, 100 + n)]).await.unwrap();
+        }
+        engine.create_rental_order(&common::rental("R1", "c1", "210")).await.unwrap();
+        engine.pay_order_from_balance(&OrderRef::new("R1").unwrap()).await.unwrap();
+        assert_eq!(engine.value_entries().await.unwrap().failed, 0);
+        std::fs::write(
+            dir.path().join("payrecon.toml"),
+            format!(
+                "[books]\nreporting_currency = \"EUR\"\ntimezone = \"Europe/Berlin\"\n[rates]\nsources = [\"recorded\"]\nrecorded_quotes_file = \"{}\"\n",
+                dir.path().join("quotes.json").display()
+            ),
+        )
+        .unwrap();
+        let mut tour = Tour::start(dir.path(), &[("PAYRECON_DATABASE_URL", &db.url)], &[]);
+        for line in tour_lines("docs/finance.md", "finance-month") {
+            tour.step(&line);
+        }
+        drop(tour);
+        for written in ["2026-11.json", "exports/EXTF_Buchungsstapel_2026-11.csv", "exports/journal-2026-11-xero-1.csv", "journal-2026-11.csv"] {
+            let bytes = std::fs::read(dir.path().join(written)).unwrap_or_default();
+            assert!(!bytes.is_empty(), "the guide's {written} was written");
+        }
+    }
 }
 
 fn november() -> Period {

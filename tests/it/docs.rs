@@ -1,14 +1,11 @@
 //! The guides tell the truth: every link and repository path they name exists, every
-//! `payrecon::…` path compiles, the shop's CLI tour runs as written, and the layers the
-//! architecture describes hold. (Each command a guide
-//! shows is parsed by the CLI's own test, src/cli/doc_commands.rs; the configuration
-//! reference is checked by src/config/reference.rs.)
+//! `payrecon::…` path compiles, and the layers the architecture describes hold. Each command
+//! a guide shows is parsed by the CLI's own test (src/cli/doc_commands.rs), the configuration
+//! reference is checked by src/config/reference.rs, and the walkthroughs run in tours.rs.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-use serde_json::Value;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -133,85 +130,6 @@ fn every_rust_path_a_guide_names_is_compiled() {
         missing.is_empty(),
         "add a `use` of each to GuidePaths in src/lib.rs: {missing:?}"
     );
-}
-
-/// The lines of the fenced `sh` blocks in the section `heading` of `guide`.
-fn section_commands(guide: &str, heading: &str) -> Vec<String> {
-    let text = read(&root().join(guide));
-    let start = text
-        .find(&format!("\n## {heading}\n"))
-        .unwrap_or_else(|| panic!("{guide} has a section {heading}"));
-    let section = &text[start + 1..];
-    let section = &section[..section[3..]
-        .find("\n## ")
-        .map_or(section.len(), |end| end + 3)];
-    let block = regex::Regex::new(r"(?ms)^```sh\n(.*?)^```").unwrap();
-    block
-        .captures_iter(section)
-        .flat_map(|c| c[1].lines().map(str::to_owned).collect::<Vec<_>>())
-        .collect()
-}
-
-/// One step of a tour: the command's words with `<placeholder>`s filled from earlier answers,
-/// and the `"key": "value"` pairs its comment says the answer holds.
-fn step(line: &str, answers: &[Value]) -> (Vec<String>, Vec<(String, String)>) {
-    let (command, comment) = line.split_once("  #").unwrap_or((line, ""));
-    let command = command.split(" > ").next().unwrap().trim();
-    let placeholder = regex::Regex::new(r"<([^<>]*)>").unwrap();
-    let command = placeholder.replace_all(command, |c: &regex::Captures| {
-        let name = c[1].replace(' ', "_");
-        let last_word = c[1].rsplit(' ').next().unwrap().to_owned();
-        answers
-            .iter()
-            .rev()
-            .find_map(|answer| answer.get(&name).or_else(|| answer.get(&last_word)))
-            .and_then(Value::as_str)
-            .unwrap_or_else(|| panic!("no earlier answer has {name}"))
-            .to_owned()
-    });
-    let words = shlex::split(&command).unwrap();
-    let shown = regex::Regex::new(r#""(\w+)": "([^"]*)""#).unwrap();
-    let expected = shown
-        .captures_iter(comment)
-        .map(|c| (c[1].to_owned(), c[2].to_owned()))
-        .collect();
-    (words, expected)
-}
-
-// docs/shop.md, "Run it": each command as the guide writes it, run by the binary from the
-// repository's root (where the guide's `cargo run` runs it), on this test's database.
-on_both_databases! {
-    async fn the_shop_cli_tour_runs_as_written(db) {
-        let lines = section_commands("docs/shop.md", "Run it (embedded SQLite, no server)");
-        assert!(lines.len() >= 9, "{lines:?}");
-        let mut answers: Vec<Value> = Vec::new();
-        for line in lines {
-            let args = line
-                .strip_prefix("cargo run --release -- ")
-                .unwrap_or_else(|| panic!("a tour step runs payrecon: {line}"));
-            let (words, expected) = step(args, &answers);
-            let output = Command::new(env!("CARGO_BIN_EXE_payrecon"))
-                .args(&words)
-                .env("PAYRECON_DATABASE_URL", &db.url)
-                .env_remove("PAYRECON_CONFIG")
-                .current_dir(root())
-                .output()
-                .unwrap();
-            assert!(
-                output.status.success(),
-                "`{line}` failed: {}",
-                String::from_utf8_lossy(&output.stderr)
-            );
-            if let Ok(answer) = serde_json::from_slice::<Value>(&output.stdout) {
-                for (key, value) in &expected {
-                    assert_eq!(answer[key].as_str(), Some(value.as_str()), "`{line}` answers {key}");
-                }
-                answers.push(answer);
-            } else {
-                assert!(expected.is_empty(), "`{line}` shows JSON and prints none");
-            }
-        }
-    }
 }
 
 /// The layers ARCHITECTURE.md describes hold: no circle between modules, and `config` names

@@ -48,6 +48,7 @@ mod solana_replay;
 mod solana_sweep;
 mod sources;
 mod store;
+mod tours;
 mod tron_replay;
 mod tron_sweep;
 mod upgrades;

@@ -17,6 +17,7 @@ pub mod replay;
 pub mod seed;
 pub mod serve;
 pub mod solana;
+pub mod tour;
 pub mod tron;
 
 use payrecon::Engine;
