@@ -3,8 +3,10 @@
 
     python3 scripts/layers.py          # the graph, one module per line, then any circle
 Exits 1 when modules form a circle, naming for each step of it the file and the path that
-make it, or when config names a module beyond the vocabulary it is written in (the modules
-it configures name config, never the other way round).
+make it; when config names a module beyond the vocabulary it is written in (the modules it
+configures name config, never the other way round); or when a module names one in a layer
+above its own, or sits in no layer, as docs/ARCHITECTURE.md's numbered list under "Layers"
+places them (so that list cannot go stale).
 
 A module here is a top-level module of `src/` (a file or a folder). A file names another
 module when a path in it (a `use`, grouped `use crate::{a, b::c}` included, or a path written
@@ -173,9 +175,31 @@ for circle in found:
     for a, b in zip(circle, circle[1:]):
         source, name, target = graph[a][b]
         print(f"  {source.relative_to(SRC.parent)} names {name} ({target.relative_to(SRC.parent)})")
+def documented_layers():
+    """Module -> layer number (1 the top) from ARCHITECTURE.md's numbered list of layers."""
+    text = (SRC.parent / "docs" / "ARCHITECTURE.md").read_text()
+    section = text.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
+    placed = {}
+    for number, item in re.findall(r"(?ms)^(\d+)\. \*\*(.*?)(?=^\d+\. \*\*|^\S|\Z)", section):
+        for name in re.findall(r"`([a-z_]+)/?`", item):
+            if name in graph:
+                placed.setdefault(name, int(number))
+    return placed
+
+
+layer = documented_layers()
+unplaced = [m for m in modules if m not in layer]
+upward = [(a, b) for a in modules for b in graph[a] if a in layer and b in layer and layer[b] < layer[a]]
+for module in unplaced:
+    print(f"{module} is in no layer of docs/ARCHITECTURE.md")
+for a, b in upward:
+    source, name, target = graph[a][b]
+    print(f"{a} (layer {layer[a]}) names {b} (layer {layer[b]}, above it): "
+          f"{source.relative_to(SRC.parent)} names {name}")
+
 beyond = sorted(set(graph["config"]) - CONFIG_VOCABULARY)
 for module in beyond:
     source, name, target = graph["config"][module]
     print(f"config names {module}, a module it configures: "
           f"{source.relative_to(SRC.parent)} names {name} ({target.relative_to(SRC.parent)})")
-sys.exit(1 if found or beyond else 0)
+sys.exit(1 if found or beyond or unplaced or upward else 0)
