@@ -46,7 +46,7 @@ installed=true
 
 # What the package holds and what its scripts made.
 for path in /usr/bin/payrecon /etc/payrecon/payrecon.toml /usr/lib/systemd/system/payrecon.service \
-  /usr/share/doc/payrecon/deploy.md /usr/share/payrecon/prometheus/alerts.yml /usr/share/payrecon/grafana/payrecon.json; do
+  /usr/share/doc/payrecon/docs/deploy.md /usr/share/doc/payrecon/deploy/caddy/Caddyfile /usr/share/payrecon/prometheus/alerts.yml /usr/share/payrecon/grafana/payrecon.json; do
   [ -e "$path" ] || fail "$path is not installed"
 done
 dpkg-query -W -f='${Conffiles}\n' payrecon | grep -q '^ /etc/payrecon/payrecon.toml ' || fail "the configuration is not a conffile"

@@ -1,5 +1,5 @@
-//! The shop guide's walkthroughs run as written (common/tour.rs says how): the CLI without a
-//! server, and the HTTP tour against the devnet.
+//! The guides' walkthroughs run as written (common/tour.rs says how): the shop's CLI without a
+//! server and its HTTP tour against the devnet, and the rehearsal of deploy.md's restore drill.
 
 use crate::common;
 
@@ -32,28 +32,72 @@ on_both_databases! {
         assert!(lines.len() >= 12, "{lines:?}");
         let chain = common::regtest::Chain::lock().await;
         let port = common::serve::free_port();
-        let key = common::regtest::fresh_account_xpub();
-        let env = [
-            ("PAYRECON_DATABASE_URL", db.url.as_str()),
-            ("PAYRECON_HTTP__LISTEN", &format!("127.0.0.1:{port}")),
-            ("PAYRECON_NETWORKS__LITECOIN__ELECTRUM_URL", &chain.electrum_url),
-            ("PAYRECON_NETWORKS__LITECOIN__XPUB", &key),
-            ("DEVNET_LANE", &chain.lane.to_string()),
-        ];
+        let mut env = devnet_env(&chain, port);
+        env.push(("PAYRECON_DATABASE_URL".into(), db.url.clone()));
         let mut tour = Tour::start(&root(), &env, &[("localhost:8080", &format!("localhost:{port}"))]);
-        for line in &lines {
-            tour.step(line);
-            if line.contains(" serve &") {
-                // The reader's next request waits for the server, as a reader would.
-                common::regtest::eventually("payrecon serve to answer", || async {
-                    reqwest::get(format!("http://127.0.0.1:{port}/ready"))
-                        .await
-                        .is_ok_and(|r| r.status().is_success())
-                })
-                .await;
-            }
-        }
+        run(&mut tour, &lines, port).await;
         drop(tour);
         drop(chain);
+    }
+}
+
+/// docs/deploy.md, the restore drill's rehearsal: in a copy of examples/ (whose SQLite files
+/// the drill moves and replaces), on a devnet chain of its own, a port of its own, a fresh key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_restore_drill_rehearsal_runs_as_written() {
+    let lines = tour_lines("docs/deploy.md", "restore-drill");
+    let chain = common::regtest::Chain::lock().await;
+    let work = tempfile::tempdir().unwrap();
+    std::fs::create_dir(work.path().join("examples")).unwrap();
+    std::fs::copy(
+        root().join("examples/devnet.toml"),
+        work.path().join("examples/devnet.toml"),
+    )
+    .unwrap();
+    for shared in ["scripts", "fixtures"] {
+        std::os::unix::fs::symlink(root().join(shared), work.path().join(shared)).unwrap();
+    }
+    let port = common::serve::free_port();
+    let mut tour = Tour::start(work.path(), &devnet_env(&chain, port), &[]);
+    run(&mut tour, &lines, port).await;
+    drop(tour);
+    assert!(
+        work.path()
+            .join("examples/lost/payrecon-devnet.db")
+            .exists(),
+        "the lost database was kept aside"
+    );
+    drop(chain);
+}
+
+/// What points the guide's devnet.toml at this test's chain and port, with a fresh key.
+fn devnet_env(chain: &common::regtest::Chain, port: u16) -> Vec<(String, String)> {
+    vec![
+        ("PAYRECON_HTTP__LISTEN".into(), format!("127.0.0.1:{port}")),
+        (
+            "PAYRECON_NETWORKS__LITECOIN__ELECTRUM_URL".into(),
+            chain.electrum_url.clone(),
+        ),
+        (
+            "PAYRECON_NETWORKS__LITECOIN__XPUB".into(),
+            common::regtest::fresh_account_xpub(),
+        ),
+        ("DEVNET_LANE".into(), chain.lane.to_string()),
+    ]
+}
+
+/// Each line in turn; after one that starts `payrecon serve` in the background, the next waits
+/// until it answers, as a reader would.
+async fn run(tour: &mut Tour, lines: &[String], port: u16) {
+    for line in lines {
+        tour.step(line);
+        if line.contains(" serve &") {
+            common::regtest::eventually("payrecon serve to answer", || async {
+                reqwest::get(format!("http://127.0.0.1:{port}/ready"))
+                    .await
+                    .is_ok_and(|r| r.status().is_success())
+            })
+            .await;
+        }
     }
 }

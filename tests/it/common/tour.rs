@@ -3,9 +3,10 @@
 //! session (variables, `cd` and background jobs carry over), `cargo run [-q] --release --`
 //! and a leading `payrecon` being this build's binary. A `<placeholder>` is filled from the
 //! newest earlier answer that has that key, as the reader copies it; a comment that shows
-//! `"key": "value"` is checked against the step's answer, and the step is asked again until it
-//! holds (a reader asks again while a payment confirms), within a bound.
+//! `"key": "value"` is checked against the step's answer (anywhere in it), and the step is
+//! asked again until it holds (a reader asks again while a payment confirms), within a bound.
 
+use std::ffi::OsStr;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -55,12 +56,17 @@ pub struct Tour {
 }
 
 impl Tour {
-    pub fn start(cwd: &Path, env: &[(&str, &str)], replace: &[(&str, &str)]) -> Tour {
+    pub fn start<K: AsRef<OsStr>, V: AsRef<OsStr>>(
+        cwd: &Path,
+        env: &[(K, V)],
+        replace: &[(&str, &str)],
+    ) -> Tour {
         let mut bash = Command::new("bash");
         bash.args(["--noprofile", "--norc"])
             .current_dir(cwd)
             .env("PAYRECON_BIN", env!("CARGO_BIN_EXE_payrecon"))
             .env_remove("PAYRECON_CONFIG")
+            .env_remove("PAYRECON_DATABASE_URL")
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
@@ -116,13 +122,9 @@ impl Tour {
             let (status, out, err) = self.run(&command);
             assert_eq!(status, 0, "`{line}` failed: {err}{out}");
             let answer: Option<Value> = serde_json::from_str(&out).ok();
-            let holds = expected.iter().all(|(key, value)| {
-                answer
-                    .as_ref()
-                    .and_then(|a| a.get(key))
-                    .and_then(Value::as_str)
-                    == Some(value)
-            });
+            let holds = expected
+                .iter()
+                .all(|(key, value)| answer.as_ref().is_some_and(|a| holds(a, key, value)));
             if holds {
                 self.answers.extend(answer);
                 return;
@@ -159,6 +161,19 @@ impl Tour {
         }
         let read = |path: PathBuf| std::fs::read_to_string(path).unwrap_or_default();
         (read(status).trim().parse().unwrap(), read(out), read(err))
+    }
+}
+
+/// Whether `answer` has `key` with the text `value` anywhere in it (a list of exceptions, an
+/// error under `error`).
+fn holds(answer: &Value, key: &str, value: &str) -> bool {
+    match answer {
+        Value::Object(fields) => {
+            fields.get(key).and_then(Value::as_str) == Some(value)
+                || fields.values().any(|field| holds(field, key, value))
+        }
+        Value::Array(items) => items.iter().any(|item| holds(item, key, value)),
+        _ => false,
     }
 }
 
