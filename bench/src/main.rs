@@ -2229,17 +2229,14 @@ mod tests {
             .into_iter()
             .filter_map(|command| {
                 let at = command.args.iter().position(|arg| arg == "bench")?;
-                let args = command.args[at + 1..].to_vec();
-                Some((command.place, args, command.runnable))
+                Some(doc_commands::DocumentedCommand {
+                    args: command.args[at + 1..].to_vec(),
+                    ..command
+                })
             })
             .collect();
         assert!(commands.len() > 20, "{commands:?}");
-        let refused: Vec<String> = commands
-            .iter()
-            .filter_map(|(place, args, runnable)| {
-                doc_commands::refusal::<Cli>(place, "payrecon bench", args, *runnable)
-            })
-            .collect();
+        let refused = doc_commands::refusals::<Cli>("payrecon bench", &commands);
         assert!(
             refused.is_empty(),
             "commands the bench refuses:\n{}",

@@ -2,7 +2,10 @@
 //! parser that reads it: this binary's for every command, the bench's for what follows
 //! `payrecon bench` (that crate includes this file, so both read the guides one way).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::LazyLock;
+
+use regex::Regex;
 
 /// One command a guide shows.
 #[derive(Debug)]
@@ -51,7 +54,7 @@ pub fn documented_commands(root: &Path) -> Vec<DocumentedCommand> {
 }
 
 /// The Markdown files in `dir` and its folders, in order.
-pub fn markdown_under(dir: &Path) -> Vec<std::path::PathBuf> {
+fn markdown_under(dir: &Path) -> Vec<PathBuf> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir(dir).expect("the folder is readable") {
         let path = entry.expect("the folder lists").path();
@@ -67,22 +70,17 @@ pub fn markdown_under(dir: &Path) -> Vec<std::path::PathBuf> {
 
 /// The code spans outside fenced blocks that start with `payrecon `, with their line numbers.
 fn mentions(text: &str) -> Vec<(usize, String)> {
-    let span = regex::Regex::new(r"`payrecon\s([^`]*)`").expect("the pattern compiles");
-    let mut in_fence = false;
-    let mut prose = String::new();
-    for line in text.lines() {
-        let trimmed = line.trim_start();
-        if trimmed.starts_with("```") || trimmed.starts_with("~~~") {
-            in_fence = !in_fence;
-            prose.push('\n');
-        } else if in_fence {
-            prose.push('\n');
-        } else {
-            prose.push_str(line);
-            prose.push('\n');
-        }
-    }
-    span.captures_iter(&prose)
+    static SPAN: LazyLock<Regex> =
+        LazyLock::new(|| Regex::new(r"`payrecon\s([^`]*)`").expect("the pattern compiles"));
+    // The prose, each line of a fenced block (and each fence) blanked, so that a span may run
+    // over a line break and still be numbered by its first line.
+    let prose: String = parts(text)
+        .map(|(_, line, part)| match part {
+            Part::Prose => format!("{line}\n"),
+            Part::Fence | Part::Code => "\n".to_owned(),
+        })
+        .collect();
+    SPAN.captures_iter(&prose)
         .map(|found| {
             let line_number = prose[..found.get(0).expect("matched").start()]
                 .lines()
@@ -98,10 +96,7 @@ fn mentions(text: &str) -> Vec<(usize, String)> {
 fn synopsis_words(span: &str) -> Vec<String> {
     span.replace(['[', ']'], " ")
         .split_whitespace()
-        .map(|word| {
-            let word = word.split('|').next().unwrap_or(word);
-            word.to_owned()
-        })
+        .map(|word| word.split('|').next().unwrap_or(word).to_owned())
         .collect()
 }
 
@@ -110,7 +105,7 @@ fn synopsis_words(span: &str) -> Vec<String> {
 /// value shown without one, or, when it shows options at all (a synopsis), a required option
 /// it leaves out. Stops at a subcommand whose arguments go to another program, or at a
 /// `<placeholder>` or `…` where a subcommand goes.
-pub fn mention_error(command: &clap::Command, words: &[String]) -> Option<String> {
+fn mention_error(command: &clap::Command, words: &[String]) -> Option<String> {
     let mut current = command;
     let mut shown: Vec<clap::Id> = Vec::new();
     let mut words = words.iter().peekable();
@@ -169,24 +164,58 @@ pub fn mention_error(command: &clap::Command, words: &[String]) -> Option<String
     }
 }
 
-/// What `P` (the program `name`) has against `args`, shown as the guide at `place` shows
-/// them: a command to run must parse; a mention must name what exists ([`mention_error`]).
-pub fn refusal<P: clap::Parser>(
-    place: &str,
-    name: &str,
-    args: &[String],
-    runnable: bool,
-) -> Option<String> {
-    let shown = format!("{place}: `{name} {}`", args.join(" "));
-    if !runnable {
-        let mut command = P::command();
-        command.build();
-        return mention_error(&command, args).map(|reason| format!("{shown}: {reason}"));
-    }
-    let words = std::iter::once(name).chain(args.iter().map(String::as_str));
-    P::try_parse_from(words).err().map(|e| {
-        let reason = e.render().to_string();
-        format!("{shown}: {}", reason.lines().next().unwrap_or_default())
+/// Each of `commands` that `P` (the program `name`) refuses, as its guide shows it with the
+/// reason: a command to run must parse; a mention must name what exists ([`mention_error`]).
+pub fn refusals<P: clap::Parser>(name: &str, commands: &[DocumentedCommand]) -> Vec<String> {
+    let mut parser = P::command();
+    parser.build();
+    commands
+        .iter()
+        .filter_map(|command| {
+            let reason = if command.runnable {
+                let words = std::iter::once(name).chain(command.args.iter().map(String::as_str));
+                let refused = P::try_parse_from(words).err()?.render().to_string();
+                refused.lines().next().unwrap_or_default().to_owned()
+            } else {
+                mention_error(&parser, &command.args)?
+            };
+            Some(format!(
+                "{}: `{name} {}`: {reason}",
+                command.place,
+                command.args.join(" ")
+            ))
+        })
+        .collect()
+}
+
+/// What a line of Markdown is, for the two readings of a guide.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Part {
+    Prose,
+    /// A line that opens or closes a fenced block.
+    Fence,
+    /// A line inside a fenced block.
+    Code,
+}
+
+/// Each line of `text` with its number (from 1) and what it is.
+fn parts(text: &str) -> impl Iterator<Item = (usize, &str, Part)> {
+    let mut fence: Option<&str> = None;
+    text.lines().enumerate().map(move |(index, line)| {
+        let trimmed = line.trim_start();
+        let part = match fence {
+            None if trimmed.starts_with("```") || trimmed.starts_with("~~~") => {
+                fence = Some(&trimmed[..3]);
+                Part::Fence
+            }
+            None => Part::Prose,
+            Some(marker) if trimmed.starts_with(marker) => {
+                fence = None;
+                Part::Fence
+            }
+            Some(_) => Part::Code,
+        };
+        (index + 1, line, part)
     })
 }
 
@@ -194,28 +223,17 @@ pub fn refusal<P: clap::Parser>(
 /// the next.
 fn fenced_lines(text: &str) -> Vec<(usize, String)> {
     let mut lines = Vec::new();
-    let mut fence: Option<&str> = None;
     let mut pending: Option<(usize, String)> = None;
-    for (index, line) in text.lines().enumerate() {
-        let trimmed = line.trim_start();
-        match fence {
-            None if trimmed.starts_with("```") || trimmed.starts_with("~~~") => {
-                fence = Some(&trimmed[..3]);
+    for (number, line, _) in parts(text).filter(|(_, _, part)| *part == Part::Code) {
+        let (number, mut joined) = pending.take().unwrap_or((number, String::new()));
+        match line.strip_suffix('\\') {
+            Some(start) => {
+                joined.push_str(start);
+                pending = Some((number, joined));
             }
-            None => {}
-            Some(marker) if trimmed.starts_with(marker) => fence = None,
-            Some(_) => {
-                let (number, mut joined) = pending.take().unwrap_or((index + 1, String::new()));
-                match line.strip_suffix('\\') {
-                    Some(start) => {
-                        joined.push_str(start);
-                        pending = Some((number, joined));
-                    }
-                    None => {
-                        joined.push_str(line);
-                        lines.push((number, joined));
-                    }
-                }
+            None => {
+                joined.push_str(line);
+                lines.push((number, joined));
             }
         }
     }
@@ -226,28 +244,33 @@ fn fenced_lines(text: &str) -> Vec<(usize, String)> {
 /// shell reads a command (a line's start, after `$ `, `$(`, a pipe, `;`, `&&`, `# or:`,
 /// variable assignments or `sudo -u <user>`), not `journalctl -u payrecon` or prose.
 fn commands_in(line: &str) -> Vec<String> {
-    let command = regex::Regex::new(
-        r"(?:^|[\s(])((?:\S*/)?payrecon|cargo run(?: -q)?(?: --release)?(?: -p payrecon)? --)\s+(--|[a-z])",
-    )
-    .expect("the pattern compiles");
-    let command_position =
-        regex::Regex::new(r"(?:^|[(|;&:$])\s*(?:[A-Z_]+=\S*\s+)*(?:sudo(?:\s+-u\s+\S+)?\s+)?$")
-            .expect("the pattern compiles");
-    let placeholder = regex::Regex::new(r"<[^<>]*>").expect("the pattern compiles");
-    let substitution = regex::Regex::new(r"\$\([^()]*\)").expect("the pattern compiles");
-    let line = placeholder.replace_all(line, "1");
+    static COMMAND: LazyLock<Regex> = LazyLock::new(|| {
+        Regex::new(
+            r"(?:^|[\s(])((?:\S*/)?payrecon|cargo run(?: -q)?(?: --release)?(?: -p payrecon)? --)\s+(--|[a-z])",
+        )
+        .expect("the pattern compiles")
+    });
+    static COMMAND_POSITION: LazyLock<Regex> = LazyLock::new(|| {
+        Regex::new(r"(?:^|[(|;&:$])\s*(?:[A-Z_]+=\S*\s+)*(?:sudo(?:\s+-u\s+\S+)?\s+)?$")
+            .expect("the pattern compiles")
+    });
+    static PLACEHOLDER: LazyLock<Regex> =
+        LazyLock::new(|| Regex::new(r"<[^<>]*>").expect("the pattern compiles"));
+    static SUBSTITUTION: LazyLock<Regex> =
+        LazyLock::new(|| Regex::new(r"\$\([^()]*\)").expect("the pattern compiles"));
+    let line = PLACEHOLDER.replace_all(line, "1");
     let mut commands = Vec::new();
     let mut from = 0;
-    while let Some(found) = command.captures_at(&line, from) {
+    while let Some(found) = COMMAND.captures_at(&line, from) {
         let (word, args) = (&found[1], found.get(2).expect("always captured"));
         let before = &line[..found.get(1).expect("always captured").start()];
         from = args.start();
-        if word.ends_with("payrecon") && !command_position.is_match(before) {
+        if word.ends_with("payrecon") && !COMMAND_POSITION.is_match(before) {
             continue;
         }
         let words = shell_words_end(&line[args.start()..]);
         from += words.len();
-        commands.push(substitution.replace_all(words, "1").into_owned());
+        commands.push(SUBSTITUTION.replace_all(words, "1").into_owned());
     }
     commands
 }
