@@ -5,17 +5,13 @@
 
 use crate::common;
 
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::regtest::eventually;
+use common::repo_root as root;
 use common::serve::{free_port, serving};
 use payrecon::{Config, Verdict};
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 /// The guide's table of the test mnemonic's keys: (network, account key, first address).
 fn guide_keys() -> Vec<(String, String, String)> {

@@ -3,7 +3,8 @@
 
 use crate::common;
 
-use common::tour::{Tour, root, tour_lines};
+use common::repo_root as root;
+use common::tour::{Tour, tour_lines};
 
 // docs/shop.md, "Run it": from a folder holding the guide's example configuration (so that
 // `> pay.svg` writes there), on this test's database.

@@ -408,7 +408,7 @@ pub async fn screenshot(page: &Page, screen: Screen, test: &str, name: &str) -> 
 
 /// Where a test's artifacts are kept.
 pub fn artifacts(test: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    crate::common::repo_root()
         .join("target/test-artifacts")
         .join(test)
 }

@@ -43,6 +43,11 @@ pub struct TestDb {
 }
 
 /// The PostgreSQL server the tests use.
+/// The repository's root: the guides, scripts and fixtures the tests read.
+pub fn repo_root() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
 pub fn postgres_admin_url() -> String {
     std::env::var("DATABASE_URL").unwrap_or_else(|_| {
         panic!(

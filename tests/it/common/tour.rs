@@ -14,17 +14,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-pub fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
 /// How long a step whose shown answer has not come yet is asked again.
 const ANSWER_BOUND: Duration = Duration::from_secs(120);
 
 /// The lines of the blocks of `guide` marked as the tour `name`, in order, a line continued
 /// by `\` joined to the next.
 pub fn tour_lines(guide: &str, name: &str) -> Vec<String> {
-    let text = std::fs::read_to_string(root().join(guide)).unwrap();
+    let text = std::fs::read_to_string(super::repo_root().join(guide)).unwrap();
     let pattern = format!(
         r"(?ms)^<!-- tour: {} -->\n```sh\n(.*?)^```",
         regex::escape(name)
