@@ -983,10 +983,12 @@ impl Config {
             Some(path) => path.to_path_buf(),
             None => PathBuf::from(DEFAULT_CONFIG_FILE),
         };
+        let defaults = Config::defaults();
+        let environment = Config::environment(&defaults);
         let mut config = Config::extract(
-            Figment::from(Config::defaults())
+            Figment::from(Serialized::defaults(defaults))
                 .merge(Toml::file(&file))
-                .merge(Config::environment()),
+                .merge(environment),
         )?;
         // A relative path in a file means relative to that file, wherever payrecon runs.
         if let (Some(quotes), Some(dir)) = (&config.rates.recorded_quotes_file, file.parent())
@@ -1000,11 +1002,10 @@ impl Config {
 
     /// Every `PAYRECON_<KEY>` variable whose key is a top-level configuration key, nested keys
     /// split at `__`; values read as TOML values are (`true`, `3`, `["btc", "ltc"]`, `"2024"`
-    /// for digits meant as text). Other
+    /// for digits meant as text). The top-level keys are those of `defaults`. Other
     /// `PAYRECON_*` variables (`PAYRECON_LOG`, `PAYRECON_CONFIG`) belong to the command line
     /// and are left alone.
-    fn environment() -> Env {
-        let defaults = serde_json::to_value(Config::default()).expect("the defaults serialize");
+    fn environment(defaults: &serde_json::Value) -> Env {
         let keys: Vec<String> = defaults
             .as_object()
             .expect("the configuration is a table")
@@ -1020,18 +1021,20 @@ impl Config {
     /// The configuration a shop embedding payrecon keeps as text: the same keys as the file,
     /// the same defaults and checks, no file and no environment.
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
-        Config::extract(Figment::from(Config::defaults()).merge(Toml::string(text)))
+        Config::extract(
+            Figment::from(Serialized::defaults(Config::defaults())).merge(Toml::string(text)),
+        )
     }
 
     /// Every default, as the first layer under the file. Figment merges tables key by key, so
     /// the catalog's table of GPUs per lot is left out: a shop that lists its own replaces the
     /// default's (B200 = 2) instead of adding to it (serde fills it in when the file is silent).
-    fn defaults() -> Serialized<serde_json::Value> {
+    fn defaults() -> serde_json::Value {
         let mut defaults = serde_json::to_value(Config::default()).expect("the defaults serialize");
         if let Some(catalog) = defaults.get_mut("catalog").and_then(|c| c.as_object_mut()) {
             catalog.remove("gpus_per_lot");
         }
-        Serialized::defaults(defaults)
+        defaults
     }
 
     /// The configuration `figment` holds, its catalog checked.
